@@ -1,0 +1,429 @@
+"""Compaction strategies: pure functions from a session's active context and a budget to a Plan.
+
+No Django, no ORM, no tokenizer calls (except `clear_tool_results`, which must price its
+placeholders exactly and therefore takes a `count_tokens` callable). Every strategy:
+
+* never folds a SYSTEM_PROMPT event, the latest USER_MESSAGE, or a pinned event;
+* folds a TOOL_CALL together with every TOOL_RESULT sharing its `tool_call_id`, or none of them
+  (a group with a pinned member is therefore never folded);
+* returns an empty Plan (not an error) when there is nothing worth doing;
+* reports `tokens_after` exactly, from the stored `token_count`s.
+
+Context cost = sum of message costs + 3 (reply primer) when any message remains, else 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from .types import (
+    COMPACTION,
+    CONTEXT_REFRESH,
+    SYSTEM_PROMPT,
+    TOOL_CALL,
+    TOOL_RESULT,
+    USER_MESSAGE,
+    Budget,
+    ClearedResult,
+    Plan,
+    PlanEvent,
+)
+
+__all__ = [
+    "REPLY_PRIMER",
+    "MESSAGE_OVERHEAD",
+    "SUMMARY_MESSAGE_OVERHEAD",
+    "CLEARED_PREFIX",
+    "STRATEGIES",
+    "StrategyFn",
+    "clear_tool_results",
+    "context_cost",
+    "plan_compaction",
+    "strategy_names",
+    "summarize",
+    "tool_placeholder",
+    "trim",
+]
+
+TokenCounter = Callable[[str], int]
+
+# OpenAI's chat accounting, mirrored from sessions_app.tokens (not imported: this module stays
+# free of anything that might pull Django or a tokenizer in).
+MESSAGE_OVERHEAD = 3
+REPLY_PRIMER = 3
+
+# The summary message's cost beyond its text: 3 (message framing) + tokens of its role
+# ("system" is 1 token in cl100k/o200k) plus slack for a name or a short heading the service may
+# add. The service must truncate the summary text so that the *whole* summary message costs at
+# most `Plan.summary_reserve_tokens` = max_summary_tokens + SUMMARY_MESSAGE_OVERHEAD; that is
+# what makes `tokens_after` of a summarize plan an exact upper bound.
+SUMMARY_MESSAGE_OVERHEAD = 8
+
+# Content of a cleared tool result starts with this, so a later run recognises it.
+CLEARED_PREFIX = "[tool result cleared:"
+
+_USER_TYPES = frozenset({USER_MESSAGE, CONTEXT_REFRESH})
+
+
+class StrategyFn(Protocol):
+    def __call__(
+        self,
+        *,
+        events: Sequence[PlanEvent],
+        budget: Budget,
+        count_tokens: TokenCounter | None = None,
+    ) -> Plan: ...
+
+
+def context_cost(events: Sequence[PlanEvent]) -> int:
+    """Cost of sending `events` as a context: their stored costs plus the reply primer."""
+    if not events:
+        return 0
+    return sum(e.token_count for e in events) + REPLY_PRIMER
+
+
+def _cost_of(total: int, count: int) -> int:
+    return total + REPLY_PRIMER if count else 0
+
+
+# --- shared analysis ---------------------------------------------------------------------------
+
+
+class _Unit:
+    """Events that fold together: one event, or a tool call with its results."""
+
+    __slots__ = ("events", "cost", "first_seq", "locked")
+
+    def __init__(self) -> None:
+        self.events: list[PlanEvent] = []
+        self.cost = 0
+        self.first_seq = 0
+        self.locked = False  # contains something that must never be folded
+
+    def add(self, event: PlanEvent) -> None:
+        if not self.events:
+            self.first_seq = event.seq
+        self.events.append(event)
+        self.cost += event.token_count
+
+    @property
+    def ids(self) -> list[str]:
+        return [e.id for e in self.events]
+
+    @property
+    def types(self) -> set[str]:
+        return {e.type for e in self.events}
+
+
+def _latest_user_id(events: Sequence[PlanEvent]) -> str | None:
+    for event in reversed(events):
+        if event.type == USER_MESSAGE:
+            return event.id
+    return None
+
+
+def _units(events: Sequence[PlanEvent]) -> list[_Unit]:
+    """Group events into fold units, in order of their first event.
+
+    A TOOL_CALL and its TOOL_RESULTs share a unit; a result whose call is no longer in the
+    context (folded earlier) stands alone. System prompts, the latest user message and pinned
+    events lock their unit.
+    """
+    latest_user = _latest_user_id(events)
+    call_ids = {e.tool_call_id for e in events if e.type == TOOL_CALL and e.tool_call_id}
+    by_call: dict[str, _Unit] = {}
+    units: list[_Unit] = []
+    for event in events:
+        key = event.tool_call_id
+        grouped = event.type in (TOOL_CALL, TOOL_RESULT) and key in call_ids
+        unit = by_call.get(key) if grouped else None
+        if unit is None:
+            unit = _Unit()
+            units.append(unit)
+            if grouped:
+                by_call[key] = unit
+        unit.add(event)
+        if event.pinned or event.type == SYSTEM_PROMPT or event.id == latest_user:
+            unit.locked = True
+    return units
+
+
+def _sorted(events: Sequence[PlanEvent]) -> list[PlanEvent]:
+    items = list(events)
+    if any(items[i].seq > items[i + 1].seq for i in range(len(items) - 1)):
+        items.sort(key=lambda e: e.seq)
+    return items
+
+
+def _plan(
+    *,
+    strategy: str,
+    events: Sequence[PlanEvent],
+    folded: set[str],
+    extra_after: int = 0,
+    extra_events: int = 0,
+    notes: Sequence[str] = (),
+    **fields: object,
+) -> Plan:
+    kept = [e for e in events if e.id not in folded]
+    kept_total = sum(e.token_count for e in kept) + extra_after
+    kept_count = len(kept) + extra_events
+    return Plan(
+        strategy=strategy,
+        fold_ids=tuple(e.id for e in events if e.id in folded),
+        tokens_before=context_cost(events),
+        tokens_after=_cost_of(kept_total, kept_count),
+        events_before=len(events),
+        events_after=kept_count,
+        notes=tuple(notes),
+        **fields,  # type: ignore[arg-type]
+    )
+
+
+# --- trim ------------------------------------------------------------------------------------
+
+
+def trim(
+    *,
+    events: Sequence[PlanEvent],
+    budget: Budget,
+    count_tokens: TokenCounter | None = None,
+) -> Plan:
+    """Fold the oldest foldable events until the context is at or under `budget.target_tokens`.
+
+    Foldable: anything but system prompts, the latest user message and pinned events (tool
+    groups move as one). The existing summary (COMPACTION event) is folded like any other old
+    event. Folding stops as soon as the target is reached, so no more is dropped than needed.
+    If the target cannot be reached, everything foldable is folded and a note says so. No
+    summary is produced.
+    """
+    del count_tokens  # trim prices nothing new
+    events = _sorted(events)
+    total = sum(e.token_count for e in events)
+    remaining = len(events)
+    target = budget.target_tokens
+    folded: set[str] = set()
+    notes: list[str] = []
+    if _cost_of(total, remaining) > target:
+        for unit in _units(events):
+            if _cost_of(total, remaining) <= target:
+                break
+            if unit.locked:
+                continue
+            folded.update(unit.ids)
+            total -= unit.cost
+            remaining -= len(unit.events)
+        after = _cost_of(total, remaining)
+        if after > target:
+            notes.append(
+                f"target {target} unreachable: the events that must be kept cost {after} tokens"
+            )
+    return _plan(strategy="trim", events=events, folded=folded, notes=notes)
+
+
+# --- summarize -------------------------------------------------------------------------------
+
+
+def summarize(
+    *,
+    events: Sequence[PlanEvent],
+    budget: Budget,
+    count_tokens: TokenCounter | None = None,
+) -> Plan:
+    """Fold older agent / tool events into a new running summary.
+
+    Kept: system prompts, every user message (USER_MESSAGE, CONTEXT_REFRESH), pinned events
+    and the `budget.keep_recent_events` newest foldable events (rounded up to whole tool
+    groups). Everything else is folded, and so is the existing summary (COMPACTION event),
+    which the new summary supersedes. The summary message is reserved
+    `max_summary_tokens + SUMMARY_MESSAGE_OVERHEAD` tokens.
+
+    The kept events plus that reserve must fit `budget.context_limit`; when they do not, the
+    oldest user messages are folded too (never the latest), then the oldest of the recent
+    events. If nothing folds, the plan is empty.
+    """
+    del count_tokens
+    events = _sorted(events)
+    reserve = max(budget.max_summary_tokens, 0) + SUMMARY_MESSAGE_OVERHEAD
+    units = _units(events)
+
+    # Agent / tool units, newest first, split into "recent" (kept) and "old" (folded).
+    def is_agent_unit(unit: _Unit) -> bool:
+        return not (unit.types & (_USER_TYPES | {SYSTEM_PROMPT, COMPACTION}))
+
+    keep_n = max(budget.keep_recent_events, 0)
+    recent: list[_Unit] = []
+    kept_events = 0
+    folded: set[str] = set()
+    for unit in reversed(units):
+        if unit.locked or not is_agent_unit(unit):
+            continue
+        if kept_events < keep_n:
+            recent.append(unit)
+            kept_events += len(unit.events)
+        else:
+            folded.update(unit.ids)
+    recent.reverse()
+
+    summaries = [u for u in units if COMPACTION in u.types and not u.locked]
+    kept_total = sum(e.token_count for e in events if e.id not in folded) - sum(
+        u.cost for u in summaries
+    )
+
+    def fits() -> bool:
+        return kept_total + reserve + REPLY_PRIMER <= budget.context_limit
+
+    notes: list[str] = []
+    if not fits():
+        # Over the window even after folding all old agent work: older user turns go next,
+        # then the recent agent work we meant to keep.
+        user_units = [u for u in units if not u.locked and u.types & _USER_TYPES]
+        folded_users = folded_recent = 0
+        for unit in user_units + recent:
+            if fits():
+                break
+            folded.update(unit.ids)
+            kept_total -= unit.cost
+            if unit.types & _USER_TYPES:
+                folded_users += 1
+            else:
+                folded_recent += len(unit.events)
+        if folded_users:
+            notes.append(
+                f"kept events did not fit the window: {folded_users} older user message(s) folded"
+            )
+        if folded_recent:
+            notes.append(
+                f"kept events did not fit the window: {folded_recent} recent event(s) folded"
+            )
+        if not fits():
+            notes.append(
+                f"context limit {budget.context_limit} unreachable: kept events cost "
+                f"{kept_total} tokens plus a {reserve}-token summary reserve"
+            )
+
+    if not folded:
+        return _plan(strategy="summarize", events=events, folded=set(), notes=notes)
+    for unit in summaries:
+        folded.update(unit.ids)
+    return _plan(
+        strategy="summarize",
+        events=events,
+        folded=folded,
+        extra_after=reserve,
+        extra_events=1,
+        notes=notes,
+        needs_summary=True,
+        summary_reserve_tokens=reserve,
+    )
+
+
+# --- clear_tool_results ----------------------------------------------------------------------
+
+
+def tool_placeholder(*, name: str, tokens_freed: int) -> str:
+    """The text that replaces a cleared tool result."""
+    return f"{CLEARED_PREFIX} {name or 'tool'} output, {tokens_freed} tokens freed]"
+
+
+def _placeholder_cost(count_tokens: TokenCounter, *, name: str, text: str) -> int:
+    cost = MESSAGE_OVERHEAD + count_tokens("tool") + count_tokens(text)
+    return cost + count_tokens(name) if name else cost
+
+
+def _price_placeholder(
+    count_tokens: TokenCounter, *, event: PlanEvent
+) -> tuple[str, int, int] | None:
+    """(placeholder, its exact message cost, tokens freed), or None when it would not save.
+
+    The placeholder states the tokens it frees, which depends on its own cost: iterate to the
+    fixed point (one or two steps in practice; the digits of a number barely move its cost).
+    If a digit boundary makes it oscillate, the last text is kept and `tokens_freed` stays
+    exact even if the stated number is off by one.
+    """
+    freed = event.token_count
+    text, cost = "", 0
+    for _ in range(6):
+        text = tool_placeholder(name=event.name, tokens_freed=max(freed, 0))
+        cost = _placeholder_cost(count_tokens, name=event.name, text=text)
+        if event.token_count - cost == freed:
+            break
+        freed = event.token_count - cost
+    freed = event.token_count - cost
+    if freed <= 0:
+        return None
+    return text, cost, freed
+
+
+def clear_tool_results(
+    *,
+    events: Sequence[PlanEvent],
+    budget: Budget,
+    count_tokens: TokenCounter | None = None,
+) -> Plan:
+    """Replace the content of older tool results by a short placeholder; fold nothing.
+
+    The `budget.keep_recent_tool_results` newest TOOL_RESULT events stay untouched, pinned
+    results are skipped, and so is any result whose placeholder would not save tokens (already
+    cleared ones included). The placeholder names the tool and the tokens freed; its message
+    cost (`3 + tokens("tool") + tokens(placeholder) [+ tokens(name)]`) is computed exactly
+    with `count_tokens`, which is therefore required. No model call.
+    """
+    if count_tokens is None:
+        raise ValueError("clear_tool_results needs count_tokens to price its placeholders")
+    events = _sorted(events)
+    results = [e for e in events if e.type == TOOL_RESULT]
+    keep = max(budget.keep_recent_tool_results, 0)
+    older = results[: len(results) - keep] if keep else results
+    cleared: list[ClearedResult] = []
+    for event in older:
+        if event.pinned:
+            continue
+        priced = _price_placeholder(count_tokens, event=event)
+        if priced is None:
+            continue
+        text, cost, freed = priced
+        cleared.append(
+            ClearedResult(event_id=event.id, placeholder=text, token_count=cost, tokens_freed=freed)
+        )
+    before = context_cost(events)
+    return Plan(
+        strategy="clear_tool_results",
+        cleared=tuple(cleared),
+        tokens_before=before,
+        tokens_after=before - sum(c.tokens_freed for c in cleared),
+        events_before=len(events),
+        events_after=len(events),
+    )
+
+
+# --- registry --------------------------------------------------------------------------------
+
+STRATEGIES: dict[str, StrategyFn] = {
+    "trim": trim,
+    "summarize": summarize,
+    "clear_tool_results": clear_tool_results,
+}
+
+
+def strategy_names() -> list[str]:
+    return sorted(STRATEGIES)
+
+
+def plan_compaction(
+    *,
+    strategy: str,
+    events: Sequence[PlanEvent],
+    budget: Budget,
+    count_tokens: TokenCounter | None = None,
+) -> Plan:
+    """Plan a compaction of the active context `events` (seq order) with `strategy`.
+
+    Raises KeyError for an unknown strategy name.
+    """
+    try:
+        fn = STRATEGIES[strategy]
+    except KeyError:
+        raise KeyError(f"unknown strategy {strategy!r}") from None
+    return fn(events=events, budget=budget, count_tokens=count_tokens)

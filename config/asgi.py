@@ -1,0 +1,27 @@
+"""ASGI entry point: HTTP through Django, websockets through Channels."""
+
+import os
+
+from django.core.asgi import get_asgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+django_asgi_app = get_asgi_application()
+
+from channels.auth import AuthMiddlewareStack  # noqa: E402
+from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
+from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
+
+from compaction_app.routing import websocket_urlpatterns  # noqa: E402
+from compaction_app.ws_auth import TokenAuthMiddleware  # noqa: E402
+
+application = ProtocolTypeRouter(
+    {
+        # Static files are served by the app itself so the embedded profile needs no other
+        # server; production deployments may put a CDN or proxy in front instead.
+        "http": ASGIStaticFilesHandler(django_asgi_app),
+        "websocket": AllowedHostsOriginValidator(
+            AuthMiddlewareStack(TokenAuthMiddleware(URLRouter(websocket_urlpatterns)))
+        ),
+    }
+)

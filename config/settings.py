@@ -1,0 +1,212 @@
+"""Django settings. Everything that varies between machines comes from environment variables.
+
+No variables set → the embedded profile: SQLite (WAL) in ./var, in-memory channel layer, an
+in-memory Celery broker with a worker thread inside the server process. `DATABASE_URL` and
+`REDIS_URL` switch to the production profile (PostgreSQL, channels_redis, Redis broker).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+
+from config.env import env_bool, env_float, env_int, env_json, env_list, env_str
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(env_str("VAR_DIR", str(BASE_DIR / "var")))
+
+DEBUG = env_bool("DJANGO_DEBUG", False)
+SECRET_KEY = env_str("DJANGO_SECRET_KEY", "")
+if not SECRET_KEY:
+    if env_str("DATABASE_URL"):
+        raise ImproperlyConfigured("DJANGO_SECRET_KEY is required in the production profile")
+    # The embedded profile is for one machine; a fixed key keeps logins across restarts.
+    SECRET_KEY = "embedded-profile-insecure-key-change-me-for-production-0123456789"
+ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "rest_framework.authtoken",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "django_htmx",
+    "template_partials",
+    "channels",
+    "sessions_app",
+    "compaction_app",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "sessions_app.middleware.BodySizeLimitMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+WSGI_APPLICATION = None
+ASGI_APPLICATION = "config.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- Database -------------------------------------------------------------------------------
+DATABASE_URL = env_str("DATABASE_URL")
+if DATABASE_URL:
+    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
+else:
+    VAR_DIR.mkdir(parents=True, exist_ok=True)
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": VAR_DIR / "db.sqlite3",
+            "OPTIONS": {
+                # WAL lets readers run while one writer appends; IMMEDIATE takes the write lock
+                # at BEGIN so concurrent appenders queue on busy_timeout instead of deadlocking
+                # on a read-to-write lock upgrade.
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 30,
+            },
+            # A file, not :memory:, so live-server and worker threads share the test database.
+            "TEST": {"NAME": str(VAR_DIR / "test_db.sqlite3")},
+        }
+    }
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- Redis: channel layer, Celery broker, cache ---------------------------------------------
+REDIS_URL = env_str("REDIS_URL")
+if REDIS_URL:
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL], "prefix": env_str("CHANNELS_PREFIX", "ledger")},
+        }
+    }
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
+else:
+    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+
+CELERY_BROKER_URL = REDIS_URL or "memory://"
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_DEFAULT_QUEUE = env_str("CELERY_QUEUE", "context-ledger")
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Embedded profile: the server process runs a Celery worker thread itself.
+EMBEDDED_WORKER = env_bool("EMBEDDED_WORKER", not REDIS_URL)
+
+# --- Auth, static ---------------------------------------------------------------------------
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "dashboard:sessions"
+LOGOUT_REDIRECT_URL = "login"
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "/static/"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STATIC_ROOT = BASE_DIR / "staticfiles"
+
+# --- API ------------------------------------------------------------------------------------
+API_MAX_BODY_BYTES = env_int("API_MAX_BODY_BYTES", 32 * 1024 * 1024, minimum=1024)
+DATA_UPLOAD_MAX_MEMORY_SIZE = API_MAX_BODY_BYTES
+API_THROTTLE_RATE = env_str("API_THROTTLE_RATE", "1200/min")
+API_PAGE_SIZE = env_int("API_PAGE_SIZE", 50, minimum=1)
+API_MAX_EVENTS_PER_REQUEST = env_int("API_MAX_EVENTS_PER_REQUEST", 5000, minimum=1)
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_THROTTLE_CLASSES": (
+        [] if API_THROTTLE_RATE.lower() == "off" else ["sessions_app.api.throttling.UserRateThrottle"]
+    ),
+    "DEFAULT_THROTTLE_RATES": {"user": None if API_THROTTLE_RATE.lower() == "off" else API_THROTTLE_RATE},
+    "EXCEPTION_HANDLER": "sessions_app.api.errors.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Context Ledger API",
+    "DESCRIPTION": "LLM conversation sessions as an append-only ledger with exact token accounting.",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "SCHEMA_PATH_PREFIX": "/api/v1",
+}
+
+# --- Models and compaction ------------------------------------------------------------------
+# Extra or corrected context windows, {"model": tokens}; merged over the genai-prices snapshot.
+MODEL_CONTEXT_OVERRIDES: dict[str, int] = {
+    "gemini-3-pro": 1_000_000,
+    # genai-prices lists these without a window.
+    "gemini-2.5-pro": 1_048_576,
+    "gemini-3-pro-preview": 1_048_576,
+    "gemini-3.1-pro-preview": 1_048_576,
+    **env_json("MODEL_CONTEXT_OVERRIDES", {}),
+}
+OPENAI_API_KEY = env_str("OPENAI_API_KEY")
+OPENAI_BASE_URL = env_str("OPENAI_BASE_URL")
+OPENAI_SUMMARY_MODEL = env_str("OPENAI_SUMMARY_MODEL", "gpt-4o-mini")
+ANTHROPIC_API_KEY = env_str("ANTHROPIC_API_KEY")
+ANTHROPIC_BASE_URL = env_str("ANTHROPIC_BASE_URL")
+ANTHROPIC_SUMMARY_MODEL = env_str("ANTHROPIC_SUMMARY_MODEL", "claude-3-5-haiku-latest")
+SUMMARIZER_TIMEOUT_SECONDS = env_float("SUMMARIZER_TIMEOUT_SECONDS", 60.0, minimum=0.1)
+SUMMARIZER_WINDOW_TOKENS = env_int("SUMMARIZER_WINDOW_TOKENS", 100_000, minimum=2_000)
+MEMORY_FLUSH_WEBHOOK_URL = env_str("MEMORY_FLUSH_WEBHOOK_URL")
+
+LOG_LEVEL = env_str("DJANGO_LOG_LEVEL", "INFO").upper()
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": "WARNING"},
+    "loggers": {
+        "sessions_app": {"level": LOG_LEVEL},
+        "compaction_app": {"level": LOG_LEVEL},
+        "context": {"level": LOG_LEVEL},
+    },
+}

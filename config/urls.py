@@ -1,0 +1,13 @@
+from django.contrib import admin
+from django.urls import include, path
+from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("api/v1/schema/", SpectacularAPIView.as_view(), name="schema"),
+    path("api/v1/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
+    path("api/v1/", include("sessions_app.api.urls")),
+    path("api/v1/", include("compaction_app.api.urls")),
+    path("accounts/", include("django.contrib.auth.urls")),
+    path("", include("compaction_app.dashboard.urls")),
+]

@@ -1,0 +1,76 @@
+"""The API's error format: {"error": code, "detail": text, ...extra}."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.http import Http404
+from rest_framework import exceptions, status
+from rest_framework.response import Response
+from rest_framework.views import exception_handler as drf_exception_handler
+
+from sessions_app.errors import LedgerError
+
+
+def _flatten(detail: Any, prefix: str = "") -> dict[str, str]:
+    fields: dict[str, str] = {}
+    if isinstance(detail, dict):
+        for key, value in detail.items():
+            name = f"{prefix}.{key}" if prefix else str(key)
+            if key == "non_field_errors":
+                name = prefix or "body"
+            fields.update(_flatten(value, name))
+    elif isinstance(detail, list):
+        if all(isinstance(item, str) for item in detail):
+            if detail:
+                fields[prefix or "body"] = " ".join(str(item) for item in detail)
+        else:
+            for index, value in enumerate(detail):
+                if value:
+                    fields.update(_flatten(value, f"{prefix}[{index}]"))
+    else:
+        fields[prefix or "body"] = str(detail)
+    return fields
+
+
+_CODES = {
+    exceptions.ParseError: "malformed_json",
+    exceptions.NotAuthenticated: "not_authenticated",
+    exceptions.AuthenticationFailed: "authentication_failed",
+    exceptions.PermissionDenied: "permission_denied",
+    exceptions.NotFound: "not_found",
+    exceptions.MethodNotAllowed: "method_not_allowed",
+    exceptions.NotAcceptable: "not_acceptable",
+    exceptions.UnsupportedMediaType: "unsupported_media_type",
+    exceptions.Throttled: "throttled",
+}
+
+
+def error_response(code: str, detail: str, status_code: int, **extra: Any) -> Response:
+    return Response({"error": code, "detail": detail, **extra}, status=status_code)
+
+
+def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
+    if isinstance(exc, LedgerError):
+        return error_response(exc.code, exc.detail, exc.status, **exc.extra)
+    if isinstance(exc, Http404):
+        exc = exceptions.NotFound()
+    elif isinstance(exc, DjangoPermissionDenied):
+        exc = exceptions.PermissionDenied()
+    if isinstance(exc, exceptions.ValidationError):
+        fields = _flatten(exc.detail)
+        first = next(iter(fields.items()), ("body", "invalid"))
+        return error_response(
+            "invalid_request", f"{first[0]}: {first[1]}", status.HTTP_400_BAD_REQUEST, fields=fields
+        )
+    response = drf_exception_handler(exc, context)
+    if response is None or not isinstance(exc, exceptions.APIException):
+        return response
+    code = next((code for cls, code in _CODES.items() if isinstance(exc, cls)), exc.default_code)
+    extra: dict[str, Any] = {}
+    if isinstance(exc, exceptions.Throttled) and exc.wait is not None:
+        extra["retryAfter"] = int(exc.wait + 0.999)
+    detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+    response.data = {"error": code, "detail": detail, **extra}
+    return response

@@ -1,0 +1,283 @@
+"""Input validation and output shapes of the REST API (camelCase on the wire)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from sessions_app.models import Event, EventType, Session
+from sessions_app.services import EventInput, TokenUsage
+
+CLIENT_EVENT_TYPES = [t for t in EventType.values if t != EventType.COMPACTION]
+
+
+class StrictIntegerField(serializers.IntegerField):
+    """An integer that must arrive as a JSON integer: no "5", no 5.5, no true."""
+
+    def to_internal_value(self, data: Any) -> int:
+        if isinstance(data, bool) or not isinstance(data, int):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class StrictBooleanField(serializers.BooleanField):
+    def to_internal_value(self, data: Any) -> bool:
+        if not isinstance(data, bool):
+            self.fail("invalid", input=data)
+        return data
+
+
+class StrictCharField(serializers.CharField):
+    """Text kept exactly as sent (no trimming); the NUL and surrogate checks are the
+    services' job so every caller gets them."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("trim_whitespace", False)
+        kwargs.setdefault("allow_blank", True)
+        super().__init__(**kwargs)
+        # The service reports these with a precise error code.
+        self.validators = [
+            v for v in self.validators if type(v).__name__ not in {"ProhibitNullCharactersValidator", "ProhibitSurrogateCharactersValidator"}
+        ]
+
+    def to_internal_value(self, data: Any) -> str:
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return data
+
+
+@extend_schema_field(OpenApiTypes.ANY)
+class ContentField(serializers.Field):
+    """Message content: a string, or structured parts (a JSON array or object)."""
+
+    default_error_messages = {"invalid": "Must be a string, an array or an object."}
+
+    def to_internal_value(self, data: Any) -> Any:
+        if isinstance(data, str | list | dict):
+            return data
+        self.fail("invalid")
+
+    def to_representation(self, value: Any) -> Any:
+        return value
+
+
+class TokenUsageSerializer(serializers.Serializer):
+    promptTokens = StrictIntegerField(min_value=0, required=False, allow_null=True)
+    completionTokens = StrictIntegerField(min_value=0, required=False, allow_null=True)
+    totalTokens = StrictIntegerField(min_value=0, required=False, allow_null=True)
+
+
+class EventInSerializer(serializers.Serializer):
+    id = serializers.UUIDField(required=False)
+    type = serializers.ChoiceField(choices=CLIENT_EVENT_TYPES)
+    content = ContentField()
+    name = StrictCharField(required=False, max_length=200)
+    toolCallId = StrictCharField(required=False, max_length=200)
+    tokenUsage = TokenUsageSerializer(required=False, allow_null=True)
+    pinned = StrictBooleanField(required=False)
+    metadata = serializers.DictField(required=False)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        kind = attrs["type"]
+        if kind == EventType.TOOL_CALL and (not attrs.get("name") or not attrs.get("toolCallId")):
+            raise serializers.ValidationError({"toolCallId": "TOOL_CALL needs name and toolCallId."})
+        if kind == EventType.TOOL_RESULT and not attrs.get("toolCallId"):
+            raise serializers.ValidationError({"toolCallId": "TOOL_RESULT needs toolCallId."})
+        if kind == EventType.CONTEXT_REFRESH and not (
+            isinstance(attrs["content"], str) and attrs["content"].startswith("[CONTEXT REFRESH]")
+        ):
+            raise serializers.ValidationError({"content": "CONTEXT_REFRESH content starts with [CONTEXT REFRESH]."})
+        return attrs
+
+    def to_event_input(self) -> EventInput:
+        return to_event_input(self.validated_data)
+
+
+def to_event_input(data: dict[str, Any]) -> EventInput:
+    usage = data.get("tokenUsage")
+    return EventInput(
+        id=data.get("id"),
+        type=data["type"],
+        content=data["content"],
+        name=data.get("name", ""),
+        tool_call_id=data.get("toolCallId", ""),
+        token_usage=TokenUsage(
+            prompt_tokens=usage.get("promptTokens"),
+            completion_tokens=usage.get("completionTokens"),
+            total_tokens=usage.get("totalTokens"),
+        )
+        if usage
+        else None,
+        pinned=data.get("pinned", False),
+        metadata=data.get("metadata", {}),
+    )
+
+
+class EventPatchSerializer(serializers.Serializer):
+    pinned = StrictBooleanField()
+
+
+class EventOutSerializer(serializers.ModelSerializer):
+    sessionId = serializers.UUIDField(source="session_id", read_only=True)
+    role = serializers.CharField(read_only=True)
+    content = serializers.SerializerMethodField()
+    toolCallId = serializers.CharField(source="tool_call_id", read_only=True)
+    tokenCount = serializers.IntegerField(source="token_count", read_only=True)
+    tokenUsage = serializers.SerializerMethodField()
+    compactedBy = serializers.UUIDField(source="compacted_by_id", read_only=True, allow_null=True)
+    cleared = serializers.SerializerMethodField()
+    createdAt = serializers.DateTimeField(source="created_at", read_only=True)
+
+    class Meta:
+        model = Event
+        fields = [
+            "id",
+            "sessionId",
+            "seq",
+            "type",
+            "role",
+            "content",
+            "name",
+            "toolCallId",
+            "tokenCount",
+            "tokenUsage",
+            "pinned",
+            "metadata",
+            "compactedBy",
+            "cleared",
+            "createdAt",
+        ]
+        read_only_fields = fields
+
+    @extend_schema_field(OpenApiTypes.ANY)
+    def get_content(self, event: Event) -> Any:
+        # The original content; a cleared tool result's placeholder is what /context sends.
+        return json.loads(event.content) if event.content_is_json else event.content
+
+    @extend_schema_field(TokenUsageSerializer(allow_null=True))
+    def get_tokenUsage(self, event: Event) -> dict[str, int | None] | None:
+        if event.prompt_tokens is None and event.completion_tokens is None and event.total_tokens is None:
+            return None
+        return {
+            "promptTokens": event.prompt_tokens,
+            "completionTokens": event.completion_tokens,
+            "totalTokens": event.total_tokens,
+        }
+
+    def get_cleared(self, event: Event) -> bool:
+        return event.cleared_content is not None
+
+
+class SessionCreateSerializer(serializers.Serializer):
+    model = StrictCharField(max_length=200, allow_blank=False)
+    title = StrictCharField(required=False, max_length=200)
+    contextLimit = StrictIntegerField(required=False, allow_null=True)
+    systemPrompt = StrictCharField(required=False, allow_null=True)
+    settings = serializers.JSONField(required=False)
+
+
+class SessionPatchSerializer(serializers.Serializer):
+    title = StrictCharField(required=False, max_length=200)
+    contextLimit = StrictIntegerField(required=False)
+    settings = serializers.JSONField(required=False)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        unknown = sorted(set(self.initial_data) - set(self.fields)) if isinstance(self.initial_data, dict) else []
+        if unknown:
+            raise serializers.ValidationError({key: "This field cannot be changed." for key in unknown})
+        return attrs
+
+
+class SessionOutSerializer(serializers.ModelSerializer):
+    contextLimit = serializers.IntegerField(source="context_limit", read_only=True)
+    contextTokens = serializers.IntegerField(source="context_tokens", read_only=True)
+    eventCount = serializers.IntegerField(source="event_count", read_only=True)
+    owner = serializers.CharField(source="owner.get_username", read_only=True)
+    lastCompaction = serializers.JSONField(source="last_compaction", read_only=True)
+    createdAt = serializers.DateTimeField(source="created_at", read_only=True)
+    updatedAt = serializers.DateTimeField(source="updated_at", read_only=True)
+
+    class Meta:
+        model = Session
+        fields = [
+            "id",
+            "title",
+            "model",
+            "encoding",
+            "contextLimit",
+            "contextTokens",
+            "eventCount",
+            "settings",
+            "owner",
+            "lastCompaction",
+            "createdAt",
+            "updatedAt",
+        ]
+        read_only_fields = fields
+
+
+class UsageSerializer(serializers.Serializer):
+    totalPromptTokens = serializers.IntegerField()
+    totalCompletionTokens = serializers.IntegerField()
+    totalTokens = serializers.IntegerField()
+    eventCount = serializers.IntegerField()
+    contextTokens = serializers.IntegerField()
+    contextLimit = serializers.IntegerField()
+    percentUsed = serializers.FloatField()
+    nearLimit = serializers.BooleanField()
+    atLimit = serializers.BooleanField()
+    model = serializers.CharField()
+    encoding = serializers.CharField()
+    exact = serializers.BooleanField()
+    cumulativeTokens = serializers.IntegerField()
+    refreshThresholdTokens = serializers.IntegerField()
+    lastCompaction = serializers.JSONField(allow_null=True)
+
+
+class ContextSerializer(serializers.Serializer):
+    messages = serializers.ListField(child=serializers.JSONField())
+    system = serializers.CharField(required=False, allow_null=True)
+    tokenCount = serializers.IntegerField()
+    limit = serializers.IntegerField()
+    pruned = serializers.BooleanField()
+    summary = serializers.CharField(allow_null=True)
+
+
+class TokenCountInSerializer(serializers.Serializer):
+    model = StrictCharField(required=False, allow_blank=False)
+    encoding = serializers.ChoiceField(choices=["cl100k_base", "o200k_base"], required=False)
+    text = StrictCharField(required=False)
+    messages = serializers.ListField(child=serializers.DictField(), required=False)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if ("model" in attrs) == ("encoding" in attrs):
+            raise serializers.ValidationError({"model": "Give exactly one of model or encoding."})
+        if ("text" in attrs) == ("messages" in attrs):
+            raise serializers.ValidationError({"text": "Give exactly one of text or messages."})
+        for index, message in enumerate(attrs.get("messages", [])):
+            if not isinstance(message.get("role"), str) or "content" not in message:
+                raise serializers.ValidationError({f"messages[{index}]": "Needs a string role and a content."})
+            if message["content"] is not None and not isinstance(message["content"], str | list | dict):
+                raise serializers.ValidationError({f"messages[{index}].content": "Must be text or structured parts."})
+        return attrs
+
+
+class TokenCountOutSerializer(serializers.Serializer):
+    tokens = serializers.IntegerField()
+    encoding = serializers.CharField()
+    exact = serializers.BooleanField()
+
+
+class ModelOutSerializer(serializers.Serializer):
+    model = serializers.CharField()
+    contextLimit = serializers.IntegerField()
+    encoding = serializers.CharField()
+
+
+def event_out(events: list[Event]) -> list[dict[str, Any]]:
+    return EventOutSerializer(events, many=True).data  # type: ignore[return-value]
+

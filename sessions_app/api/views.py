@@ -1,0 +1,276 @@
+"""REST API views: validate, call one service or selector, serialise."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import status
+from rest_framework.pagination import PageNumberPagination
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from sessions_app import selectors, services, tokens
+from sessions_app.api import serializers as s
+from sessions_app.context import context_prepare
+from sessions_app.errors import InvalidInput, LedgerError, NotFound
+from sessions_app.models import Event, EventType
+from sessions_app.signals import compaction_command
+
+
+class SessionPagination(PageNumberPagination):
+    page_size_query_param = "pageSize"
+    max_page_size = 500
+
+    def get_page_size(self, request: Request) -> int | None:
+        self.page_size = settings.API_PAGE_SIZE
+        return super().get_page_size(request)
+
+
+class SessionListView(APIView):
+    @extend_schema(responses=s.SessionOutSerializer(many=True))
+    def get(self, request: Request) -> Response:
+        queryset = selectors.sessions_visible_to(user=request.user).select_related("owner")
+        paginator = SessionPagination()
+        page = paginator.paginate_queryset(queryset, request, view=self)
+        return paginator.get_paginated_response(s.SessionOutSerializer(page, many=True).data)
+
+    @extend_schema(request=s.SessionCreateSerializer, responses={201: s.SessionOutSerializer})
+    def post(self, request: Request) -> Response:
+        body = s.SessionCreateSerializer(data=_object(request.data))
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        session = services.session_create(
+            owner=request.user,  # type: ignore[arg-type]
+            model=data["model"],
+            title=data.get("title", ""),
+            context_limit=data.get("contextLimit"),
+            system_prompt=data.get("systemPrompt"),
+            settings=data.get("settings"),
+        )
+        return Response(s.SessionOutSerializer(session).data, status=status.HTTP_201_CREATED)
+
+
+class SessionDetailView(APIView):
+    @extend_schema(responses=s.SessionOutSerializer)
+    def get(self, request: Request, session_id: str) -> Response:
+        session = selectors.session_get(user=request.user, session_id=session_id)
+        return Response(s.SessionOutSerializer(session).data)
+
+    @extend_schema(request=s.SessionPatchSerializer, responses=s.SessionOutSerializer)
+    def patch(self, request: Request, session_id: str) -> Response:
+        session = selectors.session_get(user=request.user, session_id=session_id)
+        body = s.SessionPatchSerializer(data=_object(request.data))
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        session = services.session_update(
+            session=session,
+            title=data.get("title"),
+            context_limit=data.get("contextLimit"),
+            settings=data.get("settings"),
+        )
+        return Response(s.SessionOutSerializer(session).data)
+
+    @extend_schema(responses={204: None})
+    def delete(self, request: Request, session_id: str) -> Response:
+        session = selectors.session_get(user=request.user, session_id=session_id)
+        services.session_delete(session=session)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class SessionEventsView(APIView):
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("after", int, description="Return events with seq greater than this."),
+            OpenApiParameter("limit", int, description="Page size, 1..1000 (default 100)."),
+            OpenApiParameter("includeCompacted", bool, description="Include events folded by compaction."),
+        ],
+        responses=s.EventOutSerializer(many=True),
+    )
+    def get(self, request: Request, session_id: str) -> Response:
+        session = selectors.session_get(user=request.user, session_id=session_id)
+        after = _int_param(request, "after", 0, minimum=0)
+        limit = _int_param(request, "limit", 100, minimum=1, maximum=1000)
+        include = _bool_param(request, "includeCompacted")
+        events, next_after = selectors.events_page(
+            session=session, after=after, limit=limit, include_compacted=include
+        )
+        return Response({"results": s.event_out(events), "nextAfter": next_after})
+
+    @extend_schema(
+        request=s.EventInSerializer(many=True),
+        responses={201: s.EventOutSerializer(many=True), 202: None},
+        description="One event object or a list (bulk, atomic). A USER_MESSAGE starting with "
+        "/compact starts a manual compaction instead (202).",
+    )
+    def post(self, request: Request, session_id: str) -> Response:
+        session = selectors.session_get(user=request.user, session_id=session_id)
+        data = request.data
+        single = isinstance(data, dict)
+        items = [data] if single else data
+        if not isinstance(items, list):
+            raise InvalidInput("body must be an event object or a list of events", code="invalid_request")
+        if len(items) > settings.API_MAX_EVENTS_PER_REQUEST:
+            raise LedgerError(
+                f"at most {settings.API_MAX_EVENTS_PER_REQUEST} events per request",
+                code="too_many_events",
+                limit=settings.API_MAX_EVENTS_PER_REQUEST,
+            )
+        body = s.EventInSerializer(data=items, many=True)
+        body.is_valid(raise_exception=True)
+        inputs = [s.to_event_input(item) for item in body.validated_data]
+        commands = [
+            index
+            for index, item in enumerate(inputs)
+            if item.type == EventType.USER_MESSAGE
+            and isinstance(item.content, str)
+            and item.content.lstrip().startswith(services.COMPACT_COMMAND)
+        ]
+        if commands:
+            if not single:
+                raise InvalidInput(
+                    "/compact must be sent alone, not inside a bulk list",
+                    code="compact_command_in_bulk",
+                    fields={f"[{commands[0]}].content": "send /compact as a single event"},
+                )
+            return _compact_command(request, session, inputs[0].content)
+        result = services.event_append(session=session, events=inputs)
+        code = status.HTTP_201_CREATED if result.created else status.HTTP_200_OK
+        payload: Any = s.event_out(result.events)
+        return Response(payload[0] if single else payload, status=code)
+
+
+def _compact_command(request: Request, session: Any, content: str) -> Response:
+    arguments = content.lstrip()[len(services.COMPACT_COMMAND) :].split()
+    for _receiver, response in compaction_command.send(
+        sender=Event, session=session, user=request.user, arguments=arguments
+    ):
+        if response is not None:
+            return Response(response, status=status.HTTP_202_ACCEPTED)
+    return Response(
+        {"error": "compaction_unavailable", "detail": "compaction is not installed"},
+        status=status.HTTP_503_SERVICE_UNAVAILABLE,
+    )
+
+
+class EventDetailView(APIView):
+    def _get(self, request: Request, session_id: str, event_id: str) -> Event:
+        session = selectors.session_get(user=request.user, session_id=session_id)
+        return selectors.event_get(session=session, event_id=event_id)
+
+    @extend_schema(responses=s.EventOutSerializer)
+    def get(self, request: Request, session_id: str, event_id: str) -> Response:
+        return Response(s.EventOutSerializer(self._get(request, session_id, event_id)).data)
+
+    @extend_schema(request=s.EventPatchSerializer, responses=s.EventOutSerializer)
+    def patch(self, request: Request, session_id: str, event_id: str) -> Response:
+        event = self._get(request, session_id, event_id)
+        body = s.EventPatchSerializer(data=_object(request.data))
+        body.is_valid(raise_exception=True)
+        event = services.event_set_pinned(event=event, pinned=body.validated_data["pinned"])
+        return Response(s.EventOutSerializer(event).data)
+
+
+class SessionUsageView(APIView):
+    @extend_schema(responses=s.UsageSerializer)
+    def get(self, request: Request, session_id: str) -> Response:
+        session = selectors.session_get(user=request.user, session_id=session_id)
+        return Response(selectors.usage_for_session(session=session))
+
+
+class SessionContextView(APIView):
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("maxTokens", int),
+            OpenApiParameter("reserveTokens", int),
+            OpenApiParameter("format", str, enum=["openai", "anthropic"]),
+        ],
+        responses=s.ContextSerializer,
+    )
+    def get(self, request: Request, session_id: str) -> Response:
+        session = selectors.session_get(user=request.user, session_id=session_id)
+        max_tokens = _int_param(request, "maxTokens", 0, minimum=1) or None
+        reserve = _int_param(request, "reserveTokens", 0, minimum=0)
+        fmt = request.query_params.get("format", "openai")
+        if fmt not in ("openai", "anthropic"):
+            raise InvalidInput("format must be openai or anthropic", fields={"format": "openai or anthropic"})
+        prepared = context_prepare(
+            session=session, user=request.user, max_tokens=max_tokens, reserve_tokens=reserve, fmt=fmt
+        )
+        payload: dict[str, Any] = {
+            "messages": prepared.messages,
+            "tokenCount": prepared.token_count,
+            "limit": prepared.limit,
+            "pruned": prepared.pruned,
+            "summary": prepared.summary,
+        }
+        if fmt == "anthropic":
+            payload["system"] = prepared.system
+        if prepared.compaction is not None:
+            payload["compaction"] = prepared.compaction
+        return Response(payload)
+
+
+class TokenCountView(APIView):
+    @extend_schema(request=s.TokenCountInSerializer, responses=s.TokenCountOutSerializer)
+    def post(self, request: Request) -> Response:
+        body = s.TokenCountInSerializer(data=_object(request.data))
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        if "model" in data:
+            counter = tokens.counter_for_model(data["model"])
+            native = tokens.resolve_encoding(data["model"]).native
+        else:
+            counter, native = tokens.get_counter(data["encoding"]), True
+        if "text" in data:
+            services.check_text(data["text"], "text")
+            count = counter.count(data["text"])
+        else:
+            costs = [
+                tokens.message_tokens(
+                    counter, role=m["role"], content=m.get("content") or "", name=str(m.get("name") or "")
+                )
+                for m in data["messages"]
+            ]
+            count = tokens.context_tokens(costs)
+        return Response({"tokens": count, "encoding": counter.encoding, "exact": bool(counter.exact and native)})
+
+
+class ModelListView(APIView):
+    @extend_schema(responses=s.ModelOutSerializer(many=True))
+    def get(self, request: Request) -> Response:
+        return Response(
+            [
+                {"model": info.model, "contextLimit": info.context_limit, "encoding": info.encoding}
+                for info in services.model_registry().all_models()
+            ]
+        )
+
+
+def _object(data: Any) -> Any:
+    if not isinstance(data, dict):
+        raise InvalidInput("body must be a JSON object", code="invalid_request", fields={"body": "must be an object"})
+    return data
+
+
+def _int_param(request: Request, name: str, default: int, *, minimum: int, maximum: int | None = None) -> int:
+    raw = request.query_params.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise InvalidInput(f"{name} must be an integer", code="invalid_parameter", fields={name: "must be an integer"}) from None
+    if value < minimum or (maximum is not None and value > maximum):
+        bound = f">= {minimum}" if maximum is None else f"between {minimum} and {maximum}"
+        raise InvalidInput(f"{name} must be {bound}", code="invalid_parameter", fields={name: f"must be {bound}"})
+    return value
+
+
+def _bool_param(request: Request, name: str) -> bool:
+    raw = request.query_params.get(name, "false").lower()
+    if raw not in ("true", "false", "1", "0"):
+        raise InvalidInput(f"{name} must be true or false", code="invalid_parameter", fields={name: "true or false"})
+    return raw in ("true", "1")

@@ -1,0 +1,115 @@
+"""Building the context a client should send next (the `/context` ladder)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+
+from sessions_app import context_window
+from sessions_app.errors import Unprocessable
+from sessions_app.models import Event, EventType, Session
+from sessions_app.selectors import active_events, render_messages
+from sessions_app.signals import context_hard_limit
+
+logger = logging.getLogger("context")
+
+
+@dataclass(frozen=True)
+class PreparedContext:
+    messages: list[dict[str, Any]]
+    system: str | None
+    token_count: int
+    limit: int
+    pruned: bool
+    summary: str | None
+    level: str
+    compaction: dict[str, Any] | None = None
+
+
+def _items(events: list[Event]) -> list[context_window.WindowItem]:
+    return [
+        context_window.WindowItem(
+            key=str(event.id), type=event.type, cost=event.effective_token_count, tool_call_id=event.tool_call_id
+        )
+        for event in events
+    ]
+
+
+def context_prepare(
+    *,
+    session: Session,
+    user: AbstractBaseUser | AnonymousUser,
+    max_tokens: int | None = None,
+    reserve_tokens: int = 0,
+    fmt: str = "openai",
+) -> PreparedContext:
+    """The messages to send next.
+
+    Below the compact threshold: the whole active context. Between the thresholds: a pruned
+    view that drops the oldest non-system events to get under the compact threshold (logged
+    as `context_window_approaching`). At the hard limit: a synchronous compaction first (through
+    the `context_hard_limit` signal), then the same ladder on the result. When the system prompt,
+    summary and last user message alone do not fit: `context_window_exhausted` (422).
+    """
+    limit = context_window.effective_limit(
+        context_limit=session.context_limit, max_tokens=max_tokens, reserve_tokens=reserve_tokens
+    )
+    compact_threshold = float(session.settings.get("compactThreshold", 0.8))
+    hard_threshold = float(session.settings.get("hardLimitThreshold", 0.95))
+    events = active_events(session=session)
+    tokens = context_window.context_cost([event.effective_token_count for event in events])
+    level = context_window.window_level(
+        tokens=tokens, limit=limit, compact_threshold=compact_threshold, hard_threshold=hard_threshold
+    )
+    compaction: dict[str, Any] | None = None
+    if level == "hard" and events:
+        for _receiver, response in context_hard_limit.send(sender=Session, session=session, user=user, limit=limit):
+            if response is not None:
+                compaction = response
+                break
+        events = active_events(session=session)
+        tokens = context_window.context_cost([event.effective_token_count for event in events])
+        level = context_window.window_level(
+            tokens=tokens, limit=limit, compact_threshold=compact_threshold, hard_threshold=hard_threshold
+        )
+    pruned = False
+    if level != "ok" and events:
+        logger.info(
+            "context_window_approaching %s",
+            {"tokenCount": tokens, "limit": limit},
+            extra={"session_id": str(session.pk), "tokenCount": tokens, "limit": limit},
+        )
+        kept = context_window.prune(_items(events), budget=int(limit * compact_threshold))
+        if kept is None:
+            kept = context_window.prune(_items(events), budget=limit)
+        if kept is None:
+            required = set(context_window.required_keys(_items(events)))
+            needed = context_window.context_cost(
+                [event.effective_token_count for event in events if str(event.id) in required]
+            )
+            raise Unprocessable(
+                "the system prompt, summary and last message alone exceed the context window",
+                code="context_window_exhausted",
+                tokenCount=needed,
+                limit=limit,
+                model=session.model,
+            )
+        keep = set(kept)
+        pruned = len(keep) < len(events)
+        events = [event for event in events if str(event.id) in keep]
+        tokens = context_window.context_cost([event.effective_token_count for event in events])
+    messages, system = render_messages(events, fmt=fmt)
+    summary = next((event.content for event in events if event.type == EventType.COMPACTION), None)
+    return PreparedContext(
+        messages=messages,
+        system=system,
+        token_count=tokens,
+        limit=limit,
+        pruned=pruned,
+        summary=summary,
+        level=level,
+        compaction=compaction,
+    )

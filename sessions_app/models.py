@@ -1,0 +1,136 @@
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+
+
+class EventType(models.TextChoices):
+    SYSTEM_PROMPT = "SYSTEM_PROMPT"
+    USER_MESSAGE = "USER_MESSAGE"
+    AGENT_MESSAGE = "AGENT_MESSAGE"
+    TOOL_CALL = "TOOL_CALL"
+    TOOL_RESULT = "TOOL_RESULT"
+    LOCAL_SYSTEM_MESSAGE = "LOCAL_SYSTEM_MESSAGE"
+    COMPACTION = "COMPACTION"
+    CONTEXT_REFRESH = "CONTEXT_REFRESH"
+
+
+# The chat role each event type is sent to the model as. LOCAL_SYSTEM_MESSAGE is for people
+# only; it is counted (so its cost is known) but never part of the model's context.
+ROLE_FOR_TYPE: dict[str, str] = {
+    EventType.SYSTEM_PROMPT: "system",
+    EventType.USER_MESSAGE: "user",
+    EventType.AGENT_MESSAGE: "assistant",
+    EventType.TOOL_CALL: "assistant",
+    EventType.TOOL_RESULT: "tool",
+    EventType.LOCAL_SYSTEM_MESSAGE: "system",
+    EventType.COMPACTION: "system",
+    EventType.CONTEXT_REFRESH: "user",
+}
+MODEL_INVISIBLE_TYPES = frozenset({EventType.LOCAL_SYSTEM_MESSAGE})
+
+
+class Session(models.Model):
+    """A conversation. Counters are maintained by the services inside the append transaction,
+    so usage is read from this row without recounting events."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="ledger_sessions"
+    )
+    title = models.CharField(max_length=200, blank=True, default="")
+    model = models.CharField(max_length=200)
+    encoding = models.CharField(max_length=50)
+    context_limit = models.PositiveIntegerField()
+    settings = models.JSONField(default=dict)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    # --- counters, updated atomically with each append / compaction -----------------------
+    last_seq = models.PositiveBigIntegerField(default=0)
+    event_count = models.PositiveIntegerField(default=0)
+    # Model-visible events not folded by a compaction, and the sum of their token counts.
+    active_event_count = models.PositiveIntegerField(default=0)
+    active_tokens = models.PositiveBigIntegerField(default=0)
+    # Sum of every stored event's tokenCount, folded or not.
+    ledger_tokens = models.PositiveBigIntegerField(default=0)
+    # Tokens recorded since the last context refresh (see compaction triggers).
+    cumulative_tokens = models.PositiveBigIntegerField(default=0)
+    # Provider-reported usage, summed over events that carry it.
+    reported_prompt_tokens = models.PositiveBigIntegerField(default=0)
+    reported_completion_tokens = models.PositiveBigIntegerField(default=0)
+    reported_total_tokens = models.PositiveBigIntegerField(default=0)
+    reported_event_count = models.PositiveIntegerField(default=0)
+    # Snapshot of the latest compaction run, written by compaction_app through a service
+    # (sessions_app never imports compaction_app).
+    last_compaction = models.JSONField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-updated_at"]
+        indexes = [models.Index(fields=["owner", "-updated_at"])]
+
+    def __str__(self) -> str:
+        return self.title or str(self.id)
+
+    @property
+    def context_tokens(self) -> int:
+        # 3 tokens prime the reply, counted only when there is something to send.
+        return self.active_tokens + 3 if self.active_event_count else 0
+
+
+class Event(models.Model):
+    """One immutable ledger entry. Only `pinned`, `compacted_by` and the cleared-content
+    fields change after insert, and none of them alter the original content."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4)
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="events")
+    seq = models.PositiveBigIntegerField()
+    type = models.CharField(max_length=32, choices=EventType.choices)
+    content = models.TextField(blank=True, default="")
+    # True when the client sent structured (non-text) content; `content` then holds its JSON.
+    content_is_json = models.BooleanField(default=False)
+    name = models.CharField(max_length=200, blank=True, default="")
+    tool_call_id = models.CharField(max_length=200, blank=True, default="")
+    token_count = models.PositiveIntegerField()
+    prompt_tokens = models.PositiveBigIntegerField(null=True, blank=True)
+    completion_tokens = models.PositiveBigIntegerField(null=True, blank=True)
+    total_tokens = models.PositiveBigIntegerField(null=True, blank=True)
+    pinned = models.BooleanField(default=False)
+    metadata = models.JSONField(default=dict, blank=True)
+    # The COMPACTION event that folded this one out of the active context (never deleted).
+    compacted_by = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="folded_events"
+    )
+    # clear_tool_results swaps the content sent to the model for a placeholder; the original
+    # stays in `content`.
+    cleared_content = models.TextField(null=True, blank=True)
+    cleared_token_count = models.PositiveIntegerField(null=True, blank=True)
+    cleared_by = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="cleared_events"
+    )
+    # Set on a COMPACTION event whose run was reverted.
+    reverted = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["session", "seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["session", "seq"], name="event_unique_seq_per_session"),
+        ]
+        indexes = [
+            models.Index(fields=["session", "compacted_by", "seq"], name="event_active_idx"),
+            models.Index(fields=["session", "type", "seq"], name="event_type_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.session_id}#{self.seq} {self.type}"
+
+    @property
+    def role(self) -> str:
+        return ROLE_FOR_TYPE[self.type]
+
+    @property
+    def effective_token_count(self) -> int:
+        return self.cleared_token_count if self.cleared_token_count is not None else self.token_count

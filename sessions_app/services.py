@@ -1,0 +1,308 @@
+"""Services: every write to sessions and events goes through here.
+
+Appends lock the session row, so `seq` is gap-free and the counters on the session always
+equal the sums over its stored events. Token counting happens before the lock is taken: it
+is the expensive part and needs no database.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+from django.conf import settings as django_settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import transaction
+
+from sessions_app import tokens
+from sessions_app.errors import Conflict, InvalidInput
+from sessions_app.model_registry import ModelRegistry
+from sessions_app.models import MODEL_INVISIBLE_TYPES, ROLE_FOR_TYPE, Event, EventType, Session
+from sessions_app.session_settings import validate_settings
+from sessions_app.signals import events_appended
+
+MAX_CONTEXT_LIMIT = 100_000_000
+COMPACT_COMMAND = "/compact"
+
+
+@lru_cache(maxsize=1)
+def _registry_cached(overrides_json: str) -> ModelRegistry:
+    return ModelRegistry(overrides=json.loads(overrides_json))
+
+
+def model_registry() -> ModelRegistry:
+    """The registry with the overrides currently in settings (cached per overrides value)."""
+    return _registry_cached(json.dumps(django_settings.MODEL_CONTEXT_OVERRIDES, sort_keys=True))
+
+
+@dataclass(frozen=True)
+class TokenUsage:
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    total_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class EventInput:
+    """A validated event as the API or the import command hands it to `event_append`."""
+
+    type: str
+    content: Any
+    id: uuid.UUID | None = None
+    name: str = ""
+    tool_call_id: str = ""
+    token_usage: TokenUsage | None = None
+    pinned: bool = False
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class AppendResult:
+    events: list[Event]
+    created: int
+
+
+def check_text(value: str, where: str) -> None:
+    if "\x00" in value:
+        raise InvalidInput("NUL bytes are not allowed", code="invalid_content", fields={where: "contains a NUL byte"})
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidInput(
+            "text must be valid Unicode", code="invalid_content", fields={where: "contains a lone surrogate"}
+        ) from None
+
+
+def _check_json_text(value: Any, where: str) -> None:
+    if isinstance(value, str):
+        check_text(value, where)
+    elif isinstance(value, Mapping):
+        for key, item in value.items():
+            _check_json_text(str(key), where)
+            _check_json_text(item, where)
+    elif isinstance(value, list):
+        for item in value:
+            _check_json_text(item, where)
+
+
+def session_create(
+    *,
+    owner: AbstractBaseUser,
+    model: str,
+    title: str = "",
+    context_limit: int | None = None,
+    system_prompt: str | None = None,
+    settings: Mapping[str, Any] | None = None,
+) -> Session:
+    """Create a session; an unknown model needs an explicit `context_limit`."""
+    model = model.strip()
+    if not model:
+        raise InvalidInput("model is required", code="invalid_model", fields={"model": "must not be empty"})
+    info = model_registry().lookup(model)
+    if context_limit is None:
+        if info is None:
+            raise InvalidInput(
+                f"unknown model {model!r}: pass contextLimit to use it",
+                code="unknown_model",
+                fields={"model": "unknown model; give contextLimit"},
+            )
+        context_limit = info.context_limit
+    _check_context_limit(context_limit)
+    check_text(title, "title")
+    resolved = validate_settings(settings or {})
+    encoding = tokens.resolve_encoding(model).encoding
+    with transaction.atomic():
+        session = Session.objects.create(
+            owner=owner,
+            title=title,
+            model=model,
+            encoding=encoding,
+            context_limit=context_limit,
+            settings=resolved,
+        )
+        if system_prompt:
+            event_append(session=session, events=[EventInput(type=EventType.SYSTEM_PROMPT, content=system_prompt)])
+            session.refresh_from_db()
+    return session
+
+
+def _check_context_limit(value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= MAX_CONTEXT_LIMIT:
+        raise InvalidInput(
+            "contextLimit must be a positive integer",
+            code="invalid_context_limit",
+            fields={"contextLimit": f"must be an integer between 1 and {MAX_CONTEXT_LIMIT}"},
+        )
+
+
+def session_update(
+    *,
+    session: Session,
+    title: str | None = None,
+    context_limit: int | None = None,
+    settings: Mapping[str, Any] | None = None,
+) -> Session:
+    """Change a session's title, window or settings. The model (and so the encoding every
+    stored count was made with) is fixed at creation."""
+    with transaction.atomic():
+        locked = Session.objects.select_for_update().get(pk=session.pk)
+        fields = ["updated_at"]
+        if title is not None:
+            check_text(title, "title")
+            locked.title = title
+            fields.append("title")
+        if context_limit is not None:
+            _check_context_limit(context_limit)
+            locked.context_limit = context_limit
+            fields.append("context_limit")
+        if settings is not None:
+            locked.settings = validate_settings(settings, base=locked.settings)
+            fields.append("settings")
+        locked.save(update_fields=fields)
+    return locked
+
+
+def session_delete(*, session: Session) -> None:
+    session.delete()
+
+
+def _content_for_storage(content: Any, where: str) -> tuple[str, bool]:
+    if isinstance(content, str):
+        check_text(content, where)
+        return content, False
+    _check_json_text(content, where)
+    return json.dumps(content, ensure_ascii=False, separators=(",", ":")), True
+
+
+def event_append(*, session: Session, events: Sequence[EventInput]) -> AppendResult:
+    """Append one or more events atomically.
+
+    Events whose client-supplied id is already stored in this session are returned as stored
+    (a retry changes nothing); an id stored in another session is a conflict. Either every new
+    event is stored or none is.
+    """
+    if not events:
+        raise InvalidInput("no events given", code="empty_request", fields={"events": "must not be empty"})
+    seen: set[uuid.UUID] = set()
+    prepared: list[tuple[EventInput, str, bool]] = []
+    for index, item in enumerate(events):
+        if item.id is not None:
+            if item.id in seen:
+                raise InvalidInput(
+                    "duplicate event id in request", code="duplicate_id", fields={f"events[{index}].id": "repeated in this request"}
+                )
+            seen.add(item.id)
+        text, is_json = _content_for_storage(item.content, f"events[{index}].content")
+        check_text(item.name, f"events[{index}].name")
+        check_text(item.tool_call_id, f"events[{index}].toolCallId")
+        prepared.append((item, text, is_json))
+
+    counter = tokens.counter_for_model(session.model)
+    counts = tokens.messages_batch_tokens(
+        counter, [(ROLE_FOR_TYPE[item.type], item.content, item.name) for item in events]
+    )
+
+    with transaction.atomic():
+        locked = Session.objects.select_for_update().get(pk=session.pk)
+        existing: dict[uuid.UUID, Event] = {}
+        if seen:
+            for stored in Event.objects.filter(id__in=seen):
+                if stored.session_id != locked.pk:
+                    raise Conflict(
+                        "an event with this id belongs to another session",
+                        code="event_id_conflict",
+                        fields={"id": str(stored.id)},
+                    )
+                existing[stored.id] = stored
+
+        to_create: list[Event] = []
+        result: list[Event] = []
+        seq = locked.last_seq
+        added_active = added_active_tokens = added_ledger = added_cumulative = 0
+        added_prompt = added_completion = added_total = added_reported = 0
+        for (item, text, is_json), count in zip(prepared, counts, strict=True):
+            if item.id is not None and item.id in existing:
+                result.append(existing[item.id])
+                continue
+            seq += 1
+            usage = item.token_usage
+            event = Event(
+                id=item.id or uuid.uuid4(),
+                session=locked,
+                seq=seq,
+                type=item.type,
+                content=text,
+                content_is_json=is_json,
+                name=item.name,
+                tool_call_id=item.tool_call_id,
+                token_count=count,
+                prompt_tokens=usage.prompt_tokens if usage else None,
+                completion_tokens=usage.completion_tokens if usage else None,
+                total_tokens=usage.total_tokens if usage else None,
+                pinned=item.pinned,
+                metadata=dict(item.metadata),
+            )
+            to_create.append(event)
+            result.append(event)
+            added_ledger += count
+            if item.type not in MODEL_INVISIBLE_TYPES:
+                added_active += 1
+                added_active_tokens += count
+            # A refresh's own tokens do not count toward the next refresh.
+            if item.type != EventType.CONTEXT_REFRESH:
+                added_cumulative += count
+            if usage is not None:
+                added_reported += 1
+                added_prompt += usage.prompt_tokens or 0
+                added_completion += usage.completion_tokens or 0
+                added_total += usage.total_tokens or 0
+
+        if to_create:
+            Event.objects.bulk_create(to_create, batch_size=500)
+            locked.last_seq = seq
+            locked.event_count += len(to_create)
+            locked.active_event_count += added_active
+            locked.active_tokens += added_active_tokens
+            locked.ledger_tokens += added_ledger
+            locked.cumulative_tokens += added_cumulative
+            locked.reported_prompt_tokens += added_prompt
+            locked.reported_completion_tokens += added_completion
+            locked.reported_total_tokens += added_total
+            locked.reported_event_count += added_reported
+            locked.save(
+                update_fields=[
+                    "last_seq",
+                    "event_count",
+                    "active_event_count",
+                    "active_tokens",
+                    "ledger_tokens",
+                    "cumulative_tokens",
+                    "reported_prompt_tokens",
+                    "reported_completion_tokens",
+                    "reported_total_tokens",
+                    "reported_event_count",
+                    "updated_at",
+                ]
+            )
+            created_ids = [event.id for event in to_create]
+            session_id = locked.pk
+            transaction.on_commit(
+                lambda: events_appended.send(sender=Session, session_id=session_id, event_ids=created_ids)
+            )
+    return AppendResult(events=result, created=len(to_create))
+
+
+def event_set_pinned(*, event: Event, pinned: bool) -> Event:
+    """Pin or unpin an event; pinned events are never folded by compaction."""
+    Event.objects.filter(pk=event.pk).update(pinned=pinned)
+    event.pinned = pinned
+    return event
+
+
+def session_record_compaction(*, session_id: uuid.UUID, snapshot: Mapping[str, Any]) -> None:
+    """Store the latest compaction's summary on the session (called by compaction_app)."""
+    Session.objects.filter(pk=session_id).update(last_compaction=dict(snapshot))

@@ -1,0 +1,93 @@
+"""Per-session compaction settings: defaults and strict validation (pure, no ORM)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from sessions_app.errors import InvalidInput
+
+# Names of the strategies and summarizers compaction_app registers; a test in compaction_app
+# keeps these in step with its registries (sessions_app must not import compaction_app).
+STRATEGY_NAMES = ("trim", "summarize", "clear_tool_results")
+SUMMARIZER_NAMES = ("local", "openai", "anthropic")
+
+DEFAULTS: dict[str, Any] = {
+    "autoCompact": True,
+    "compactThreshold": 0.80,
+    "hardLimitThreshold": 0.95,
+    "cooldownSeconds": 60,
+    "strategy": "summarize",
+    "summarizer": "local",
+    "maxSummaryTokens": 256,
+    "keepRecentEvents": 2,
+    "refreshThresholdTokens": 800_000,
+}
+
+
+def _check_bool(key: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise InvalidInput("must be a boolean", code="invalid_settings", fields={f"settings.{key}": "must be a boolean"})
+    return value
+
+
+def _check_ratio(key: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value <= 1:
+        raise InvalidInput(
+            "must be a number in (0, 1]",
+            code="invalid_settings",
+            fields={f"settings.{key}": "must be a number greater than 0 and at most 1"},
+        )
+    return float(value)
+
+
+def _check_int(key: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise InvalidInput(
+            f"must be an integer >= {minimum}",
+            code="invalid_settings",
+            fields={f"settings.{key}": f"must be an integer >= {minimum}"},
+        )
+    return value
+
+
+def _check_choice(key: str, value: Any, choices: tuple[str, ...]) -> str:
+    if value not in choices:
+        raise InvalidInput(
+            f"must be one of {', '.join(choices)}",
+            code="invalid_settings",
+            fields={f"settings.{key}": f"must be one of: {', '.join(choices)}"},
+        )
+    return str(value)
+
+
+def validate_settings(changes: Any, *, base: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Merge `changes` over `base` (or the defaults) and return the validated result."""
+    if not isinstance(changes, Mapping):
+        raise InvalidInput("settings must be an object", code="invalid_settings", fields={"settings": "must be an object"})
+    unknown = sorted(set(changes) - set(DEFAULTS))
+    if unknown:
+        raise InvalidInput(
+            f"unknown settings: {', '.join(unknown)}",
+            code="invalid_settings",
+            fields={f"settings.{key}": "unknown setting" for key in unknown},
+        )
+    merged = {**DEFAULTS, **(base or {}), **changes}
+    result = {
+        "autoCompact": _check_bool("autoCompact", merged["autoCompact"]),
+        "compactThreshold": _check_ratio("compactThreshold", merged["compactThreshold"]),
+        "hardLimitThreshold": _check_ratio("hardLimitThreshold", merged["hardLimitThreshold"]),
+        "cooldownSeconds": _check_int("cooldownSeconds", merged["cooldownSeconds"], 0),
+        "strategy": _check_choice("strategy", merged["strategy"], STRATEGY_NAMES),
+        "summarizer": _check_choice("summarizer", merged["summarizer"], SUMMARIZER_NAMES),
+        "maxSummaryTokens": _check_int("maxSummaryTokens", merged["maxSummaryTokens"], 16),
+        "keepRecentEvents": _check_int("keepRecentEvents", merged["keepRecentEvents"], 0),
+        "refreshThresholdTokens": _check_int("refreshThresholdTokens", merged["refreshThresholdTokens"], 1),
+    }
+    if result["compactThreshold"] > result["hardLimitThreshold"]:
+        raise InvalidInput(
+            "compactThreshold must not exceed hardLimitThreshold",
+            code="invalid_settings",
+            fields={"settings.compactThreshold": "must be <= hardLimitThreshold"},
+        )
+    return result

@@ -1,0 +1,57 @@
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth import get_user_model
+from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
+
+
+@pytest.fixture
+def make_user(db):
+    def make(username: str, *, staff: bool = False):
+        user = get_user_model().objects.create_user(username=username, password="pw-" + username, is_staff=staff)
+        return user
+
+    return make
+
+
+@pytest.fixture
+def alice(make_user):
+    return make_user("alice")
+
+
+@pytest.fixture
+def bob(make_user):
+    return make_user("bob")
+
+
+@pytest.fixture
+def staff(make_user):
+    return make_user("staff", staff=True)
+
+
+def _client_for(user) -> APIClient:
+    client = APIClient()
+    token, _ = Token.objects.get_or_create(user=user)
+    client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+    return client
+
+
+@pytest.fixture
+def api_for():
+    return _client_for
+
+
+@pytest.fixture
+def alice_api(alice):
+    return _client_for(alice)
+
+
+@pytest.fixture
+def bob_api(bob):
+    return _client_for(bob)
+
+
+@pytest.fixture
+def staff_api(staff):
+    return _client_for(staff)
