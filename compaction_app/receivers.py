@@ -1,1 +1,74 @@
+"""Receivers for sessions_app's signals: how the ledger reaches compaction."""
 
+from __future__ import annotations
+
+from typing import Any
+
+from django.dispatch import receiver
+
+from compaction_app import services
+from compaction_app.api.serializers import run_to_dict
+from compaction_app.models import Trigger
+from sessions_app.errors import Conflict
+from sessions_app.models import Event, EventType, Session
+from sessions_app.signals import (
+    compaction_command,
+    context_hard_limit,
+    events_appended,
+    session_compaction_requested,
+)
+
+_INTERNAL_TYPES = {EventType.COMPACTION, EventType.CONTEXT_REFRESH}
+
+
+@receiver(events_appended)
+def on_events_appended(
+    sender: Any, *, session_id: Any, event_ids: list[Any], **kwargs: Any
+) -> None:
+    types = set(Event.objects.filter(pk__in=event_ids).values_list("type", flat=True))
+    if types and types <= _INTERNAL_TYPES:
+        return  # appended by a compaction run, which announces its own usage
+    session = Session.objects.get(pk=session_id)
+    services._broadcast_usage(session)
+    services.maybe_auto_compact(session_id=session_id)
+
+
+@receiver(compaction_command)
+def on_compaction_command(
+    sender: Any, *, session: Session, user: Any, arguments: list[str], **kwargs: Any
+) -> dict:
+    strategy = arguments[0] if arguments else None
+    run = services.compaction_request(
+        session=session, user=user, trigger=Trigger.MANUAL, strategy=strategy
+    )
+    return run_to_dict(run)
+
+
+@receiver(context_hard_limit)
+def on_context_hard_limit(
+    sender: Any, *, session: Session, user: Any, **kwargs: Any
+) -> dict | None:
+    try:
+        run = services.compaction_run_sync(session=session, user=user, trigger=Trigger.HARD_LIMIT)
+    except Conflict:
+        return None  # a run is already under way; the ladder prunes meanwhile
+    return run_to_dict(run)
+
+
+@receiver(session_compaction_requested)
+def on_admin_compaction(
+    sender: Any, *, session_ids: list[Any], user: Any, **kwargs: Any
+) -> list[str]:
+    started = []
+    for session in Session.objects.filter(pk__in=session_ids):
+        try:
+            started.append(
+                str(
+                    services.compaction_request(
+                        session=session, user=user, trigger=Trigger.MANUAL
+                    ).pk
+                )
+            )
+        except Conflict:
+            continue
+    return started

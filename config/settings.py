@@ -7,6 +7,7 @@ in-memory Celery broker with a worker thread inside the server process. `DATABAS
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import dj_database_url
@@ -81,6 +82,8 @@ TEMPLATES = [
 DATABASE_URL = env_str("DATABASE_URL")
 if DATABASE_URL:
     DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
+    # Per-process test database, so parallel test runs on one machine never share one.
+    DATABASES["default"]["TEST"] = {"NAME": f"test_ledger_{os.getpid()}"}
 else:
     VAR_DIR.mkdir(parents=True, exist_ok=True)
     DATABASES = {
@@ -96,7 +99,7 @@ else:
                 "timeout": 30,
             },
             # A file, not :memory:, so live-server and worker threads share the test database.
-            "TEST": {"NAME": str(VAR_DIR / "test_db.sqlite3")},
+            "TEST": {"NAME": str(VAR_DIR / f"test_db_{os.getpid()}.sqlite3")},
         }
     }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -110,9 +113,13 @@ if REDIS_URL:
             "CONFIG": {"hosts": [REDIS_URL], "prefix": env_str("CHANNELS_PREFIX", "ledger")},
         }
     }
-    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
+    CACHES = {
+        "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}
+    }
 else:
-    CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    CHANNEL_LAYERS = {
+        "default": {"BACKEND": "compaction_app.layers.ThreadSafeInMemoryChannelLayer"}
+    }
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
 CELERY_BROKER_URL = REDIS_URL or "memory://"
@@ -159,9 +166,13 @@ REST_FRAMEWORK = {
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
     "DEFAULT_THROTTLE_CLASSES": (
-        [] if API_THROTTLE_RATE.lower() == "off" else ["sessions_app.api.throttling.UserRateThrottle"]
+        []
+        if API_THROTTLE_RATE.lower() == "off"
+        else ["sessions_app.api.throttling.UserRateThrottle"]
     ),
-    "DEFAULT_THROTTLE_RATES": {"user": None if API_THROTTLE_RATE.lower() == "off" else API_THROTTLE_RATE},
+    "DEFAULT_THROTTLE_RATES": {
+        "user": None if API_THROTTLE_RATE.lower() == "off" else API_THROTTLE_RATE
+    },
     "EXCEPTION_HANDLER": "sessions_app.api.errors.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",

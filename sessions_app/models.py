@@ -32,6 +32,24 @@ ROLE_FOR_TYPE: dict[str, str] = {
 MODEL_INVISIBLE_TYPES = frozenset({EventType.LOCAL_SYSTEM_MESSAGE})
 
 
+def is_model_visible(event_type: str, content: str) -> bool:
+    """Whether an event is sent to the model. A COMPACTION event with no summary (a trim's
+    marker) is bookkeeping only."""
+    if event_type in MODEL_INVISIBLE_TYPES:
+        return False
+    return not (event_type == EventType.COMPACTION and content == "")
+
+
+class EventQuerySet(models.QuerySet["Event"]):
+    def active(self) -> EventQuerySet:
+        """Events in the active context: not folded, model-visible, not a reverted run's."""
+        return (
+            self.filter(compacted_by__isnull=True, reverted=False)
+            .exclude(type__in=MODEL_INVISIBLE_TYPES)
+            .exclude(type=EventType.COMPACTION, content="")
+        )
+
+
 class Session(models.Model):
     """A conversation. Counters are maintained by the services inside the append transaction,
     so usage is read from this row without recounting events."""
@@ -105,7 +123,7 @@ class Event(models.Model):
     )
     # clear_tool_results swaps the content sent to the model for a placeholder; the original
     # stays in `content`.
-    cleared_content = models.TextField(null=True, blank=True)
+    cleared_content = models.TextField(null=True, blank=True)  # noqa: DJ001  (None = not cleared)
     cleared_token_count = models.PositiveIntegerField(null=True, blank=True)
     cleared_by = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="cleared_events"
@@ -113,6 +131,8 @@ class Event(models.Model):
     # Set on a COMPACTION event whose run was reverted.
     reverted = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
+
+    objects = EventQuerySet.as_manager()
 
     class Meta:
         ordering = ["session", "seq"]
@@ -133,4 +153,6 @@ class Event(models.Model):
 
     @property
     def effective_token_count(self) -> int:
-        return self.cleared_token_count if self.cleared_token_count is not None else self.token_count
+        return (
+            self.cleared_token_count if self.cleared_token_count is not None else self.token_count
+        )

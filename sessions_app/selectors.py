@@ -11,7 +11,7 @@ from django.db.models import QuerySet
 
 from sessions_app import tokens
 from sessions_app.errors import NotFound
-from sessions_app.models import MODEL_INVISIBLE_TYPES, Event, EventType, Session
+from sessions_app.models import Event, EventType, Session
 
 
 def sessions_visible_to(*, user: AbstractBaseUser | AnonymousUser) -> QuerySet[Session]:
@@ -89,23 +89,14 @@ def events_page(
 
 
 def active_events(*, session: Session) -> list[Event]:
-    """The active context in send order: system prompts, the latest summary, then every
-    event not folded, by seq."""
-    events = list(
-        Event.objects.filter(session=session, compacted_by__isnull=True)
-        .exclude(type__in=MODEL_INVISIBLE_TYPES)
-        .exclude(type=EventType.COMPACTION, reverted=True)
-        .order_by("seq")
-    )
+    """The active context in send order: system prompts, the summary, then every event not
+    folded, by seq."""
+    events = list(Event.objects.filter(session=session).active().order_by("seq"))
+    first = (EventType.SYSTEM_PROMPT, EventType.COMPACTION)
     system = [event for event in events if event.type == EventType.SYSTEM_PROMPT]
-    summaries = [event for event in events if event.type == EventType.COMPACTION and event.content]
-    latest_summary = summaries[-1:] if summaries else []
-    rest = [
-        event
-        for event in events
-        if event.type not in (EventType.SYSTEM_PROMPT, EventType.COMPACTION)
-    ]
-    return system + latest_summary + rest
+    summaries = [event for event in events if event.type == EventType.COMPACTION]
+    rest = [event for event in events if event.type not in first]
+    return system + summaries + rest
 
 
 def event_content(event: Event) -> Any:
@@ -115,7 +106,9 @@ def event_content(event: Event) -> Any:
     return json.loads(event.content) if event.content_is_json else event.content
 
 
-def render_messages(events: list[Event], *, fmt: str = "openai") -> tuple[list[dict[str, Any]], str | None]:
+def render_messages(
+    events: list[Event], *, fmt: str = "openai"
+) -> tuple[list[dict[str, Any]], str | None]:
     """Messages in a provider's chat format; for anthropic the system text is returned apart."""
     if fmt == "anthropic":
         return _render_anthropic(events)
@@ -138,7 +131,9 @@ def render_messages(events: list[Event], *, fmt: str = "openai") -> tuple[list[d
                 }
             )
         elif event.type == EventType.TOOL_RESULT:
-            messages.append({"role": "tool", "tool_call_id": event.tool_call_id, "content": content})
+            messages.append(
+                {"role": "tool", "tool_call_id": event.tool_call_id, "content": content}
+            )
         else:
             message: dict[str, Any] = {"role": event.role, "content": content}
             if event.name and event.type != EventType.COMPACTION:
@@ -168,18 +163,28 @@ def _render_anthropic(events: list[Event]) -> tuple[list[dict[str, Any]], str | 
                 arguments = content if isinstance(content, dict) else json.loads(text)
             except json.JSONDecodeError:
                 arguments = {"input": text}
-            add("assistant", {"type": "tool_use", "id": event.tool_call_id, "name": event.name, "input": arguments})
+            add(
+                "assistant",
+                {
+                    "type": "tool_use",
+                    "id": event.tool_call_id,
+                    "name": event.name,
+                    "input": arguments,
+                },
+            )
         elif event.type == EventType.TOOL_RESULT:
             add("user", {"type": "tool_result", "tool_use_id": event.tool_call_id, "content": text})
         else:
-            add("assistant" if event.role == "assistant" else "user", {"type": "text", "text": text})
+            add(
+                "assistant" if event.role == "assistant" else "user", {"type": "text", "text": text}
+            )
     return messages, ("\n\n".join(system_parts) or None)
 
 
 def active_summary(*, session: Session) -> Event | None:
     return (
-        Event.objects.filter(session=session, type=EventType.COMPACTION, compacted_by__isnull=True, reverted=False)
-        .exclude(content="")
+        Event.objects.filter(session=session, type=EventType.COMPACTION)
+        .active()
         .order_by("-seq")
         .first()
     )

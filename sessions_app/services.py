@@ -21,7 +21,7 @@ from django.db import transaction
 from sessions_app import tokens
 from sessions_app.errors import Conflict, InvalidInput
 from sessions_app.model_registry import ModelRegistry
-from sessions_app.models import MODEL_INVISIBLE_TYPES, ROLE_FOR_TYPE, Event, EventType, Session
+from sessions_app.models import ROLE_FOR_TYPE, Event, EventType, Session, is_model_visible
 from sessions_app.session_settings import validate_settings
 from sessions_app.signals import events_appended
 
@@ -102,6 +102,9 @@ def session_create(
     model = model.strip()
     if not model:
         raise InvalidInput("model is required", code="invalid_model", fields={"model": "must not be empty"})
+    check_text(model, "model")
+    if system_prompt:
+        check_text(system_prompt, "systemPrompt")
     info = model_registry().lookup(model)
     if context_limit is None:
         if info is None:
@@ -193,12 +196,14 @@ def event_append(*, session: Session, events: Sequence[EventInput]) -> AppendRes
         if item.id is not None:
             if item.id in seen:
                 raise InvalidInput(
-                    "duplicate event id in request", code="duplicate_id", fields={f"events[{index}].id": "repeated in this request"}
+                    "duplicate event id in request", code="duplicate_id", fields={f"[{index}].id": "repeated in this request"}
                 )
             seen.add(item.id)
-        text, is_json = _content_for_storage(item.content, f"events[{index}].content")
-        check_text(item.name, f"events[{index}].name")
-        check_text(item.tool_call_id, f"events[{index}].toolCallId")
+        text, is_json = _content_for_storage(item.content, f"[{index}].content")
+        check_text(item.name, f"[{index}].name")
+        check_text(item.tool_call_id, f"[{index}].toolCallId")
+        # Metadata is stored as JSON too; PostgreSQL's jsonb refuses NUL and lone surrogates.
+        _check_json_text(dict(item.metadata), f"[{index}].metadata")
         prepared.append((item, text, is_json))
 
     counter = tokens.counter_for_model(session.model)
@@ -249,7 +254,7 @@ def event_append(*, session: Session, events: Sequence[EventInput]) -> AppendRes
             to_create.append(event)
             result.append(event)
             added_ledger += count
-            if item.type not in MODEL_INVISIBLE_TYPES:
+            if is_model_visible(item.type, text):
                 added_active += 1
                 added_active_tokens += count
             # A refresh's own tokens do not count toward the next refresh.

@@ -9,7 +9,9 @@ from rest_framework.test import APIClient
 @pytest.fixture
 def make_user(db):
     def make(username: str, *, staff: bool = False):
-        user = get_user_model().objects.create_user(username=username, password="pw-" + username, is_staff=staff)
+        user = get_user_model().objects.create_user(
+            username=username, password="pw-" + username, is_staff=staff
+        )
         return user
 
     return make
@@ -55,3 +57,23 @@ def bob_api(bob):
 @pytest.fixture
 def staff_api(staff):
     return _client_for(staff)
+
+
+@pytest.fixture(scope="session")
+def celery_worker_thread(django_db_setup, django_db_blocker):
+    """A real Celery worker thread on the configured broker (in-memory, or Redis when
+    REDIS_URL is set), shared by the tests that need one."""
+    from celery.contrib.testing.worker import start_worker
+
+    from config.celery import app
+
+    with django_db_blocker.unblock():
+        with start_worker(
+            app, perform_ping_check=False, pool="solo", loglevel="WARNING", shutdown_timeout=10
+        ) as worker:
+            yield worker
+
+
+@pytest.fixture
+def worker(celery_worker_thread, transactional_db):
+    return celery_worker_thread

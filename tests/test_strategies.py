@@ -83,14 +83,13 @@ _ITEM = st.sampled_from(
 def sessions(draw: st.DrawFn) -> list[PlanEvent]:
     b = Builder()
     tokens = st.integers(min_value=1, max_value=400)
-    pinned = st.booleans().map(lambda _: False) | st.just(True) | st.just(False)
     if draw(st.booleans()):
         b.add(SYSTEM_PROMPT, draw(tokens))
     if draw(st.booleans()):
         b.add(COMPACTION, draw(tokens), pinned=draw(st.sampled_from([False] * 5 + [True])))
     items = draw(st.lists(_ITEM, max_size=30))
     for n, item in enumerate(items):
-        pin = draw(pinned) and draw(st.integers(0, 5)) == 0
+        pin = draw(st.integers(min_value=0, max_value=6)) == 0
         words_ = draw(st.integers(min_value=1, max_value=3000))
         content = " ".join(["w"] * words_)
         if item == "user":

@@ -52,7 +52,9 @@ class Summarizer(ABC):
         self, *, previous_summary: str, messages: Sequence[SummaryMessage], max_tokens: int
     ) -> str:
         summary = previous_summary
-        for piece in self._pieces(messages, reserve=self.count_tokens(previous_summary) + max_tokens):
+        for piece in self._pieces(
+            messages, reserve=self.count_tokens(previous_summary) + max_tokens
+        ):
             summary = self._summarize_piece(
                 previous_summary=summary, messages=piece, max_tokens=max_tokens
             )

@@ -17,7 +17,11 @@ def _flatten(detail: Any, prefix: str = "") -> dict[str, str]:
     fields: dict[str, str] = {}
     if isinstance(detail, dict):
         for key, value in detail.items():
-            name = f"{prefix}.{key}" if prefix else str(key)
+            # A list serializer reports per-item errors keyed by index: show them as "[2].content".
+            if isinstance(key, int):
+                name = f"{prefix}[{key}]"
+            else:
+                name = f"{prefix}.{key}" if prefix else str(key)
             if key == "non_field_errors":
                 name = prefix or "body"
             fields.update(_flatten(value, name))
@@ -47,8 +51,24 @@ _CODES = {
 }
 
 
+def _printable(value: Any) -> Any:
+    """Error payloads echo client input (field names, choices); a lone surrogate in it would
+    make the JSON renderer's UTF-8 encode fail with a 500, so it is shown escaped instead."""
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            return value.encode("utf-8", "backslashreplace").decode("utf-8")
+        return value
+    if isinstance(value, dict):
+        return {_printable(key): _printable(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_printable(item) for item in value]
+    return value
+
+
 def error_response(code: str, detail: str, status_code: int, **extra: Any) -> Response:
-    return Response({"error": code, "detail": detail, **extra}, status=status_code)
+    return Response(_printable({"error": code, "detail": detail, **extra}), status=status_code)
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
@@ -72,5 +92,5 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if isinstance(exc, exceptions.Throttled) and exc.wait is not None:
         extra["retryAfter"] = int(exc.wait + 0.999)
     detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
-    response.data = {"error": code, "detail": detail, **extra}
+    response.data = _printable({"error": code, "detail": detail, **extra})
     return response

@@ -15,7 +15,7 @@ from rest_framework.views import APIView
 from sessions_app import selectors, services, tokens
 from sessions_app.api import serializers as s
 from sessions_app.context import context_prepare
-from sessions_app.errors import InvalidInput, LedgerError, NotFound
+from sessions_app.errors import InvalidInput, LedgerError
 from sessions_app.models import Event, EventType
 from sessions_app.signals import compaction_command
 
@@ -118,9 +118,11 @@ class SessionEventsView(APIView):
                 code="too_many_events",
                 limit=settings.API_MAX_EVENTS_PER_REQUEST,
             )
-        body = s.EventInSerializer(data=items, many=True)
+        # A single event validates on its own so field paths read "content", a list's "[2].content".
+        body = s.EventInSerializer(data=data) if single else s.EventInSerializer(data=items, many=True)
         body.is_valid(raise_exception=True)
-        inputs = [s.to_event_input(item) for item in body.validated_data]
+        validated = [body.validated_data] if single else body.validated_data
+        inputs = [s.to_event_input(item) for item in validated]
         commands = [
             index
             for index, item in enumerate(inputs)
@@ -136,10 +138,24 @@ class SessionEventsView(APIView):
                     fields={f"[{commands[0]}].content": "send /compact as a single event"},
                 )
             return _compact_command(request, session, inputs[0].content)
-        result = services.event_append(session=session, events=inputs)
+        try:
+            result = services.event_append(session=session, events=inputs)
+        except LedgerError as exc:
+            if single:
+                _unprefix_fields(exc)
+            raise
         code = status.HTTP_201_CREATED if result.created else status.HTTP_200_OK
         payload: Any = s.event_out(result.events)
         return Response(payload[0] if single else payload, status=code)
+
+
+def _unprefix_fields(exc: LedgerError) -> None:
+    """Services name fields by list position ("[0].content"); a single event's are bare."""
+    fields = exc.extra.get("fields")
+    if isinstance(fields, dict):
+        exc.extra["fields"] = {
+            (key[len("[0].") :] if key.startswith("[0].") else key): value for key, value in fields.items()
+        }
 
 
 def _compact_command(request: Request, session: Any, content: str) -> Response:

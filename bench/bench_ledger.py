@@ -1,0 +1,408 @@
+"""Ledger benchmarks (issue 2): bulk ingest vs. raw tiktoken, /usage at 100k events, and
+concurrent appenders on PostgreSQL. Prints one markdown table.
+
+    .venv/bin/python bench/bench_ledger.py [--profile embedded|postgres|both]
+
+Every profile runs in a child process of this script (Django reads its settings once per
+process) against a throwaway database: a SQLite file in a temporary VAR_DIR for `embedded`, a
+`bench_ledger` database created and dropped on the local PostgreSQL for `postgres`. The dev
+database is never touched. A child prints its rows as one JSON line prefixed by `BENCH_ROWS `.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+ROW_MARKER = "BENCH_ROWS "
+PG_ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
+PG_DB = "bench_ledger"
+BENCH_MODEL = "gpt-4.1"  # o200k_base, like the generator's calibration
+# Keep the bench session clear of auto-compaction and refresh: those run as Celery jobs after
+# the append and are not part of what is measured here.
+BENCH_SETTINGS = {"autoCompact": False, "refreshThresholdTokens": 100_000_000}
+BIG_SESSION_EVENTS = 100_000
+SMALL_SESSION_EVENTS = 10
+USAGE_REQUESTS = 200
+WRITERS = 8
+APPENDS_PER_WRITER = 500
+
+Row = dict[str, Any]
+
+
+def _row(profile: str, figure: str, value: str, target: str = "—", ok: bool | None = None) -> Row:
+    return {"profile": profile, "figure": figure, "value": value, "target": target, "ok": ok}
+
+
+# --- child: runs inside one profile's Django process -------------------------------------------
+
+
+def _child(profile: str, ingest_runs: int) -> list[Row]:
+    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT / "bench"))
+    os.chdir(ROOT)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0, interactive=False)
+
+    from django.contrib.auth import get_user_model
+    from rest_framework.authtoken.models import Token
+
+    user = get_user_model().objects.create_user(username="bench", password="bench-password")
+    token = Token.objects.create(user=user).key
+
+    rows: list[Row] = []
+    rows += _bench_ingest(profile, user, token, ingest_runs)
+    rows += _bench_usage(profile, user, token)
+    if profile == "postgres":
+        rows += _bench_concurrent(profile, user)
+    return rows
+
+
+def _client(token: str) -> Any:
+    from django.test import Client
+
+    return Client(HTTP_AUTHORIZATION=f"Token {token}")
+
+
+def _new_session(client: Any, title: str) -> str:
+    response = client.post(
+        "/api/v1/sessions",
+        data=json.dumps({"model": BENCH_MODEL, "title": title, "contextLimit": 2_000_000, "settings": BENCH_SETTINGS}),
+        content_type="application/json",
+    )
+    assert response.status_code == 201, response.content[:500]
+    return response.json()["id"]
+
+
+def _bench_ingest(profile: str, user: Any, token: str, runs: int) -> list[Row]:
+    from django.db.models import Sum
+    from session_gen import generate_session
+
+    from sessions_app import tokens
+    from sessions_app.models import Event, Session
+
+    generated = generate_session(turns=500, seed=7, target_tokens=940_000)
+    events = generated.events
+    body = json.dumps(events)  # the client's serialisation is not the server's cost
+
+    counter = tokens.get_counter(tokens.resolve_encoding(BENCH_MODEL).encoding)
+    encoding = getattr(counter, "_enc", None)
+    if encoding is None:  # FallbackCounter: the vocabulary did not load
+        raise RuntimeError(f"{counter!r}: tiktoken encoding unavailable, nothing exact to compare with")
+    texts = [e["content"] if isinstance(e["content"], str) else json.dumps(e["content"]) for e in events]
+
+    client = _client(token)
+    # Warm-up: vocabulary load, URL resolution, serializer and DB code paths are paid once here.
+    encoding.encode_ordinary("warm up the encoding")
+    warm = _new_session(client, "warm-up")
+    response = client.post(f"/api/v1/sessions/{warm}/events", data=json.dumps(events[:50]), content_type="application/json")
+    assert response.status_code == 201, response.content[:500]
+
+    api_times: list[float] = []
+    raw_times: list[float] = []
+    session_id = ""
+    for run in range(runs):
+        session_id = _new_session(client, f"ingest-{run}")
+        started = time.perf_counter()
+        response = client.post(f"/api/v1/sessions/{session_id}/events", data=body, content_type="application/json")
+        api_times.append(time.perf_counter() - started)
+        assert response.status_code == 201, response.content[:500]
+        assert len(response.json()) == len(events)
+
+        started = time.perf_counter()
+        raw_tokens = 0
+        for text in texts:  # what a naive client does: one call per message, one thread
+            raw_tokens += len(encoding.encode_ordinary(text))
+        raw_times.append(time.perf_counter() - started)
+
+    stored = Event.objects.filter(session_id=session_id)
+    stored_count = stored.count()
+    stored_tokens = stored.aggregate(total=Sum("token_count"))["total"] or 0
+    session = Session.objects.get(pk=session_id)
+    consistent = stored_count == len(events) and session.ledger_tokens == stored_tokens
+
+    api = statistics.median(api_times)
+    raw = statistics.median(raw_times)
+    ratio = api / raw
+    label = f"bulk ingest, {len(events):,} events / {stored_tokens:,} tokens (1 POST, median of {runs})"
+    return [
+        _row(profile, label, f"{api:.3f} s", ok=consistent),
+        _row(profile, f"raw tiktoken encode_ordinary, same {raw_tokens:,} content tokens", f"{raw:.3f} s"),
+        _row(profile, "ingest / raw tiktoken", f"{ratio:.2f}×", "≤ 3", ratio <= 3),
+    ]
+
+
+def _build_big_session(user: Any, events: int) -> Any:
+    from django.db import transaction
+
+    from sessions_app import services
+    from sessions_app.models import Event, EventType, Session
+
+    session = services.session_create(
+        owner=user, model=BENCH_MODEL, title="usage-100k", context_limit=100_000_000, settings=BENCH_SETTINGS
+    )
+    kinds = [EventType.USER_MESSAGE, EventType.AGENT_MESSAGE]
+    per_event = 12
+    with transaction.atomic():
+        batch: list[Event] = []
+        for seq in range(1, events + 1):
+            batch.append(
+                Event(session=session, seq=seq, type=kinds[seq % 2], content=f"message {seq}", token_count=per_event)
+            )
+            if len(batch) == 5_000:
+                Event.objects.bulk_create(batch)
+                batch = []
+        if batch:
+            Event.objects.bulk_create(batch)
+        # Counters exactly as event_append would have left them.
+        Session.objects.filter(pk=session.pk).update(
+            last_seq=events,
+            event_count=events,
+            active_event_count=events,
+            active_tokens=events * per_event,
+            ledger_tokens=events * per_event,
+            cumulative_tokens=events * per_event,
+        )
+    session.refresh_from_db()
+    return session
+
+
+def _bench_usage(profile: str, user: Any, token: str) -> list[Row]:
+    from sessions_app import services
+    from sessions_app.services import EventInput
+
+    started = time.perf_counter()
+    big = _build_big_session(user, BIG_SESSION_EVENTS)
+    build_seconds = time.perf_counter() - started
+    small = services.session_create(
+        owner=user, model=BENCH_MODEL, title="usage-10", context_limit=100_000_000, settings=BENCH_SETTINGS
+    )
+    services.event_append(
+        session=small,
+        events=[EventInput(type="USER_MESSAGE", content=f"message {i}") for i in range(SMALL_SESSION_EVENTS)],
+    )
+
+    client = _client(token)
+    paths = {"big": f"/api/v1/sessions/{big.pk}/usage", "small": f"/api/v1/sessions/{small.pk}/usage"}
+    timings: dict[str, list[float]] = {"big": [], "small": []}
+    bodies: dict[str, Any] = {}
+    for i in range(USAGE_REQUESTS + 20):
+        # Alternate the two sessions so drift (other load, caches) hits both alike.
+        for key in ("big", "small") if i % 2 else ("small", "big"):
+            started = time.perf_counter()
+            response = client.get(paths[key])
+            elapsed = time.perf_counter() - started
+            assert response.status_code == 200, response.content[:500]
+            if i >= 20:  # the first 20 rounds are warm-up
+                timings[key].append(elapsed)
+            bodies[key] = response.json()
+    assert bodies["big"]["storedEvents"] == BIG_SESSION_EVENTS, bodies["big"]
+    big_ms = statistics.median(timings["big"]) * 1000
+    small_ms = statistics.median(timings["small"]) * 1000
+    ratio = big_ms / small_ms
+    return [
+        _row(profile, f"GET /usage, {BIG_SESSION_EVENTS:,}-event session (median of {USAGE_REQUESTS})", f"{big_ms:.2f} ms"),
+        _row(profile, f"GET /usage, {SMALL_SESSION_EVENTS}-event session (median of {USAGE_REQUESTS})", f"{small_ms:.2f} ms"),
+        _row(profile, "/usage 100k / 10 events", f"{ratio:.2f}×", "≤ 1.3", ratio <= 1.3),
+        _row(profile, f"(setup: {BIG_SESSION_EVENTS:,} events bulk-inserted)", f"{build_seconds:.1f} s"),
+    ]
+
+
+def _bench_concurrent(profile: str, user: Any) -> list[Row]:
+    from django.db import connection
+    from django.db.models import Count, Max, Q, Sum
+
+    from sessions_app import services
+    from sessions_app.models import MODEL_INVISIBLE_TYPES, Event, EventType, Session
+    from sessions_app.services import EventInput, TokenUsage
+
+    session = services.session_create(
+        owner=user, model=BENCH_MODEL, title="concurrent", context_limit=100_000_000, settings=BENCH_SETTINGS
+    )
+    # Close the main thread's connection so every writer's work is on its own connection.
+    connection.close()
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(WRITERS + 1)
+
+    def writer(number: int) -> None:
+        try:
+            target = Session.objects.get(pk=session.pk)
+            barrier.wait()
+            for i in range(APPENDS_PER_WRITER):
+                kind = EventType.AGENT_MESSAGE if i % 2 else EventType.USER_MESSAGE
+                usage = TokenUsage(prompt_tokens=i, completion_tokens=1, total_tokens=i + 1) if i % 2 else None
+                services.event_append(
+                    session=target,
+                    events=[EventInput(type=kind, content=f"writer {number} message {i} " * (1 + i % 5), token_usage=usage)],
+                )
+        except BaseException as exc:  # reported in the table, not swallowed
+            errors.append(exc)
+            if not barrier.broken:
+                barrier.abort()
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=writer, args=(n,), name=f"writer-{n}") for n in range(WRITERS)]
+    for thread in threads:
+        thread.start()
+    try:
+        barrier.wait()
+    except threading.BrokenBarrierError:
+        pass
+    started = time.perf_counter()
+    for thread in threads:
+        thread.join()
+    seconds = time.perf_counter() - started
+    expected = WRITERS * APPENDS_PER_WRITER
+    if errors:
+        return [_row(profile, f"{WRITERS} concurrent writers × {APPENDS_PER_WRITER}", f"error: {errors[0]!r}", ok=False)]
+
+    seqs = list(Event.objects.filter(session_id=session.pk).order_by("seq").values_list("seq", flat=True))
+    seq_ok = seqs == list(range(1, expected + 1))
+    stored = Event.objects.filter(session_id=session.pk)
+    sums = stored.aggregate(
+        count=Count("id"),
+        last=Max("seq"),
+        ledger=Sum("token_count"),
+        active=Count("id", filter=Q(compacted_by__isnull=True) & ~Q(type__in=MODEL_INVISIBLE_TYPES)),
+        active_tokens=Sum("token_count", filter=Q(compacted_by__isnull=True) & ~Q(type__in=MODEL_INVISIBLE_TYPES)),
+        cumulative=Sum("token_count", filter=~Q(type=EventType.CONTEXT_REFRESH)),
+        prompt=Sum("prompt_tokens"),
+        completion=Sum("completion_tokens"),
+        total=Sum("total_tokens"),
+        reported=Count("id", filter=Q(prompt_tokens__isnull=False) | Q(total_tokens__isnull=False)),
+    )
+    s = Session.objects.get(pk=session.pk)
+    stored_counters = {
+        "count": s.event_count,
+        "last": s.last_seq,
+        "ledger": s.ledger_tokens,
+        "active": s.active_event_count,
+        "active_tokens": s.active_tokens,
+        "cumulative": s.cumulative_tokens,
+        "prompt": s.reported_prompt_tokens,
+        "completion": s.reported_completion_tokens,
+        "total": s.reported_total_tokens,
+        "reported": s.reported_event_count,
+    }
+    mismatched = sorted(k for k, v in stored_counters.items() if (sums[k] or 0) != v)
+    connection.close()
+    label = f"{WRITERS} concurrent writers × {APPENDS_PER_WRITER} single-event appends"
+    return [
+        _row(profile, f"{label}: seq", f"{len(seqs):,} events, seq 1..{seqs[-1] if seqs else 0}", f"exactly 1..{expected}", seq_ok),
+        _row(
+            profile,
+            f"{label}: session counters vs. aggregate",
+            "all equal" if not mismatched else "differ: " + ", ".join(mismatched),
+            "equal",
+            not mismatched,
+        ),
+        _row(profile, f"{label}: throughput", f"{expected / seconds:,.0f} appends/s ({seconds:.2f} s)"),
+    ]
+
+
+# --- parent: one child per profile, one table ---------------------------------------------------
+
+
+def _pg_admin(sql: str) -> None:
+    import psycopg
+
+    with psycopg.connect(PG_ADMIN_DSN, autocommit=True, connect_timeout=5) as conn:
+        conn.execute(sql)
+
+
+def _run_profile(profile: str, ingest_runs: int) -> list[Row]:
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+        "API_THROTTLE_RATE": "off",
+        "API_MAX_BODY_BYTES": str(512 * 1024 * 1024),
+        "DJANGO_LOG_LEVEL": "WARNING",
+        "EMBEDDED_WORKER": "false",
+    }
+    for name in ("DATABASE_URL", "REDIS_URL", "VAR_DIR"):
+        env.pop(name, None)
+    tmp = Path(tempfile.mkdtemp(prefix=f"bench_ledger_{profile}_"))
+    env["VAR_DIR"] = str(tmp)  # also harmless for postgres: nothing of the dev var/ is used
+    created_db = False
+    try:
+        if profile == "postgres":
+            try:
+                _pg_admin(f"DROP DATABASE IF EXISTS {PG_DB} WITH (FORCE)")
+                _pg_admin(f"CREATE DATABASE {PG_DB}")
+                created_db = True
+            except Exception as exc:
+                return [_row(profile, "PostgreSQL at 127.0.0.1:5432", f"unavailable: {exc}", ok=False)]
+            env["DATABASE_URL"] = f"postgres://postgres@127.0.0.1:5432/{PG_DB}"
+            env["DJANGO_SECRET_KEY"] = "bench"
+        command = [sys.executable, str(Path(__file__).resolve()), "--child", profile, "--ingest-runs", str(ingest_runs)]
+        proc = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+        for line in proc.stdout.splitlines():
+            if line.startswith(ROW_MARKER):
+                return json.loads(line[len(ROW_MARKER) :])
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        sys.stderr.write(proc.stderr)
+        return [_row(profile, "benchmark run", f"failed (exit {proc.returncode}): {tail[0]}", ok=False)]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if created_db:
+            try:
+                _pg_admin(f"DROP DATABASE IF EXISTS {PG_DB} WITH (FORCE)")
+            except Exception as exc:  # leave a note, never hide the table
+                sys.stderr.write(f"could not drop {PG_DB}: {exc}\n")
+
+
+def _table(rows: list[Row]) -> str:
+    lines = ["| profile | figure | value | target | ok |", "|---|---|---|---|---|"]
+    for r in rows:
+        ok = "" if r["ok"] is None else ("✅" if r["ok"] else "❌")
+        lines.append(f"| {r['profile']} | {r['figure']} | {r['value']} | {r['target']} | {ok} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Context Ledger benchmarks (issue 2).")
+    parser.add_argument("--profile", choices=["embedded", "postgres", "both"], default="both")
+    parser.add_argument("--ingest-runs", type=int, default=3, help="bulk ingests per profile (median reported)")
+    parser.add_argument("--child", choices=["embedded", "postgres"], help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    if args.child:
+        rows = _child(args.child, args.ingest_runs)
+        print(ROW_MARKER + json.dumps(rows), flush=True)
+        return 0
+
+    profiles = ["embedded", "postgres"] if args.profile == "both" else [args.profile]
+    started = time.perf_counter()
+    rows: list[Row] = []
+    for profile in profiles:
+        rows += _run_profile(profile, args.ingest_runs)
+    print(
+        f"Context Ledger benchmarks — {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M UTC}, "
+        f"{os.cpu_count()} cores ({platform.processor() or platform.machine()}), "
+        f"Python {platform.python_version()}, total {time.perf_counter() - started:.0f} s\n"
+    )
+    print(_table(rows))
+    return 0 if all(r["ok"] is not False for r in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

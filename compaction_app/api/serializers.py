@@ -1,0 +1,93 @@
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from compaction_app.models import CompactionRun, RunningSummary
+from sessions_app.api.serializers import StrictBooleanField, StrictCharField
+
+
+class CompactionRequestSerializer(serializers.Serializer):
+    strategy = StrictCharField(required=False, allow_blank=False)
+    summarizer = StrictCharField(required=False, allow_blank=False)
+    dryRun = StrictBooleanField(required=False)
+    targetRatio = serializers.FloatField(required=False, min_value=0.01, max_value=1.0)
+
+
+class CompactionSerializer(serializers.Serializer):
+    id = serializers.UUIDField()
+    sessionId = serializers.UUIDField()
+    strategy = serializers.CharField()
+    summarizer = serializers.CharField()
+    trigger = serializers.CharField()
+    status = serializers.CharField()
+    tokensBefore = serializers.IntegerField(allow_null=True)
+    tokensAfter = serializers.IntegerField(allow_null=True)
+    eventsBefore = serializers.IntegerField(allow_null=True)
+    eventsAfter = serializers.IntegerField(allow_null=True)
+    reductionPercent = serializers.FloatField(allow_null=True)
+    summaryTokens = serializers.IntegerField(allow_null=True)
+    error = serializers.CharField(allow_null=True)
+    createdAt = serializers.DateTimeField()
+    startedAt = serializers.DateTimeField(allow_null=True)
+    finishedAt = serializers.DateTimeField(allow_null=True)
+    revertedAt = serializers.DateTimeField(allow_null=True)
+
+
+def run_to_dict(run: CompactionRun) -> dict[str, Any]:
+    def iso(value: Any) -> str | None:
+        return value.isoformat().replace("+00:00", "Z") if value else None
+
+    return {
+        "id": str(run.pk),
+        "sessionId": str(run.session_id),
+        "strategy": run.strategy,
+        "summarizer": run.summarizer,
+        "trigger": run.trigger,
+        "status": run.status,
+        "tokensBefore": run.tokens_before,
+        "tokensAfter": run.tokens_after,
+        "eventsBefore": run.events_before,
+        "eventsAfter": run.events_after,
+        "reductionPercent": run.reduction_percent,
+        "summaryTokens": run.summary_tokens,
+        "error": run.error or None,
+        "createdAt": iso(run.created_at),
+        "startedAt": iso(run.started_at),
+        "finishedAt": iso(run.finished_at),
+        "revertedAt": iso(run.reverted_at),
+    }
+
+
+class PlanSerializer(serializers.Serializer):
+    dryRun = serializers.BooleanField()
+    strategy = serializers.CharField()
+    eventsToFold = serializers.ListField(child=serializers.UUIDField())
+    toolResultsToClear = serializers.ListField(child=serializers.UUIDField())
+    tokensBefore = serializers.IntegerField()
+    tokensAfter = serializers.IntegerField()
+    eventsBefore = serializers.IntegerField()
+    eventsAfter = serializers.IntegerField()
+    needsSummary = serializers.BooleanField()
+    notes = serializers.ListField(child=serializers.CharField())
+
+
+class RunningSummarySerializer(serializers.Serializer):
+    summary = serializers.CharField()
+    summarizedMessageIds = serializers.ListField(child=serializers.UUIDField())
+    lastSummarizedMessageId = serializers.UUIDField(allow_null=True)
+    tokenCount = serializers.IntegerField()
+    updatedAt = serializers.DateTimeField()
+
+
+def summary_to_dict(summary: RunningSummary) -> dict[str, Any]:
+    return {
+        "summary": summary.summary,
+        "summarizedMessageIds": list(summary.summarized_message_ids),
+        "lastSummarizedMessageId": str(summary.last_summarized_message_id)
+        if summary.last_summarized_message_id
+        else None,
+        "tokenCount": summary.token_count,
+        "updatedAt": summary.updated_at.isoformat().replace("+00:00", "Z"),
+    }

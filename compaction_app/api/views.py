@@ -1,0 +1,84 @@
+"""Compaction endpoints: validate, call one service, serialise."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import status
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from compaction_app import selectors, services
+from compaction_app.api import serializers as s
+from compaction_app.models import Trigger
+from sessions_app.api.views import SessionPagination, _object
+from sessions_app.selectors import session_get
+
+
+class SessionCompactionsView(APIView):
+    @extend_schema(responses=s.CompactionSerializer(many=True))
+    def get(self, request: Request, session_id: str) -> Response:
+        session = session_get(user=request.user, session_id=session_id)
+        paginator = SessionPagination()
+        page = paginator.paginate_queryset(
+            selectors.runs_for_session(session=session), request, view=self
+        )
+        return paginator.get_paginated_response([s.run_to_dict(run) for run in page])
+
+    @extend_schema(
+        request=s.CompactionRequestSerializer,
+        responses={202: s.CompactionSerializer, 200: s.PlanSerializer},
+    )
+    def post(self, request: Request, session_id: str) -> Response:
+        session = session_get(user=request.user, session_id=session_id)
+        body = s.CompactionRequestSerializer(data=_object(request.data))
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        if data.get("dryRun"):
+            dry = services.compaction_plan(
+                session=session, strategy=data.get("strategy"), target_ratio=data.get("targetRatio")
+            )
+            plan = dry.plan
+            return Response(
+                {
+                    "dryRun": True,
+                    "strategy": dry.strategy,
+                    "eventsToFold": list(plan.fold_ids),
+                    "toolResultsToClear": [c.event_id for c in plan.cleared],
+                    "tokensBefore": plan.tokens_before,
+                    "tokensAfter": plan.tokens_after,
+                    "eventsBefore": plan.events_before,
+                    "eventsAfter": plan.events_after,
+                    "needsSummary": plan.needs_summary,
+                    "notes": list(plan.notes),
+                }
+            )
+        run = services.compaction_request(
+            session=session,
+            user=request.user,
+            trigger=Trigger.MANUAL,
+            strategy=data.get("strategy"),
+            summarizer=data.get("summarizer"),
+            target_ratio=data.get("targetRatio"),
+        )
+        return Response(s.run_to_dict(run), status=status.HTTP_202_ACCEPTED)
+
+
+class CompactionDetailView(APIView):
+    @extend_schema(responses=s.CompactionSerializer)
+    def get(self, request: Request, compaction_id: str) -> Response:
+        return Response(s.run_to_dict(selectors.run_get(user=request.user, run_id=compaction_id)))
+
+
+class CompactionRevertView(APIView):
+    @extend_schema(request=None, responses=s.CompactionSerializer)
+    def post(self, request: Request, compaction_id: str) -> Response:
+        run = selectors.run_get(user=request.user, run_id=compaction_id)
+        return Response(s.run_to_dict(services.compaction_revert(run=run)))
+
+
+class SessionSummaryView(APIView):
+    @extend_schema(responses=s.RunningSummarySerializer)
+    def get(self, request: Request, session_id: str) -> Response:
+        session = session_get(user=request.user, session_id=session_id)
+        return Response(s.summary_to_dict(selectors.running_summary_get(session=session)))

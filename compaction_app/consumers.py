@@ -1,0 +1,84 @@
+"""Websocket consumers: live compaction and usage events, per user or per session."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from compaction_app.broadcast import STAFF_GROUP, session_group, user_group
+from sessions_app.errors import NotFound
+from sessions_app.selectors import session_get
+
+CLOSE_UNAUTHENTICATED = 4401
+CLOSE_FORBIDDEN = 4403
+
+
+@database_sync_to_async
+def _may_see(user: Any, session_id: str) -> bool:
+    try:
+        session_get(user=user, session_id=session_id)
+    except NotFound:
+        return False
+    return True
+
+
+class _LedgerConsumer(AsyncJsonWebsocketConsumer):
+    groups_joined: list[str]
+
+    async def _refuse(self, code: int) -> None:
+        # Accept first so the browser sees the close code (a refusal before accept is a bare
+        # HTTP 403 to the client).
+        await self.accept()
+        await self.close(code=code)
+
+    async def _join(self, groups: list[str]) -> None:
+        self.groups_joined = groups
+        for group in groups:
+            await self.channel_layer.group_add(group, self.channel_name)
+        await self.accept()
+
+    async def disconnect(self, code: int) -> None:
+        for group in getattr(self, "groups_joined", []):
+            await self.channel_layer.group_discard(group, self.channel_name)
+
+    async def ledger_message(self, event: dict[str, Any]) -> None:
+        message = event["message"]
+        if self._wants(message):
+            await self.send_json(message)
+
+    def _wants(self, message: dict[str, Any]) -> bool:
+        return True
+
+    async def receive_json(self, content: Any, **kwargs: Any) -> None:
+        if isinstance(content, dict) and content.get("type") == "ping":
+            await self.send_json({"type": "pong"})
+
+
+class SessionsConsumer(_LedgerConsumer):
+    """`/ws/sessions/`: every session the user may see (staff: all)."""
+
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self._refuse(CLOSE_UNAUTHENTICATED)
+            return
+        self.user = user
+        # Staff get the staff group only, so each message arrives once.
+        await self._join([STAFF_GROUP] if user.is_staff else [user_group(user.pk)])
+
+
+class SessionConsumer(_LedgerConsumer):
+    """`/ws/sessions/{id}/`: one session, for its owner or staff."""
+
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self._refuse(CLOSE_UNAUTHENTICATED)
+            return
+        self.session_id = str(self.scope["url_route"]["kwargs"]["session_id"])
+        if not await _may_see(user, self.session_id):
+            await self._refuse(CLOSE_FORBIDDEN)
+            return
+        await self._join([session_group(self.session_id)])

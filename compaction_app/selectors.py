@@ -1,0 +1,34 @@
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.db.models import QuerySet
+
+from compaction_app.models import CompactionRun, RunningSummary
+from sessions_app.errors import NotFound
+from sessions_app.models import Session
+from sessions_app.selectors import sessions_visible_to
+
+
+def runs_for_session(*, session: Session) -> QuerySet[CompactionRun]:
+    return CompactionRun.objects.filter(session=session).order_by("-created_at")
+
+
+def run_get(*, user: AbstractBaseUser | AnonymousUser, run_id: Any) -> CompactionRun:
+    """A run of a session the user may see (another user's → not found)."""
+    try:
+        key = uuid.UUID(str(run_id))
+        return CompactionRun.objects.select_related("session").get(
+            pk=key, session__in=sessions_visible_to(user=user)
+        )
+    except (ValueError, CompactionRun.DoesNotExist):
+        raise NotFound("compaction not found") from None
+
+
+def running_summary_get(*, session: Session) -> RunningSummary:
+    summary = RunningSummary.objects.filter(session=session).exclude(summary="").first()
+    if summary is None:
+        raise NotFound("this session has no summary yet", code="no_summary")
+    return summary

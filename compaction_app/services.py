@@ -1,0 +1,537 @@
+"""Compaction services: request a run, execute it, revert it.
+
+A run is planned by a pure strategy over the session's active context, summarized outside
+any transaction (a provider call can take seconds), then applied in one transaction that
+re-checks the plan against the events as they are at that moment.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.db import IntegrityError, transaction
+from django.db.models import Count, Q, Sum
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from compaction_app import broadcast
+from compaction_app.models import ACTIVE_STATUSES, CompactionRun, RunningSummary, RunStatus, Trigger
+from compaction_app.signals import memory_flush
+from compaction_app.strategies import SUMMARY_MESSAGE_OVERHEAD, plan_compaction
+from compaction_app.summarizers.base import SummarizerError, SummaryMessage
+from compaction_app.summarizers.factory import build_summarizer
+from compaction_app.summarizers.local import truncate_to_tokens
+from compaction_app.types import Budget, Plan, PlanEvent
+from sessions_app import tokens
+from sessions_app.errors import Conflict, InvalidInput
+from sessions_app.models import Event, EventType, Session
+from sessions_app.selectors import event_content, usage_for_session
+from sessions_app.services import EventInput, event_append, session_record_compaction
+from sessions_app.session_settings import STRATEGY_NAMES, SUMMARIZER_NAMES
+
+logger = logging.getLogger("compaction_app")
+audit = logging.getLogger("context")
+
+REFRESH_PREFIX = "[CONTEXT REFRESH]"
+
+
+class TransientCompactionError(Exception):
+    """A run failed in a way a retry may fix (provider 429/5xx/timeout)."""
+
+
+@dataclass(frozen=True)
+class DryRun:
+    plan: Plan
+    strategy: str
+    fold_event_ids: list[str]
+
+
+def _plan_events(session: Session) -> list[PlanEvent]:
+    events = Event.objects.filter(session=session).active().order_by("seq")
+    return [
+        PlanEvent(
+            id=str(event.id),
+            seq=event.seq,
+            type=event.type,
+            token_count=event.effective_token_count,
+            pinned=event.pinned,
+            tool_call_id=event.tool_call_id,
+            name=event.name,
+            content=event.content if event.cleared_content is None else event.cleared_content,
+        )
+        for event in events
+    ]
+
+
+def _budget(session: Session, *, target_ratio: float | None) -> Budget:
+    settings = session.settings
+    ratio = (
+        target_ratio if target_ratio is not None else float(settings.get("compactThreshold", 0.8))
+    )
+    return Budget(
+        context_limit=session.context_limit,
+        target_tokens=int(session.context_limit * ratio),
+        max_summary_tokens=int(settings.get("maxSummaryTokens", 256)),
+        keep_recent_events=int(settings.get("keepRecentEvents", 2)),
+    )
+
+
+def _check_choice(value: str | None, choices: Sequence[str], field: str) -> None:
+    if value is not None and value not in choices:
+        raise InvalidInput(
+            f"{field} must be one of {', '.join(choices)}",
+            code=f"unknown_{field}",
+            fields={field: f"must be one of: {', '.join(choices)}"},
+        )
+
+
+def compaction_plan(
+    *, session: Session, strategy: str | None = None, target_ratio: float | None = None
+) -> DryRun:
+    """What a run would do now, changing nothing (the API's dryRun)."""
+    strategy = strategy or session.settings.get("strategy", "summarize")
+    _check_choice(strategy, STRATEGY_NAMES, "strategy")
+    counter = tokens.counter_for_model(session.model)
+    plan = plan_compaction(
+        strategy=strategy,
+        events=_plan_events(session),
+        budget=_budget(session, target_ratio=target_ratio),
+        count_tokens=counter.count,
+    )
+    return DryRun(plan=plan, strategy=strategy, fold_event_ids=list(plan.fold_ids))
+
+
+def compaction_request(
+    *,
+    session: Session,
+    user: AbstractBaseUser | AnonymousUser | None,
+    trigger: str = Trigger.MANUAL,
+    strategy: str | None = None,
+    summarizer: str | None = None,
+    target_ratio: float | None = None,
+    enqueue: bool = True,
+) -> CompactionRun:
+    """Create a pending run and enqueue its task after commit; 409 if one is already active."""
+    _check_choice(strategy, STRATEGY_NAMES, "strategy")
+    _check_choice(summarizer, SUMMARIZER_NAMES, "summarizer")
+    if target_ratio is not None and not 0 < target_ratio <= 1:
+        raise InvalidInput(
+            "targetRatio must be in (0, 1]", fields={"targetRatio": "must be in (0, 1]"}
+        )
+    if trigger == Trigger.REFRESH:
+        strategy = "summarize"
+    try:
+        with transaction.atomic():
+            run = CompactionRun.objects.create(
+                session=session,
+                strategy=strategy or session.settings.get("strategy", "summarize"),
+                summarizer=summarizer or session.settings.get("summarizer", "local"),
+                trigger=trigger,
+                requested_by=user if user is not None and user.is_authenticated else None,
+                target_ratio=target_ratio,
+            )
+    except IntegrityError:
+        active = CompactionRun.objects.filter(session=session, status__in=ACTIVE_STATUSES).first()
+        raise Conflict(
+            "a compaction is already pending or running for this session",
+            code="compaction_in_progress",
+            compactionId=str(active.id) if active else None,
+        ) from None
+    if enqueue:
+        from compaction_app.tasks import run_compaction
+
+        run_compaction.delay_on_commit(str(run.id))
+    return run
+
+
+def _running_summary(session: Session) -> RunningSummary:
+    summary, _ = RunningSummary.objects.get_or_create(session=session)
+    return summary
+
+
+def _broadcast_usage(session: Session) -> None:
+    broadcast.broadcast(
+        session_id=session.pk,
+        owner_id=session.owner_id,
+        message={
+            "type": "USAGE_UPDATED",
+            "sessionId": str(session.pk),
+            "usage": usage_for_session(session=session),
+        },
+    )
+
+
+def _refresh_active_counters(session_id: uuid.UUID) -> Session:
+    """Recount the active-context counters from the events (compaction is O(n) anyway, and a
+    recount cannot drift). The caller holds the session row lock."""
+    totals = (
+        Event.objects.filter(session_id=session_id)
+        .active()
+        .aggregate(
+            count=Count("id"),
+            tokens=Coalesce(Sum(Coalesce("cleared_token_count", "token_count")), 0),
+        )
+    )
+    Session.objects.filter(pk=session_id).update(
+        active_event_count=totals["count"],
+        active_tokens=totals["tokens"],
+        updated_at=timezone.now(),
+    )
+    return Session.objects.get(pk=session_id)
+
+
+def _summary_messages(events: Sequence[Event]) -> list[SummaryMessage]:
+    messages = []
+    for event in events:
+        if event.type == EventType.COMPACTION:
+            continue  # its text is the previous summary, passed separately
+        content = event_content(event)
+        messages.append(
+            SummaryMessage(
+                event_id=str(event.id),
+                type=event.type,
+                role=event.role,
+                content=content if isinstance(content, str) else str(content),
+                name=event.name,
+            )
+        )
+    return messages
+
+
+def compaction_execute(*, run_id: uuid.UUID | str, final_attempt: bool = True) -> CompactionRun:
+    """Execute a pending run (the Celery task's body). Idempotent: a finished run is returned
+    unchanged. A transient provider error raises TransientCompactionError unless this is the
+    final attempt, in which case the run fails cleanly like a permanent error."""
+    with transaction.atomic():
+        run = CompactionRun.objects.select_for_update().select_related("session").get(pk=run_id)
+        if run.status in (RunStatus.COMPLETED, RunStatus.FAILED):
+            return run
+        first_start = run.status == RunStatus.PENDING
+        run.status = RunStatus.RUNNING
+        run.started_at = run.started_at or timezone.now()
+        run.attempts += 1
+        run.save(update_fields=["status", "started_at", "attempts"])
+    session = run.session
+    if first_start:
+        broadcast.broadcast(
+            session_id=session.pk,
+            owner_id=session.owner_id,
+            message={
+                "type": "COMPACTION_START",
+                "sessionId": str(session.pk),
+                "compactionId": str(run.id),
+                "strategy": run.strategy,
+                "trigger": run.trigger,
+                "message": "Compacting conversation to reduce size…",
+            },
+        )
+    try:
+        run = _execute(run)
+    except SummarizerError as exc:
+        if not exc.permanent and not final_attempt:
+            raise TransientCompactionError(str(exc)) from exc
+        run = _fail(run, f"{run.summarizer} summarizer failed: {exc}")
+    except Exception as exc:
+        logger.exception("compaction %s failed", run.id)
+        run = _fail(run, f"compaction failed: {exc.__class__.__name__}: {exc}")
+    return run
+
+
+def _fail(run: CompactionRun, error: str) -> CompactionRun:
+    CompactionRun.objects.filter(pk=run.pk).update(
+        status=RunStatus.FAILED, error=error[:2000], finished_at=timezone.now()
+    )
+    run.refresh_from_db()
+    session = run.session
+    session_record_compaction(session_id=session.pk, snapshot=run_snapshot(run))
+    broadcast.broadcast(
+        session_id=session.pk,
+        owner_id=session.owner_id,
+        message=complete_message(run),
+    )
+    return run
+
+
+def _execute(run: CompactionRun) -> CompactionRun:
+    session = Session.objects.get(pk=run.session_id)
+    counter = tokens.counter_for_model(session.model)
+    target_ratio = run.target_ratio
+    events = _plan_events(session)
+    plan = plan_compaction(
+        strategy=run.strategy,
+        events=events,
+        budget=_budget(session, target_ratio=target_ratio),
+        count_tokens=counter.count,
+    )
+    tokens_before = session.context_tokens
+    events_before = session.active_event_count
+    fold_ids = [uuid.UUID(i) for i in plan.fold_ids]
+    folded = list(Event.objects.filter(pk__in=fold_ids).order_by("seq"))
+
+    summary_text = ""
+    if plan.needs_summary and folded:
+        running = _running_summary(session)
+        summarizer = build_summarizer(run.summarizer, count_tokens=counter.count)
+        max_tokens = int(session.settings.get("maxSummaryTokens", 256))
+        summary_text = summarizer.summarize(
+            previous_summary=running.summary,
+            messages=_summary_messages(folded),
+            max_tokens=max_tokens,
+        ).strip()
+        if not summary_text:
+            raise SummarizerError("the summarizer returned an empty summary", permanent=True)
+        # Hold the whole summary message within the plan's reserve so tokens_after is a bound.
+        budget_text = max(plan.summary_reserve_tokens - SUMMARY_MESSAGE_OVERHEAD, 1)
+        summary_text = truncate_to_tokens(
+            summary_text, max_tokens=min(max_tokens, budget_text), count_tokens=counter.count
+        )
+
+    if folded and not plan.is_empty:
+        memory_flush.send(sender=CompactionRun, session_id=session.pk, run_id=run.pk, events=folded)
+        from compaction_app.tasks import memory_flush_webhook
+
+        memory_flush_webhook.delay_on_commit(str(run.pk), [str(e.pk) for e in folded])
+
+    with transaction.atomic():
+        locked = Session.objects.select_for_update().get(pk=session.pk)
+        # Re-check the plan against the events now: anything pinned or folded since planning
+        # stays, together with its tool-call partners.
+        current = {e.pk: e for e in Event.objects.filter(pk__in=fold_ids).select_for_update()}
+        blocked_calls = {
+            e.tool_call_id
+            for e in current.values()
+            if (e.pinned or e.compacted_by_id) and e.tool_call_id
+        }
+        final_ids = [
+            pk
+            for pk, e in current.items()
+            if not e.pinned and e.compacted_by_id is None and e.tool_call_id not in blocked_calls
+        ]
+        running = _running_summary(locked)
+        previous = running.snapshot()
+        marker_content = summary_text if plan.needs_summary else ""
+        result = event_append(
+            session=locked,
+            events=[
+                EventInput(
+                    type=EventType.COMPACTION,
+                    content=marker_content,
+                    metadata={
+                        "compactionId": str(run.pk),
+                        "strategy": run.strategy,
+                        "trigger": run.trigger,
+                    },
+                )
+            ],
+        )
+        marker = result.events[0]
+        if final_ids:
+            Event.objects.filter(pk__in=final_ids).update(compacted_by=marker)
+        for cleared in plan.cleared:
+            Event.objects.filter(
+                pk=cleared.event_id, compacted_by__isnull=True, pinned=False
+            ).update(
+                cleared_content=cleared.placeholder,
+                cleared_token_count=cleared.token_count,
+                cleared_by=marker,
+            )
+        if plan.needs_summary and final_ids:
+            folded_messages = [
+                e for e in folded if e.pk in set(final_ids) and e.type != EventType.COMPACTION
+            ]
+            running.summary = summary_text
+            running.summarized_message_ids = list(running.summarized_message_ids) + [
+                str(e.pk) for e in folded_messages
+            ]
+            if folded_messages:
+                running.last_summarized_message_id = folded_messages[-1].pk
+            running.token_count = marker.token_count
+            running.save()
+        if run.trigger == Trigger.REFRESH:
+            event_append(
+                session=locked,
+                events=[
+                    EventInput(
+                        type=EventType.CONTEXT_REFRESH,
+                        content=f"{REFRESH_PREFIX} The conversation so far is summarized above. "
+                        "Continue from the latest request.",
+                    )
+                ],
+            )
+        locked = _refresh_active_counters(locked.pk)
+        run.status = RunStatus.COMPLETED
+        run.tokens_before = tokens_before
+        run.tokens_after = locked.context_tokens
+        run.events_before = events_before
+        run.events_after = locked.active_event_count
+        run.summary_tokens = marker.token_count if plan.needs_summary else None
+        run.folded_count = len(final_ids) + len(plan.cleared)
+        run.compaction_event = marker
+        run.previous_summary = previous
+        run.finished_at = timezone.now()
+        run.save()
+        session_record_compaction(session_id=locked.pk, snapshot=run_snapshot(run))
+        audit.info(
+            "context:compressed %s",
+            {"originalTokenCount": tokens_before, "compressedTokenCount": run.tokens_after},
+            extra={"session_id": str(locked.pk), "compaction_id": str(run.pk)},
+        )
+        transaction.on_commit(lambda: _announce_complete(run.pk))
+    return run
+
+
+def _announce_complete(run_id: uuid.UUID) -> None:
+    run = CompactionRun.objects.select_related("session").get(pk=run_id)
+    broadcast.broadcast(
+        session_id=run.session_id, owner_id=run.session.owner_id, message=complete_message(run)
+    )
+    _broadcast_usage(run.session)
+
+
+def complete_message(run: CompactionRun) -> dict[str, Any]:
+    success = run.status == RunStatus.COMPLETED
+    if success:
+        text = (
+            f"Compaction complete! Reduced from {run.events_before} to {run.events_after} events "
+            f"({run.event_reduction_percent or 0}% reduction)"
+        )
+    else:
+        text = f"Compaction failed: {run.error}"
+    return {
+        "type": "COMPACTION_COMPLETE",
+        "sessionId": str(run.session_id),
+        "compactionId": str(run.pk),
+        "success": success,
+        "tokensBefore": run.tokens_before,
+        "tokensAfter": run.tokens_after,
+        "eventsBefore": run.events_before,
+        "eventsAfter": run.events_after,
+        "reductionPercent": run.reduction_percent,
+        "error": run.error or None,
+        "message": text,
+    }
+
+
+def run_snapshot(run: CompactionRun) -> dict[str, Any]:
+    return {
+        "id": str(run.pk),
+        "strategy": run.strategy,
+        "trigger": run.trigger,
+        "status": run.status,
+        "tokensBefore": run.tokens_before,
+        "tokensAfter": run.tokens_after,
+        "reductionPercent": run.reduction_percent,
+        "finishedAt": run.finished_at.isoformat() if run.finished_at else None,
+    }
+
+
+def compaction_revert(*, run: CompactionRun) -> CompactionRun:
+    """Undo the session's latest completed run: its folded events become active again, cleared
+    tool results get their content back, and the running summary returns to what it was."""
+    with transaction.atomic():
+        locked = Session.objects.select_for_update().get(pk=run.session_id)
+        run = CompactionRun.objects.select_for_update().get(pk=run.pk)
+        latest = (
+            CompactionRun.objects.filter(
+                session=locked, status=RunStatus.COMPLETED, reverted_at__isnull=True
+            )
+            .order_by("-finished_at", "-created_at")
+            .first()
+        )
+        if latest is None or latest.pk != run.pk or run.compaction_event_id is None:
+            raise Conflict(
+                "only the session's latest completed compaction can be reverted",
+                code="not_revertible",
+            )
+        if CompactionRun.objects.filter(session=locked, status__in=ACTIVE_STATUSES).exists():
+            raise Conflict("a compaction is pending or running", code="compaction_in_progress")
+        marker_id = run.compaction_event_id
+        Event.objects.filter(compacted_by_id=marker_id).update(compacted_by=None)
+        Event.objects.filter(cleared_by_id=marker_id).update(
+            cleared_content=None, cleared_token_count=None, cleared_by=None
+        )
+        Event.objects.filter(pk=marker_id).update(reverted=True)
+        if run.trigger == Trigger.REFRESH:
+            Event.objects.filter(
+                session=locked,
+                type=EventType.CONTEXT_REFRESH,
+                seq__gt=run.compaction_event.seq,
+                compacted_by__isnull=True,
+            ).update(reverted=True)
+        previous = run.previous_summary or {}
+        if "summary" in previous:
+            running = _running_summary(locked)
+            running.summary = previous.get("summary", "")
+            running.summarized_message_ids = previous.get("summarizedMessageIds", [])
+            last = previous.get("lastSummarizedMessageId")
+            running.last_summarized_message_id = uuid.UUID(last) if last else None
+            running.token_count = previous.get("tokenCount", 0)
+            running.save()
+        locked = _refresh_active_counters(locked.pk)
+        run.reverted_at = timezone.now()
+        run.save(update_fields=["reverted_at"])
+        session_record_compaction(
+            session_id=locked.pk, snapshot={**run_snapshot(run), "reverted": True}
+        )
+        transaction.on_commit(lambda: _broadcast_usage(Session.objects.get(pk=locked.pk)))
+    return run
+
+
+def maybe_auto_compact(*, session_id: uuid.UUID) -> CompactionRun | None:
+    """After an append: start a refresh when the cumulative counter crossed its threshold, or
+    an auto compaction when the context crossed the compact threshold (at most once per
+    cooldown). Never raises: a failure here must not reach the appending client."""
+    try:
+        session = Session.objects.get(pk=session_id)
+        settings = session.settings
+        threshold = int(settings.get("refreshThresholdTokens", 800_000))
+        if session.cumulative_tokens >= threshold:
+            # Reset first, conditionally: of concurrent appenders only one wins the update.
+            won = Session.objects.filter(pk=session_id, cumulative_tokens__gte=threshold).update(
+                cumulative_tokens=0
+            )
+            if won:
+                try:
+                    return compaction_request(session=session, user=None, trigger=Trigger.REFRESH)
+                except Conflict:
+                    logger.info(
+                        "refresh for %s skipped: a compaction is already active", session_id
+                    )
+                    return None
+        if not settings.get("autoCompact", True) or not session.context_limit:
+            return None
+        if session.context_tokens / session.context_limit < float(
+            settings.get("compactThreshold", 0.8)
+        ):
+            return None
+        cooldown = int(settings.get("cooldownSeconds", 60))
+        since = timezone.now() - timezone.timedelta(seconds=cooldown)
+        if CompactionRun.objects.filter(
+            Q(created_at__gte=since) | Q(status__in=ACTIVE_STATUSES),
+            session=session,
+            trigger=Trigger.AUTO,
+        ).exists():
+            return None
+        try:
+            return compaction_request(session=session, user=None, trigger=Trigger.AUTO)
+        except Conflict:
+            return None
+    except Exception:
+        logger.exception("auto compaction check failed for session %s", session_id)
+        return None
+
+
+def compaction_run_sync(
+    *,
+    session: Session,
+    user: AbstractBaseUser | AnonymousUser | None,
+    trigger: str = Trigger.HARD_LIMIT,
+) -> CompactionRun:
+    """Request and execute a run in this thread (the /context hard-limit path)."""
+    run = compaction_request(session=session, user=user, trigger=trigger, enqueue=False)
+    return compaction_execute(run_id=run.pk, final_attempt=True)

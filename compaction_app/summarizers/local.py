@@ -1,0 +1,528 @@
+"""The offline, deterministic, extractive summarizer (`local`), and a token-bounded truncator.
+
+No model is called: sentences and lines are picked out of the folded messages by cheap regex
+scores (user constraints, decisions, errors, file paths, identifiers, numbers, URLs beat
+filler), sorted into fixed Markdown sections, merged with the previous summary's sections
+(deduplicated), and the highest-priority items are kept within `max_tokens`. Whole items are
+dropped, lowest priority first; nothing is cut mid-word.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from .base import Summarizer, SummaryMessage, register
+
+__all__ = ["SECTIONS", "LocalSummarizer", "truncate_to_tokens"]
+
+TokenCounter = Callable[[str], int]
+
+SECTIONS: tuple[str, ...] = (
+    "Request and intent",
+    "Status",
+    "Key technical context",
+    "Changes made",
+    "Issues and solutions",
+    "User preferences",
+    "Context for continuing",
+    "Working state",
+)
+_REQUEST, _STATUS, _TECH, _CHANGES, _ISSUES, _PREFS, _CONTINUE, _WORKING = SECTIONS
+_EMPTY = "None."
+
+# --- truncation --------------------------------------------------------------------------------
+
+_SENTENCE_END = re.compile(r"[.!?](?=\s)|\n")
+_WORD_END = re.compile(r"\S(?=\s)")
+
+
+def _largest_fitting(
+    text: str, cuts: list[int], *, max_tokens: int, count_tokens: TokenCounter
+) -> str:
+    """The longest `text[:cut]` (right-stripped) within `max_tokens`, by binary search."""
+    lo, hi, best = 0, len(cuts) - 1, ""
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        candidate = text[: cuts[mid]].rstrip()
+        if count_tokens(candidate) <= max_tokens:
+            best, lo = candidate, mid + 1
+        else:
+            hi = mid - 1
+    return best
+
+
+def truncate_to_tokens(text: str, *, max_tokens: int, count_tokens: TokenCounter) -> str:
+    """`text` cut to at most `max_tokens` tokens, at a sentence or line end, never mid-word.
+
+    Prefers the last sentence / line end that fits; falls back to the last word end when no
+    sentence fits or the sentence cut would keep less than half the budget. Returns "" when
+    not even the first word fits. Counts O(log n) prefixes, never per sentence.
+    """
+    if max_tokens <= 0 or not text:
+        return ""
+    if count_tokens(text) <= max_tokens:
+        return text
+    # Bound the search region first so huge inputs are not re-counted in full: a prefix of
+    # 4 * max_tokens characters is usually near the answer; double until it overflows.
+    region_end = min(len(text), max(64, max_tokens * 4))
+    while region_end < len(text) and count_tokens(text[:region_end]) <= max_tokens:
+        region_end = min(len(text), region_end * 2)
+    region = text[: region_end + 1]  # +1 so a boundary right at region_end is seen
+    sentence_cuts = [
+        m.start() if region[m.start()] == "\n" else m.end() for m in _SENTENCE_END.finditer(region)
+    ]
+    best = _largest_fitting(text, sentence_cuts, max_tokens=max_tokens, count_tokens=count_tokens)
+    if best and count_tokens(best) * 2 >= max_tokens:
+        return best
+    word_cuts = [m.end() for m in _WORD_END.finditer(region)]
+    by_word = _largest_fitting(text, word_cuts, max_tokens=max_tokens, count_tokens=count_tokens)
+    return by_word if len(by_word) > len(best) else best
+
+
+# --- scoring -----------------------------------------------------------------------------------
+
+_PATH = re.compile(
+    r"(?:\b[\w.-]+/)+[\w.-]+\.[A-Za-z]\w*\b|\b[\w-]+\.(?:py|js|ts|tsx|go|rs|java|rb|sql|toml|ya?ml|json|md|cfg|ini|html|css|sh)\b"
+)
+_URL = re.compile(r"https?://\S+")
+_IDENT = re.compile(
+    r"`[^`\n]{1,80}`|\b[A-Z][a-z0-9]+(?:[A-Z][A-Za-z0-9]*)+\b|\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b"
+)
+_NUMBER = re.compile(r"\b\d[\d,._:]*\b")
+_ERROR = re.compile(
+    r"Traceback \(most recent call last\)|\b[A-Z]\w*(?:Error|Exception)\b|\bFAILED\b"
+    r"|\b(?:failed|failing|fails|crash(?:ed|es)?|error|exception|broken|regression)\b",
+    re.IGNORECASE,
+)
+_CONSTRAINT = re.compile(
+    r"\b(?:never|always|must(?: not)?|do not|don't|avoid|prefer(?:ably)?|make sure|should(?:n't| not)?"
+    r"|only use|required?|important|constraint|keep (?:that|this|it) in mind|stay (?:below|under|within)"
+    r"|no more than|at most|at least|please (?:do not|don't|use|keep))\b",
+    re.IGNORECASE,
+)
+_DECISION = re.compile(
+    r"\b(?:decided|decision|we will|we'll|going with|go with|instead of|chose|opted|switch(?:ed)? to"
+    r"|settled on|agreed|confirm(?:ed)?)\b",
+    re.IGNORECASE,
+)
+_CHANGE = re.compile(
+    r"\b(?:added|changed|updated|created|fixed|refactored|removed|renamed|implemented|replaced"
+    r"|moved|rewrote|wrote|modified|deleted|introduced|migrated|bumped)\b",
+    re.IGNORECASE,
+)
+_CAUSE = re.compile(
+    r"\b(?:the (?:problem|issue|cause|bug) (?:is|was)|root cause|caused by|because|workaround"
+    r"|fixed by|the fix)\b",
+    re.IGNORECASE,
+)
+_NEXT = re.compile(
+    r"\b(?:next|todo|to do|remaining|still need|not yet|will (?:now|then|continue)|then I|follow-up"
+    r"|pending)\b",
+    re.IGNORECASE,
+)
+_DONE = re.compile(
+    r"\b(?:done|pass(?:es|ed|ing)?|green|complete[d]?|works now|succeed(?:s|ed)?)\b", re.I
+)
+# Lines of tool output worth keeping: real error lines, not code that merely names an error.
+_TOOL_ERROR = re.compile(
+    r"Traceback \(most recent call last\)|\b[A-Z]\w*(?:Error|Exception): \S|\bFAILED\b"
+    r"|\b\d+ failed\b|\berror: |\bfatal: |\bpanic: "
+)
+_SENTENCE_SPLIT = re.compile(r"(?<=[.!?])\s+(?=[A-Z`'\"(\[])|\s*\n+\s*")
+_BULLET = re.compile(r"^\s*(?:[-*•]|\d+[.)])\s+")
+_FOLDED_SO_FAR = re.compile(r"Folded so far: (\d+) messages")
+_REFRESH_PREFIX = "[CONTEXT REFRESH]"
+
+_MAX_ITEM_CHARS = 280
+_MAX_TOOL_ERRORS = 4
+_MAX_FILES = 6
+_TOP_UP_TRIES = 12
+_MAX_CALLS = 5
+
+
+_STRONG_ERROR = re.compile(
+    r"Traceback \(most recent call last\)|\b[A-Z]\w*(?:Error|Exception)\b(?=[:(\s])|\bFAILED\b"
+)
+# Specific literals (ports, ids, versions, counts) and identifiers with digits are what a
+# continuation most often needs verbatim and cannot re-derive.
+_SPECIFIC = re.compile(r"\b\d{3,}\b|\b[A-Za-z_]+\d+\w*\b|\b\d+\.\d+(?:\.\d+)*\b")
+
+
+def _features(text: str) -> int:
+    score = 0
+    if _PATH.search(text):
+        score += 3
+    if _URL.search(text):
+        score += 2
+    if _IDENT.search(text):
+        score += 2
+    if _NUMBER.search(text):
+        score += 1
+    if _SPECIFIC.search(text):
+        score += 2
+    return score
+
+
+# Base priority of an item by section; decisions and real error signatures earn a bonus.
+_BASE = {
+    "Request and intent": 4,
+    "Status": 6,
+    "Key technical context": 4,
+    "Changes made": 3,
+    "Issues and solutions": 4,
+    "User preferences": 9,
+    "Context for continuing": 6,
+    "Working state": 3,
+}
+
+
+_TOOL_LINE = re.compile(r"^[\w.-]+ output: ")
+
+
+def _score(section: str, text: str) -> int:
+    """Priority of an item, from its section and text alone.
+
+    Origin-independent on purpose: a previous summary's items are re-scored with this same
+    function, so incremental runs rank old and new items consistently.
+    """
+    score = _BASE[section] + _features(text)
+    decision = _DECISION.search(text) is not None
+    if decision:
+        score += 3
+    strong = _STRONG_ERROR.search(text)
+    if strong:
+        score += 3
+    if section == _TECH and not decision:
+        score -= 3  # a sentence that merely names things
+    if _TOOL_LINE.match(text):
+        # Quoted tool output: exception lines matter; a test id marked FAILED much less.
+        score -= 4 if strong and "FAILED" not in strong.group() else 8
+    return score
+
+
+def _clip(text: str) -> str:
+    text = " ".join(text.split())
+    if len(text) <= _MAX_ITEM_CHARS:
+        return text
+    cut = text.rfind(" ", 0, _MAX_ITEM_CHARS - 1)
+    return text[: cut if cut > 0 else _MAX_ITEM_CHARS - 1] + "…"
+
+
+def _sentences(text: str) -> list[str]:
+    return [s for s in (_BULLET.sub("", p).strip() for p in _SENTENCE_SPLIT.split(text)) if s]
+
+
+def _key(text: str) -> str:
+    return " ".join(text.lower().split()).rstrip(".")
+
+
+@dataclass
+class _Item:
+    section: str
+    text: str
+    score: int
+    order: int  # chronological position; previous-summary items come first
+
+
+class _Collector:
+    """Accumulates scored, deduplicated items; the first occurrence keeps its position."""
+
+    def __init__(self) -> None:
+        self.items: dict[str, _Item] = {}
+        self._order = 0
+
+    def add(self, section: str, text: str, score: int) -> None:
+        text = _clip(text)
+        if not text or score <= 0:
+            return
+        key = _key(text)
+        self._order += 1
+        existing = self.items.get(key)
+        if existing is None:
+            self.items[key] = _Item(section, text, score, self._order)
+        elif score > existing.score:
+            existing.score = score
+
+
+# --- the summarizer ----------------------------------------------------------------------------
+
+
+def _parse_summary(text: str) -> dict[str, list[str]]:
+    """Section -> items of a previous summary (ours or another summarizer's Markdown)."""
+    sections: dict[str, list[str]] = {}
+    known = {name.lower(): name for name in SECTIONS}
+    current = _TECH
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line:
+            continue
+        if line.startswith("#"):
+            title = line.lstrip("#").strip().rstrip(":").lower()
+            current = known.get(title, _TECH)
+            continue
+        line = _BULLET.sub("", line).strip()
+        if line and line != _EMPTY:
+            sections.setdefault(current, []).append(line)
+    return sections
+
+
+def _call_summary(message: SummaryMessage) -> tuple[str, list[str]]:
+    """`name target` for a tool call, plus the file paths it names."""
+    content = message.content.strip()
+    target = content
+    try:
+        args = json.loads(content)
+    except ValueError:
+        args = None
+    if isinstance(args, dict) and args:
+        for field in ("path", "file", "command", "cmd", "url", "pattern", "query"):
+            if isinstance(args.get(field), str):
+                target = args[field]
+                break
+        else:
+            target = json.dumps(args, sort_keys=True)
+    label = f"{message.name or 'tool'} {_clip(target)[:120]}".strip()
+    return label, _PATH.findall(content)
+
+
+@register
+class LocalSummarizer(Summarizer):
+    """Extractive summarizer: offline, deterministic, no model call.
+
+    Keeps user requests and constraints, decisions, errors, file paths, identifiers, numbers
+    and URLs, under the headings of `SECTIONS`. Incremental: the previous summary's items are
+    merged with the new ones (deduplicated); Status, Context for continuing and the tool-call
+    list in Working state describe the latest state, so new items replace old ones there.
+    """
+
+    name = "local"
+
+    def _summarize_piece(
+        self, *, previous_summary: str, messages: Sequence[SummaryMessage], max_tokens: int
+    ) -> str:
+        collector = _Collector()
+        previous = _parse_summary(previous_summary) if previous_summary.strip() else {}
+        folded_before = 0
+        match = _FOLDED_SO_FAR.search(previous_summary)
+        if match:
+            folded_before = int(match.group(1))
+
+        files: list[str] = []  # newest first
+        calls: list[str] = []
+        latest_request = ""
+        last_agent: list[str] = []
+        counts = {"user": 0, "assistant": 0, "tool": 0}
+
+        # Old items first (they keep their place), slightly favoured: they already survived.
+        replaced = {_STATUS, _CONTINUE}
+        previous_first_seen = False
+        for section in SECTIONS:
+            for text in previous.get(section, []):
+                if section in replaced:
+                    continue
+                if section == _WORKING:
+                    if text.startswith("Files touched:"):
+                        files.extend(p.strip() for p in text.split(":", 1)[1].split(","))
+                    elif not text.startswith("Recent tool calls:"):
+                        collector.add(section, text, 3)
+                    continue
+                # The first request of the session is its intent: keep it above later ones.
+                bonus = 4 if section == _REQUEST and not previous_first_seen else 1
+                previous_first_seen = previous_first_seen or section == _REQUEST
+                collector.add(section, text, _score(section, text) + bonus)
+
+        for index, message in enumerate(messages):
+            role = message.role
+            content = message.content
+            if message.type == "TOOL_CALL":
+                label, paths = _call_summary(message)
+                calls.append(label)
+                files[:0] = [p for p in paths if p not in files]
+                counts["tool"] += 1
+                continue
+            if message.type == "TOOL_RESULT" or role == "tool":
+                self._tool_result(collector, content, message.name)
+                counts["tool"] += 1
+                continue
+            if content.startswith(_REFRESH_PREFIX) and "## " in content:
+                # A folded context refresh carries an earlier summary: merge it like one.
+                for section, items in _parse_summary(content[len(_REFRESH_PREFIX) :]).items():
+                    for text in items:
+                        if section not in replaced and section != _WORKING:
+                            collector.add(section, text, _score(section, text))
+                continue
+            if role == "user":
+                counts["user"] += 1
+                sentences = _sentences(content)
+                if sentences:
+                    latest_request = sentences[0]
+                self._user(collector, sentences, first_message=index == 0 and not previous)
+            else:
+                counts["assistant"] += 1
+                sentences = _sentences(content)
+                if sentences:
+                    last_agent = sentences
+                self._agent(collector, sentences)
+            for path in _PATH.findall(content):
+                if path not in files and "/" in path:
+                    files.insert(0, path)
+
+        total = folded_before + len(messages)
+        collector.add(
+            _STATUS,
+            f"Folded so far: {total} messages ({counts['user']} user, {counts['assistant']} "
+            f"assistant, {counts['tool']} tool in the latest batch).",
+            50,
+        )
+        done = [s for s in last_agent if _DONE.search(s) or _ERROR.search(s)]
+        if done:
+            collector.add(_STATUS, f"Latest agent status: {done[-1]}", 12)
+        elif last_agent:
+            collector.add(_STATUS, f"Latest agent status: {last_agent[0]}", 9)
+        else:
+            for text in previous.get(_STATUS, []):
+                if not _FOLDED_SO_FAR.search(text):
+                    collector.add(_STATUS, text, 8)
+        if latest_request:
+            collector.add(_CONTINUE, f"Latest request: {latest_request}", 14)
+        next_steps = [s for s in last_agent if _NEXT.search(s)]
+        for text in next_steps[-2:]:
+            collector.add(_CONTINUE, text, 9)
+        if not latest_request and not next_steps:
+            for text in previous.get(_CONTINUE, []):
+                collector.add(_CONTINUE, text, 8)
+        if files:
+            unique = list(dict.fromkeys(f for f in files if f))[:_MAX_FILES]
+            collector.add(_WORKING, "Files touched: " + ", ".join(unique), 10)
+        if calls:
+            collector.add(_WORKING, "Recent tool calls: " + "; ".join(calls[-_MAX_CALLS:]), 6)
+        else:
+            for text in previous.get(_WORKING, []):
+                if text.startswith("Recent tool calls:"):
+                    collector.add(_WORKING, text, 5)
+        return self._fit(list(collector.items.values()), max_tokens=max_tokens)
+
+    # --- extraction ---------------------------------------------------------------------------
+
+    @staticmethod
+    def _user(collector: _Collector, sentences: list[str], *, first_message: bool) -> None:
+        for position, sentence in enumerate(sentences):
+            if _CONSTRAINT.search(sentence):
+                section = _PREFS
+            elif _STRONG_ERROR.search(sentence):
+                section = _ISSUES
+            elif _DECISION.search(sentence):
+                section = _TECH
+            elif position == 0 or _features(sentence):
+                # The opening sentence states the request; the very first one the intent.
+                section = _REQUEST
+            else:
+                continue
+            bonus = 4 if first_message and position == 0 and section == _REQUEST else 0
+            collector.add(section, sentence, _score(section, sentence) + bonus)
+
+    @staticmethod
+    def _agent(collector: _Collector, sentences: list[str]) -> None:
+        for sentence in sentences:
+            if _STRONG_ERROR.search(sentence) or _CAUSE.search(sentence):
+                section = _ISSUES
+            elif _DECISION.search(sentence):
+                section = _TECH
+            elif _CHANGE.search(sentence):
+                section = _CHANGES
+            elif _features(sentence) >= 2:
+                section = _TECH
+            else:
+                continue
+            collector.add(section, sentence, _score(section, sentence))
+
+    @staticmethod
+    def _tool_result(collector: _Collector, content: str, name: str) -> None:
+        # One regex pass over the whole output, expanding each hit to its line: tool output can
+        # be megabytes of code, so it is never split into sentences.
+        seen_lines = 0
+        last_end = -1
+        label = re.sub(r"[^\w.-]", "_", name) or "tool"
+        for match in _TOOL_ERROR.finditer(content):
+            start = content.rfind("\n", 0, match.start()) + 1
+            if start <= last_end:
+                continue
+            end = content.find("\n", match.end())
+            end = len(content) if end < 0 else end
+            last_end = end
+            line = content[start:end].strip()
+            if line.startswith("E "):
+                line = line[1:].strip()
+            item = f"{label} output: {line}"
+            collector.add(_ISSUES, item, _score(_ISSUES, item))
+            seen_lines += 1
+            if seen_lines >= _MAX_TOOL_ERRORS:
+                break
+
+    # --- assembly ------------------------------------------------------------------------------
+
+    @staticmethod
+    def _render(items: Sequence[_Item]) -> str:
+        by_section: dict[str, list[_Item]] = {name: [] for name in SECTIONS}
+        for item in items:
+            by_section[item.section].append(item)
+        lines: list[str] = []
+        for name in SECTIONS:
+            lines.append(f"## {name}")
+            chosen = sorted(by_section[name], key=lambda i: i.order)
+            if chosen:
+                lines.extend(f"- {item.text}" for item in chosen)
+            else:
+                lines.append(_EMPTY)
+            lines.append("")
+        return "\n".join(lines).rstrip() + "\n"
+
+    def _fit(self, items: list[_Item], *, max_tokens: int) -> str:
+        """Render the highest-priority items that fit in `max_tokens`, dropping the rest."""
+        # Diversity: the n-th best item of a section loses 2n points, so one chatty section
+        # (say, a hundred failing-test lines) cannot crowd the others out.
+        by_section: dict[str, list[_Item]] = {}
+        for item in sorted(items, key=lambda i: (-i.score, -i.order)):
+            by_section.setdefault(item.section, []).append(item)
+        effective = {
+            id(item): item.score - 2 * rank
+            for section_items in by_section.values()
+            for rank, item in enumerate(section_items)
+        }
+        ranked = sorted(items, key=lambda i: (-effective[id(i)], -i.score, -i.order))
+        # A cheap character cap bounds the pool before any exact counting: no summary of
+        # max_tokens tokens holds more than ~12 characters per token of bullet text.
+        pool: list[_Item] = []
+        chars = 0
+        for item in ranked:
+            chars += len(item.text) + 3
+            if chars > max_tokens * 12 + 200:
+                break
+            pool.append(item)
+        full = self._render(pool)
+        if self.count_tokens(full) <= max_tokens:
+            return full
+        lo, hi, best = 0, len(pool) - 1, -1
+        while lo <= hi:  # largest prefix of the ranking whose rendering fits
+            mid = (lo + hi) // 2
+            if self.count_tokens(self._render(pool[: mid + 1])) <= max_tokens:
+                best, lo = mid, mid + 1
+            else:
+                hi = mid - 1
+        # Token counts are not strictly monotonic in the item set, so verify and step back.
+        chosen = pool[: best + 1]
+        while chosen and self.count_tokens(self._render(chosen)) > max_tokens:
+            chosen.pop()
+        if not chosen and self.count_tokens(self._render([])) > max_tokens:
+            return truncate_to_tokens(
+                self._render([]), max_tokens=max_tokens, count_tokens=self.count_tokens
+            )
+        # The item that stopped the prefix may be long while later ones are short: offer a few
+        # of the next-ranked items individually.
+        for item in pool[len(chosen) + 1 : len(chosen) + 1 + _TOP_UP_TRIES]:
+            if self.count_tokens(self._render([*chosen, item])) <= max_tokens:
+                chosen.append(item)
+        return self._render(chosen)
