@@ -40,16 +40,75 @@ _CPT = {
 _MESSAGE_OVERHEAD = 4
 _NAME_TOKENS = 2
 
-_WORDS = (
-    "tenant invoice ledger session token window budget shard replica cache queue worker "
-    "billing account report export import schema migration index cursor page snapshot "
-    "webhook retry backoff quota limit policy audit event stream batch job task run"
-).split()
-_VERBS = "load save resolve build parse render sync flush merge split fetch apply validate".split()
-_MODULES = (
-    "billing accounts ledger sessions compaction webhooks reports exports auth tenants "
-    "search notifications scheduler storage"
-).split()
+_WORDS = [
+    "tenant",
+    "invoice",
+    "ledger",
+    "session",
+    "token",
+    "window",
+    "budget",
+    "shard",
+    "replica",
+    "cache",
+    "queue",
+    "worker",
+    "billing",
+    "account",
+    "report",
+    "export",
+    "import",
+    "schema",
+    "migration",
+    "index",
+    "cursor",
+    "page",
+    "snapshot",
+    "webhook",
+    "retry",
+    "backoff",
+    "quota",
+    "limit",
+    "policy",
+    "audit",
+    "event",
+    "stream",
+    "batch",
+    "job",
+    "task",
+    "run",
+]
+_VERBS = [
+    "load",
+    "save",
+    "resolve",
+    "build",
+    "parse",
+    "render",
+    "sync",
+    "flush",
+    "merge",
+    "split",
+    "fetch",
+    "apply",
+    "validate",
+]
+_MODULES = [
+    "billing",
+    "accounts",
+    "ledger",
+    "sessions",
+    "compaction",
+    "webhooks",
+    "reports",
+    "exports",
+    "auth",
+    "tenants",
+    "search",
+    "notifications",
+    "scheduler",
+    "storage",
+]
 _TOOLS = ("read_file", "bash", "grep", "http_get")
 
 
@@ -73,7 +132,9 @@ def _path(rng: random.Random, *, test: bool = False) -> str:
 
 def _code(rng: random.Random, chars: int, path: str) -> str:
     out = [f'"""{path}: {rng.choice(_VERBS)} {rng.choice(_WORDS)} records for the API."""', ""]
-    out.append("from __future__ import annotations\n\nimport logging\nfrom dataclasses import dataclass\n")
+    out.append(
+        "from __future__ import annotations\n\nimport logging\nfrom dataclasses import dataclass\n"
+    )
     size = sum(len(x) + 1 for x in out)
     while size < chars:
         cls, fn, word = _camel(rng), _snake(rng), rng.choice(_WORDS)
@@ -185,7 +246,9 @@ def _make_facts(rng: random.Random, count: int) -> list[tuple[str, str, str]]:
                     f"do not modify the {rng.choice(_MODULES)}_legacy_{n} module",
                 ]
             )
-            text = f"Important constraint: {fact}. Please keep that in mind for the rest of the work."
+            text = (
+                f"Important constraint: {fact}. Please keep that in mind for the rest of the work."
+            )
             role = "user"
         elif kind == "decision":
             fact = rng.choice(
@@ -267,7 +330,11 @@ def _tool_call(rng: random.Random, tool: str, turn: int, k: int) -> tuple[str, d
         return call_id, {"command": f"pytest -q {_path(rng, test=True)}"}, "tests"
     if tool == "grep":
         return call_id, {"pattern": _snake(rng), "path": "src/"}, "grep"
-    return call_id, {"url": f"https://staging.example.com/api/v1/{rng.choice(_WORDS)}s?page=1"}, "json"
+    return (
+        call_id,
+        {"url": f"https://staging.example.com/api/v1/{rng.choice(_WORDS)}s?page=1"},
+        "json",
+    )
 
 
 def _est(text: str, kind: str) -> int:
@@ -285,7 +352,9 @@ def generate_session(
     total = _est(_SYSTEM_PROMPT, "prose")
     n_facts = max(1, min(40, turns // 4))
     planted = _make_facts(rng, n_facts)
-    fact_turns = sorted(rng.sample(range(max(1, int(turns * 0.8))), min(n_facts, max(1, int(turns * 0.8)))))
+    fact_turns = sorted(
+        rng.sample(range(max(1, int(turns * 0.8))), min(n_facts, max(1, int(turns * 0.8))))
+    )
     facts_at: dict[int, list[tuple[str, str, str]]] = {}
     for index, turn in enumerate(fact_turns):
         facts_at.setdefault(turn, []).append(planted[index])
@@ -326,13 +395,13 @@ def generate_session(
         agent_cost = _est(agent, "prose")
 
         calls = [_tool_call(rng, rng.choice(_TOOLS), turn, k) for k in range(rng.randint(1, 3))]
-        call_costs = [
-            _est(json.dumps(args), "args") + _NAME_TOKENS for _, args, _ in calls
-        ]
+        call_costs = [_est(json.dumps(args), "args") + _NAME_TOKENS for _, args, _ in calls]
         budget = max(50, per_turn - used - agent_cost - sum(call_costs))
         weights = [rng.uniform(0.5, 1.5) for _ in calls]
         completion = sum(call_costs)
-        error_line = next((f for f, _, _ in turn_facts if f.startswith(("KeyError", "ValueError"))), None)
+        error_line = next(
+            (f for f, _, _ in turn_facts if f.startswith(("KeyError", "ValueError"))), None
+        )
         for (call_id, args, kind), cost, weight in zip(calls, call_costs, weights, strict=True):
             name = {"code": "read_file", "tests": "bash", "grep": "grep", "json": "http_get"}[kind]
             tokens = int(budget * weight / sum(weights))
@@ -346,7 +415,12 @@ def generate_session(
             else:
                 result = _json(rng, chars)
             events.append(
-                {"type": "TOOL_CALL", "content": json.dumps(args), "name": name, "toolCallId": call_id}
+                {
+                    "type": "TOOL_CALL",
+                    "content": json.dumps(args),
+                    "name": name,
+                    "toolCallId": call_id,
+                }
             )
             events.append(
                 {"type": "TOOL_RESULT", "content": result, "name": name, "toolCallId": call_id}

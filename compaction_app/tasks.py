@@ -24,7 +24,14 @@ logger = logging.getLogger("compaction_app.tasks")
 )
 def run_compaction(self, run_id: str) -> str:  # type: ignore[no-untyped-def]
     """Execute one compaction run; safe to deliver twice (a finished run is left alone)."""
-    run = compaction_execute(run_id=run_id, final_attempt=self.request.retries >= self.max_retries)
+    from compaction_app.models import CompactionRun
+
+    try:
+        run = compaction_execute(run_id=run_id, final_attempt=self.request.retries >= self.max_retries)
+    except CompactionRun.DoesNotExist:
+        # The session (and its runs) was deleted before the task ran: nothing to do.
+        logger.info("compaction %s no longer exists", run_id)
+        return "missing"
     return str(run.status)
 
 

@@ -64,8 +64,6 @@ def usage_for_session(*, session: Session) -> dict[str, Any]:
         "cumulativeTokens": session.cumulative_tokens,
         "refreshThresholdTokens": settings.get("refreshThresholdTokens", 800_000),
         "lastCompaction": session.last_compaction,
-        "storedEvents": session.event_count,
-        "activeEvents": session.active_event_count,
     }
 
 
@@ -113,32 +111,36 @@ def render_messages(
     if fmt == "anthropic":
         return _render_anthropic(events)
     messages: list[dict[str, Any]] = []
+    # The assistant turn later tool calls join: parallel calls (and the text the assistant
+    # said before them) are one turn in OpenAI's format, since a tool_calls turn must be
+    # followed directly by its tool messages.
+    agent_turn: dict[str, Any] | None = None
     for event in events:
         content = event_content(event)
         if event.type == EventType.TOOL_CALL:
             arguments = content if isinstance(content, str) else json.dumps(content)
-            messages.append(
-                {
-                    "role": "assistant",
-                    "content": None,
-                    "tool_calls": [
-                        {
-                            "id": event.tool_call_id,
-                            "type": "function",
-                            "function": {"name": event.name, "arguments": arguments},
-                        }
-                    ],
-                }
-            )
-        elif event.type == EventType.TOOL_RESULT:
+            call = {
+                "id": event.tool_call_id,
+                "type": "function",
+                "function": {"name": event.name, "arguments": arguments},
+            }
+            if agent_turn is not None:
+                agent_turn.setdefault("tool_calls", []).append(call)
+            else:
+                agent_turn = {"role": "assistant", "content": None, "tool_calls": [call]}
+                messages.append(agent_turn)
+            continue
+        if event.type == EventType.TOOL_RESULT:
             messages.append(
                 {"role": "tool", "tool_call_id": event.tool_call_id, "content": content}
             )
+            agent_turn = None
         else:
             message: dict[str, Any] = {"role": event.role, "content": content}
             if event.name and event.type != EventType.COMPACTION:
                 message["name"] = event.name
             messages.append(message)
+            agent_turn = message if event.type == EventType.AGENT_MESSAGE else None
     return messages, None
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from django.conf import settings as django_settings
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import transaction
+from django.db import IntegrityError, transaction
 
 from sessions_app import tokens
 from sessions_app.errors import Conflict, InvalidInput
@@ -257,8 +257,8 @@ def event_append(*, session: Session, events: Sequence[EventInput]) -> AppendRes
             if is_model_visible(item.type, text):
                 added_active += 1
                 added_active_tokens += count
-            # A refresh's own tokens do not count toward the next refresh.
-            if item.type != EventType.CONTEXT_REFRESH:
+            # Synthetic turns (a refresh, a summary) do not count toward the next refresh.
+            if item.type not in (EventType.CONTEXT_REFRESH, EventType.COMPACTION):
                 added_cumulative += count
             if usage is not None:
                 added_reported += 1
@@ -267,7 +267,17 @@ def event_append(*, session: Session, events: Sequence[EventInput]) -> AppendRes
                 added_total += usage.total_tokens or 0
 
         if to_create:
-            Event.objects.bulk_create(to_create, batch_size=500)
+            try:
+                with transaction.atomic():
+                    Event.objects.bulk_create(to_create, batch_size=500)
+            except IntegrityError:
+                if not seen:
+                    raise
+                # Another session's append stored one of these ids after our check above
+                # (its lock is not ours): the same conflict, found late.
+                raise Conflict(
+                    "an event with this id belongs to another session", code="event_id_conflict"
+                ) from None
             locked.last_seq = seq
             locked.event_count += len(to_create)
             locked.active_event_count += added_active

@@ -9,8 +9,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from compaction_app.strategies import (
-    SUMMARY_MESSAGE_OVERHEAD,
     STRATEGIES,
+    SUMMARY_MESSAGE_OVERHEAD,
     plan_compaction,
     strategy_names,
     tool_placeholder,
@@ -246,7 +246,9 @@ def test_it_summarize_keeps_every_invariant(events: list[PlanEvent], budget: Bud
     floor = sum(e.token_count for g in groups(events) if locked(g, events) for e in g)
     if floor + reserve + 3 <= budget.context_limit:
         assert plan.tokens_after <= budget.context_limit
-    user_folded = [e for e in events if e.id in folded and e.type in (USER_MESSAGE, CONTEXT_REFRESH)]
+    user_folded = [
+        e for e in events if e.id in folded and e.type in (USER_MESSAGE, CONTEXT_REFRESH)
+    ]
     recent = recent_agent_units(events, budget.keep_recent_events)
     recent_ids = {e.id for g in recent for e in g}
     if user_folded or recent_ids & folded:
@@ -287,7 +289,9 @@ def test_it_clear_tool_results_keeps_every_invariant(
         event = by_id[c.event_id]
         assert c.placeholder.startswith("[tool result cleared: ")
         assert (event.name or "tool") in c.placeholder
-        expected = 3 + words("tool") + words(c.placeholder) + (words(event.name) if event.name else 0)
+        expected = (
+            3 + words("tool") + words(c.placeholder) + (words(event.name) if event.name else 0)
+        )
         assert c.token_count == expected
         assert c.tokens_freed == event.token_count - c.token_count > 0
         assert f"{c.tokens_freed} tokens freed" in c.placeholder

@@ -63,12 +63,12 @@ def truncate_to_tokens(text: str, *, max_tokens: int, count_tokens: TokenCounter
     """
     if max_tokens <= 0 or not text:
         return ""
-    if count_tokens(text) <= max_tokens:
-        return text
-    # Bound the search region first so huge inputs are not re-counted in full: a prefix of
-    # 4 * max_tokens characters is usually near the answer; double until it overflows.
+    # Grow a prefix from ~4 chars per token, doubling until it overflows, so huge inputs are
+    # never tokenized in full just to learn that they are too long.
     region_end = min(len(text), max(64, max_tokens * 4))
-    while region_end < len(text) and count_tokens(text[:region_end]) <= max_tokens:
+    while count_tokens(text[:region_end]) <= max_tokens:
+        if region_end == len(text):
+            return text
         region_end = min(len(text), region_end * 2)
     region = text[: region_end + 1]  # +1 so a boundary right at region_end is seen
     sentence_cuts = [
@@ -201,6 +201,20 @@ def _score(section: str, text: str) -> int:
         # Quoted tool output: exception lines matter; a test id marked FAILED much less.
         score -= 4 if strong and "FAILED" not in strong.group() else 8
     return score
+
+
+_FILLER_START = re.compile(
+    r"^(?:ok(?:ay)?|sure|thanks?|thank you|great|cool|nice|perfect|yes|yep|no|alright|got it"
+    r"|sounds good|makes sense|let me|i will|i'll|hmm|right)\b",
+    re.IGNORECASE,
+)
+
+
+def _is_filler(sentence: str) -> bool:
+    """Pleasantries and acknowledgements that carry nothing a continuation needs."""
+    if _features(sentence) or _CONSTRAINT.search(sentence) or _STRONG_ERROR.search(sentence):
+        return False
+    return len(sentence.split()) < 4 or _FILLER_START.match(sentence) is not None
 
 
 def _clip(text: str) -> str:
@@ -356,13 +370,13 @@ class LocalSummarizer(Summarizer):
                 continue
             if role == "user":
                 counts["user"] += 1
-                sentences = _sentences(content)
+                sentences = [t for t in _sentences(content) if not _is_filler(t)]
                 if sentences:
                     latest_request = sentences[0]
                 self._user(collector, sentences, first_message=index == 0 and not previous)
             else:
                 counts["assistant"] += 1
-                sentences = _sentences(content)
+                sentences = [t for t in _sentences(content) if not _is_filler(t)]
                 if sentences:
                     last_agent = sentences
                 self._agent(collector, sentences)

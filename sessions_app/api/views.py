@@ -7,9 +7,11 @@ from typing import Any
 from django.conf import settings
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
+from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.pagination import PageNumberPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
+from rest_framework.settings import APISettings
 from rest_framework.views import APIView
 
 from sessions_app import selectors, services, tokens
@@ -196,7 +198,16 @@ class SessionUsageView(APIView):
         return Response(selectors.usage_for_session(session=session))
 
 
+class _FormatParamIsOurs(DefaultContentNegotiation):
+    """`?format=` is /context's own parameter (openai|anthropic); DRF would otherwise read it
+    as a renderer override and answer 404 for any value but "json"."""
+
+    settings = APISettings(user_settings={"URL_FORMAT_OVERRIDE": None})
+
+
 class SessionContextView(APIView):
+    content_negotiation_class = _FormatParamIsOurs
+
     @extend_schema(
         parameters=[
             OpenApiParameter("maxTokens", int),

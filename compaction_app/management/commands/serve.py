@@ -1,0 +1,55 @@
+"""`manage.py serve`: everything a newcomer needs on one machine.
+
+Migrates, makes a demo staff user and prints its API token, starts the embedded Celery worker
+thread (unless a broker is configured), then serves HTTP and websockets with daphne.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.core.management import call_command
+from django.core.management.base import BaseCommand
+from rest_framework.authtoken.models import Token
+
+
+class Command(BaseCommand):
+    help = "Migrate, create the demo user, start the embedded worker and serve the app."
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("--host", default="127.0.0.1")
+        parser.add_argument("--port", type=int, default=8000)
+        parser.add_argument("--no-demo-user", action="store_true", help="Do not create the demo user.")
+        parser.add_argument("--check", action="store_true", help="Do the set-up, print it, and exit.")
+
+    def handle(self, *args: Any, host: str, port: int, no_demo_user: bool, check: bool, **options: Any) -> None:
+        call_command("migrate", interactive=False, verbosity=0)
+        self.stdout.write(self.style.SUCCESS("Database migrated."))
+        if not no_demo_user:
+            user, created = get_user_model().objects.get_or_create(
+                username="demo", defaults={"is_staff": True, "is_superuser": True}
+            )
+            if created:
+                user.set_password("demo")
+                user.save()
+            token, _ = Token.objects.get_or_create(user=user)
+            self.stdout.write(
+                f"Demo user: demo / demo (staff)\nAPI token: {token.key}\n"
+                f"  curl -H 'Authorization: Token {token.key}' http://{host}:{port}/api/v1/models"
+            )
+        if check:
+            return
+        if settings.EMBEDDED_WORKER:
+            from compaction_app.embedded_worker import start_embedded_worker
+            from config.celery import app
+
+            start_embedded_worker(app)
+            self.stdout.write("Celery worker: embedded thread (in-memory broker).")
+        else:
+            self.stdout.write("Celery worker: external — run `celery -A config worker`.")
+        self.stdout.write(self.style.SUCCESS(f"Serving on http://{host}:{port}/ (dashboard) and /api/v1/docs/"))
+        from daphne.cli import CommandLineInterface
+
+        CommandLineInterface().run(["-b", host, "-p", str(port), "config.asgi:application"])

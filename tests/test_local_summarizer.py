@@ -1,0 +1,291 @@
+"""The offline extractive summarizer and the shared token-bounded truncation helper."""
+
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from bench.session_gen import generate_session
+from compaction_app.summarizers.base import SummaryMessage, summarizer_class
+from compaction_app.summarizers.local import SECTIONS, LocalSummarizer, truncate_to_tokens
+
+
+def words(text: str) -> int:
+    return len(text.split())
+
+
+def real_counter():
+    """o200k when its vocabulary loads offline, else the word counter."""
+    try:
+        from sessions_app.tokens import get_counter
+    except ImportError:
+        return words
+    counter = get_counter("o200k_base")
+    return counter.count if counter.exact else words
+
+
+ROLES = {
+    "SYSTEM_PROMPT": "system",
+    "USER_MESSAGE": "user",
+    "AGENT_MESSAGE": "assistant",
+    "TOOL_CALL": "assistant",
+    "TOOL_RESULT": "tool",
+}
+
+
+def msg(n: int, type_: str, content: str, name: str = "") -> SummaryMessage:
+    return SummaryMessage(
+        event_id=f"e{n}", type=type_, role=ROLES[type_], content=content, name=name
+    )
+
+
+FILLER = [
+    "Sure, let me take a look at that.",
+    "Okay, sounds good.",
+    "Thanks, that makes sense to me.",
+    "Let me think about it for a moment.",
+    "Great, I will continue now.",
+]
+
+
+def planted_conversation(filler_rounds: int = 40) -> list[SummaryMessage]:
+    messages = [
+        msg(
+            1,
+            "USER_MESSAGE",
+            "Please speed up the nightly export job. Never use port 8080 for the debug server.",
+        ),
+        msg(2, "AGENT_MESSAGE", "Sure, let me take a look at that."),
+        msg(3, "TOOL_CALL", '{"command": "python -m exports.nightly"}', "bash"),
+        msg(
+            4,
+            "TOOL_RESULT",
+            "starting export\n" * 50
+            + 'Traceback (most recent call last):\n  File "exports/nightly.py", line 88\n'
+            + "KeyError: 'tenant_id_7'\n",
+            "bash",
+        ),
+        msg(
+            5,
+            "AGENT_MESSAGE",
+            "The crash comes from src/exports/nightly_job.py where the tenant map is built.",
+        ),
+        msg(6, "USER_MESSAGE", "Note that the upstream rate limit is 7431 requests per minute."),
+    ]
+    n = 7
+    for round_ in range(filler_rounds):
+        messages.append(msg(n, "USER_MESSAGE", FILLER[round_ % 5]))
+        messages.append(
+            msg(n + 1, "AGENT_MESSAGE", FILLER[(round_ + 2) % 5] + " " + FILLER[(round_ + 3) % 5])
+        )
+        n += 2
+    return messages
+
+
+def headings(summary: str) -> list[str]:
+    return [line[3:] for line in summary.splitlines() if line.startswith("## ")]
+
+
+def test_it_is_registered_as_local() -> None:
+    assert summarizer_class("local") is LocalSummarizer
+
+
+def test_it_writes_every_section_in_order() -> None:
+    summarizer = LocalSummarizer(count_tokens=words)
+    summary = summarizer.summarize(
+        previous_summary="", messages=planted_conversation(), max_tokens=300
+    )
+    assert headings(summary) == list(SECTIONS)
+
+
+def test_it_is_deterministic() -> None:
+    messages = planted_conversation()
+    first = LocalSummarizer(count_tokens=words).summarize(
+        previous_summary="", messages=messages, max_tokens=120
+    )
+    second = LocalSummarizer(count_tokens=words).summarize(
+        previous_summary="", messages=messages, max_tokens=120
+    )
+    assert first == second
+
+
+@pytest.mark.parametrize("counter", [words, real_counter()], ids=["words", "tokenizer"])
+def test_it_keeps_planted_facts_over_filler(counter) -> None:
+    summary = LocalSummarizer(count_tokens=counter).summarize(
+        previous_summary="", messages=planted_conversation(), max_tokens=200
+    )
+    assert counter(summary) <= 200
+    for fact in (
+        "Never use port 8080",
+        "KeyError: 'tenant_id_7'",
+        "src/exports/nightly_job.py",
+        "7431 requests per minute",
+        "speed up the nightly export job",
+    ):
+        assert fact in summary, fact
+    for filler in FILLER:
+        assert filler not in summary
+
+
+@pytest.mark.parametrize("max_tokens", [1, 12, 40, 90, 256, 1500])
+@pytest.mark.parametrize("counter", [words, real_counter()], ids=["words", "tokenizer"])
+def test_it_holds_the_summary_to_max_tokens(counter, max_tokens: int) -> None:
+    session = generate_session(turns=30, seed=3, target_tokens=60_000)
+    messages = [
+        msg(i, e["type"], e["content"], e.get("name", "")) for i, e in enumerate(session.events)
+    ]
+    summary = LocalSummarizer(count_tokens=counter).summarize(
+        previous_summary="", messages=messages, max_tokens=max_tokens
+    )
+    assert counter(summary) <= max_tokens
+    if max_tokens >= 256:
+        assert headings(summary) == list(SECTIONS)
+        assert summary.count("\n- ") >= 5
+
+
+def test_it_drops_whole_items_rather_than_cutting_words() -> None:
+    summarizer = LocalSummarizer(count_tokens=words)
+    messages = planted_conversation()
+    long_summary = summarizer.summarize(previous_summary="", messages=messages, max_tokens=2000)
+    short_summary = summarizer.summarize(previous_summary="", messages=messages, max_tokens=60)
+    long_items = {line for line in long_summary.splitlines() if line.startswith("- ")}
+    for line in short_summary.splitlines():
+        if line.startswith("- "):
+            assert line in long_items
+
+
+def test_it_merges_the_previous_summary_incrementally() -> None:
+    summarizer = LocalSummarizer(count_tokens=words)
+    first = summarizer.summarize(
+        previous_summary="", messages=planted_conversation(5), max_tokens=400
+    )
+    later = [
+        msg(
+            100,
+            "USER_MESSAGE",
+            "Now add a retry to the webhook sender; always use exponential backoff.",
+        ),
+        msg(
+            101,
+            "AGENT_MESSAGE",
+            "We decided to use tenacity instead of a hand-written loop in src/webhooks/sender.py.",
+        ),
+        msg(102, "TOOL_CALL", '{"path": "src/webhooks/sender.py"}', "read_file"),
+        msg(103, "TOOL_RESULT", "def send(payload):\n    return post(payload)\n", "read_file"),
+    ]
+    second = summarizer.summarize(previous_summary=first, messages=later, max_tokens=400)
+    assert headings(second) == list(SECTIONS)
+    # Old facts survive, new ones join, nothing is repeated.
+    for fact in ("Never use port 8080", "KeyError: 'tenant_id_7'", "7431 requests per minute"):
+        assert fact in second
+    assert "always use exponential backoff" in second
+    assert "tenacity instead of a hand-written loop" in second
+    assert "src/webhooks/sender.py" in second
+    items = [line for line in second.splitlines() if line.startswith("- ")]
+    assert len(items) == len(set(items))
+    # Status describes the latest state: the folded-message tally accumulates.
+    total = len(planted_conversation(5)) + len(later)
+    assert f"Folded so far: {total} messages" in second
+    assert second.count("Folded so far") == 1
+
+
+def test_it_merges_a_previous_summary_written_by_another_summarizer() -> None:
+    previous = "## Key technical context\n- The cache key is TenantCacheKey99.\n\nSome free text about 8443."
+    summary = LocalSummarizer(count_tokens=words).summarize(
+        previous_summary=previous, messages=[msg(1, "USER_MESSAGE", "Continue.")], max_tokens=300
+    )
+    assert "TenantCacheKey99" in summary
+    assert "8443" in summary
+
+
+def test_it_summarizes_huge_input_in_pieces() -> None:
+    facts_first = msg(0, "USER_MESSAGE", "Never deploy on Fridays; the freeze window is 48 hours.")
+    bulk = [
+        msg(i, "TOOL_RESULT", " ".join(f"line{i}_{k} ok." for k in range(400)), "bash")
+        for i in range(1, 200)
+    ]
+    facts_last = msg(
+        999, "AGENT_MESSAGE", "We decided to use QuorumLockManager7 instead of file locks."
+    )
+    messages = [facts_first, *bulk, facts_last]
+    summarizer = LocalSummarizer(count_tokens=words, input_window_tokens=5_000)
+    assert len(summarizer._pieces(messages, reserve=300)) > 10
+    summary = summarizer.summarize(previous_summary="", messages=messages, max_tokens=300)
+    assert words(summary) <= 300
+    assert "freeze window is 48 hours" in summary
+    assert "QuorumLockManager7" in summary
+    tally = re.search(
+        r"Folded so far: (\d+) messages \((\d+) user, (\d+) assistant, (\d+) tool", summary
+    )
+    assert tally is not None
+    assert int(tally.group(1)) == len(messages)
+    # The last piece alone holds far fewer messages than the whole input.
+    assert sum(int(tally.group(k)) for k in (2, 3, 4)) < len(messages)
+
+
+def test_it_summarizes_a_million_token_session_quickly() -> None:
+    counter = real_counter()
+    session = generate_session()
+    messages = [
+        msg(i, e["type"], e["content"], e.get("name", "")) for i, e in enumerate(session.events[1:])
+    ]
+    summarizer = LocalSummarizer(count_tokens=counter)
+    started = time.perf_counter()
+    summary = summarizer.summarize(previous_summary="", messages=messages, max_tokens=2000)
+    elapsed = time.perf_counter() - started
+    assert elapsed < 3.0
+    assert counter(summary) <= 2000
+    kept = [fact for fact in session.facts if fact in summary]
+    assert len(kept) >= len(session.facts) // 3
+
+
+# --- truncate_to_tokens ------------------------------------------------------------------------
+
+TEXT = (
+    "The export crashed at 02:00. We traced it to the tenant map! Is the cache warm? "
+    "It was not.\nNext we add a retry with backoff and a metric for each attempt"
+)
+
+
+def test_it_returns_text_that_already_fits_unchanged() -> None:
+    assert truncate_to_tokens(TEXT, max_tokens=1000, count_tokens=words) == TEXT
+
+
+@pytest.mark.parametrize("max_tokens", range(4, 40))
+def test_it_truncates_at_a_sentence_end_within_budget(max_tokens: int) -> None:
+    cut = truncate_to_tokens(TEXT, max_tokens=max_tokens, count_tokens=words)
+    assert words(cut) <= max_tokens
+    assert TEXT.startswith(cut)
+    # Never mid-word: the cut is followed by whitespace (or is the whole text).
+    assert cut == TEXT or TEXT[len(cut)].isspace()
+
+
+def test_it_prefers_the_last_sentence_that_fits() -> None:
+    assert truncate_to_tokens(TEXT, max_tokens=12, count_tokens=words) == (
+        "The export crashed at 02:00. We traced it to the tenant map!"
+    )
+
+
+def test_it_falls_back_to_a_word_boundary_for_one_long_sentence() -> None:
+    sentence = "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu."
+    assert (
+        truncate_to_tokens(sentence, max_tokens=5, count_tokens=words)
+        == "alpha beta gamma delta epsilon"
+    )
+
+
+def test_it_returns_nothing_when_no_word_fits() -> None:
+    assert truncate_to_tokens("supercalifragilistic", max_tokens=0, count_tokens=words) == ""
+    assert truncate_to_tokens("a" * 50, max_tokens=1, count_tokens=lambda s: len(s)) == ""
+
+
+def test_it_truncates_huge_text_with_a_real_tokenizer() -> None:
+    counter = real_counter()
+    text = " ".join(f"Sentence {i} mentions FooBar{i} and src/mod_{i}.py." for i in range(200_000))
+    started = time.perf_counter()
+    cut = truncate_to_tokens(text, max_tokens=500, count_tokens=counter)
+    assert time.perf_counter() - started < 1.0
+    assert 450 <= counter(cut) <= 500
+    assert cut.endswith(".py.")
