@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import uuid
+from datetime import timedelta
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -132,7 +133,7 @@ def compaction_request(
                 strategy=strategy or session.settings.get("strategy", "summarize"),
                 summarizer=summarizer or session.settings.get("summarizer", "local"),
                 trigger=trigger,
-                requested_by=user if user is not None and user.is_authenticated else None,
+                requested_by=user if user is not None and user.is_authenticated else None,  # type: ignore[misc]
                 target_ratio=target_ratio,
             )
     except IntegrityError:
@@ -460,7 +461,7 @@ def compaction_revert(*, run: CompactionRun) -> CompactionRun:
             Event.objects.filter(
                 session=locked,
                 type=EventType.CONTEXT_REFRESH,
-                seq__gt=run.compaction_event.seq,
+                seq__gt=Event.objects.get(pk=marker_id).seq,
                 compacted_by__isnull=True,
             ).update(reverted=True)
         previous = run.previous_summary or {}
@@ -510,7 +511,7 @@ def maybe_auto_compact(*, session_id: uuid.UUID) -> CompactionRun | None:
         ):
             return None
         cooldown = int(settings.get("cooldownSeconds", 60))
-        since = timezone.now() - timezone.timedelta(seconds=cooldown)
+        since = timezone.now() - timedelta(seconds=cooldown)
         if CompactionRun.objects.filter(
             Q(created_at__gte=since) | Q(status__in=ACTIVE_STATUSES),
             session=session,

@@ -378,7 +378,8 @@ def clear_tool_results(
     older = results[: len(results) - keep] if keep else results
     cleared: list[ClearedResult] = []
     for event in older:
-        if event.pinned:
+        # Re-clearing a placeholder could "save" a token by shrinking its number: pointless churn.
+        if event.pinned or event.content.startswith(CLEARED_PREFIX):
             continue
         priced = _price_placeholder(count_tokens, event=event)
         if priced is None:

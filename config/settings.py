@@ -89,7 +89,7 @@ else:
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
-            "NAME": VAR_DIR / "db.sqlite3",
+            "NAME": str(VAR_DIR / "db.sqlite3"),
             "OPTIONS": {
                 # WAL lets readers run while one writer appends; IMMEDIATE takes the write lock
                 # at BEGIN so concurrent appenders queue on busy_timeout instead of deadlocking

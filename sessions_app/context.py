@@ -67,7 +67,7 @@ def context_prepare(
     compaction: dict[str, Any] | None = None
     if level == "hard" and events:
         for _receiver, response in context_hard_limit.send(sender=Session, session=session, user=user, limit=limit):
-            if response is not None:
+            if isinstance(response, dict):
                 compaction = response
                 break
         events = active_events(session=session)

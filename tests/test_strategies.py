@@ -296,7 +296,7 @@ def test_it_clear_tool_results_keeps_every_invariant(
         assert c.tokens_freed == event.token_count - c.token_count > 0
         assert f"{c.tokens_freed} tokens freed" in c.placeholder
     for e in older:
-        if e.pinned or e.id in cleared:
+        if e.pinned or e.id in cleared or e.content.startswith("[tool result cleared:"):
             continue
         # Skipped only because a placeholder would not save anything.
         text = tool_placeholder(name=e.name, tokens_freed=1)
@@ -521,3 +521,23 @@ def test_it_prices_placeholders_exactly_with_a_real_tokenizer() -> None:
     expected = tokens.message_tokens(counter, role="tool", content=c.placeholder, name="read_file")
     assert c.token_count == expected
     assert c.tokens_freed == 4321 - expected
+
+
+def test_it_does_not_clear_a_result_twice() -> None:
+    b = Builder()
+    b.add(USER_MESSAGE, 10)
+    b.add(TOOL_CALL, 10, call="c1", name="grep")
+    b.add(
+        TOOL_RESULT,
+        20,  # a different tokenizer priced it higher; re-clearing would "save" 7
+        call="c1",
+        name="grep",
+        content="[tool result cleared: grep output, 99999 tokens freed]",
+    )
+    plan = plan_compaction(
+        strategy="clear_tool_results",
+        events=b.events,
+        budget=budget(keep_recent_tool_results=0),
+        count_tokens=words,
+    )
+    assert plan.is_empty

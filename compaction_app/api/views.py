@@ -23,7 +23,7 @@ class SessionCompactionsView(APIView):
         page = paginator.paginate_queryset(
             selectors.runs_for_session(session=session), request, view=self
         )
-        return paginator.get_paginated_response([s.run_to_dict(run) for run in page])
+        return paginator.get_paginated_response([s.run_to_dict(run) for run in page or []])
 
     @extend_schema(
         request=s.CompactionRequestSerializer,

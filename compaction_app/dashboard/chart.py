@@ -1,0 +1,223 @@
+"""Context-size history of a session, for the dashboard's server-side SVG chart.
+
+Pure module: no Django, no ORM. The view turns stored events and compaction runs into the
+plain records below; everything here is arithmetic.
+
+The series replays the ledger in `seq` order: each model-visible event adds its stored token
+count, and a completed (not reverted) compaction sets the context to the run's `tokens_after`
+at the seq of its COMPACTION event. That is the size the context had at each point of the
+session's life, which the current counters alone cannot tell.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = [
+    "REPLY_PRIMER",
+    "ChartCompaction",
+    "ChartEvent",
+    "ChartGeometry",
+    "Mark",
+    "Point",
+    "Series",
+    "chart_geometry",
+    "context_series",
+    "downsample",
+]
+
+# A context that holds any message also pays the reply primer (see sessions_app.tokens).
+REPLY_PRIMER = 3
+
+
+@dataclass(frozen=True)
+class ChartEvent:
+    seq: int
+    tokens: int
+    # False for events never sent to the model (LOCAL_SYSTEM_MESSAGE, trim markers, reverted
+    # compaction markers): they do not change the context's size.
+    visible: bool = True
+
+
+@dataclass(frozen=True)
+class ChartCompaction:
+    """A completed, not reverted run, placed at the seq of the COMPACTION event it appended.
+    `covers_through` is the last seq the run itself appended (a refresh run appends a
+    CONTEXT_REFRESH event right after its marker; `tokens_after` already counts it)."""
+
+    seq: int
+    tokens_before: int
+    tokens_after: int
+    covers_through: int | None = None
+    label: str = ""
+
+
+@dataclass(frozen=True)
+class Point:
+    seq: int
+    tokens: int
+
+
+@dataclass(frozen=True)
+class Mark:
+    seq: int
+    tokens_before: int
+    tokens_after: int
+    label: str = ""
+
+    @property
+    def freed(self) -> int:
+        return max(self.tokens_before - self.tokens_after, 0)
+
+
+@dataclass(frozen=True)
+class Series:
+    points: tuple[Point, ...]
+    marks: tuple[Mark, ...]
+
+    @property
+    def max_tokens(self) -> int:
+        values = [p.tokens for p in self.points] + [m.tokens_before for m in self.marks]
+        return max(values, default=0)
+
+
+def context_series(
+    *,
+    events: Sequence[ChartEvent],
+    compactions: Sequence[ChartCompaction] = (),
+    max_points: int = 300,
+) -> Series:
+    """Context tokens after each event, with a drop at each compaction, at most `max_points`
+    points (compaction drops are kept whenever the budget allows)."""
+    by_seq = {c.seq: c for c in compactions}
+    skip_until = 0
+    total = 0
+    count = 0
+    points: list[Point] = []
+    anchors: set[int] = set()
+    marks: list[Mark] = []
+    for event in sorted(events, key=lambda e: e.seq):
+        run = by_seq.get(event.seq)
+        if run is not None:
+            before = total + REPLY_PRIMER if count else 0
+            # Draw a vertical drop: the size just before the run, then just after it.
+            anchors.add(len(points))
+            points.append(Point(event.seq, before))
+            anchors.add(len(points))
+            points.append(Point(event.seq, run.tokens_after))
+            marks.append(Mark(event.seq, run.tokens_before, run.tokens_after, run.label))
+            count = 1 if run.tokens_after else 0
+            total = max(run.tokens_after - REPLY_PRIMER, 0) if count else 0
+            skip_until = run.covers_through or event.seq
+            continue
+        if event.seq <= skip_until or not event.visible:
+            continue
+        total += event.tokens
+        count += 1
+        points.append(Point(event.seq, total + REPLY_PRIMER))
+    return Series(points=tuple(downsample(points, max_points=max_points, keep=anchors)), marks=tuple(marks))
+
+
+def downsample(points: Sequence[Point], *, max_points: int, keep: set[int] | None = None) -> list[Point]:
+    """At most `max_points` of `points`, in order: the first and last, the indices in `keep`
+    (while they fit), and evenly spaced others."""
+    n = len(points)
+    if max_points < 2:
+        raise ValueError("max_points must be at least 2")
+    if n <= max_points:
+        return list(points)
+    chosen = {0, n - 1}
+    anchors = sorted(i for i in (keep or set()) if 0 < i < n - 1)
+    room = max_points - len(chosen)
+    if len(anchors) > room:
+        step = len(anchors) / room
+        anchors = [anchors[int(k * step)] for k in range(room)]
+    chosen.update(anchors)
+    room = max_points - len(chosen)
+    if room > 0:
+        step = (n - 1) / (room + 1)
+        for k in range(1, room + 1):
+            chosen.add(round(k * step))
+            if len(chosen) >= max_points:
+                break
+    return [points[i] for i in sorted(chosen)[:max_points]]
+
+
+@dataclass(frozen=True)
+class ChartGeometry:
+    """Screen coordinates for an SVG of `width` × `height` with the given padding."""
+
+    width: int
+    height: int
+    path: str
+    area: str
+    limit_y: float | None
+    marks: tuple[tuple[float, float, float, Mark], ...]  # x, y_before, y_after, mark
+    y_ticks: tuple[tuple[float, int], ...]
+    x_ticks: tuple[tuple[float, int], ...]
+    plot_left: int
+    plot_right: int
+    plot_top: int
+    plot_bottom: int
+
+
+def _nice_ceiling(value: int) -> int:
+    if value <= 10:
+        return 10
+    magnitude = 10 ** (len(str(value)) - 1)
+    for step in (1, 2, 2.5, 5, 10):
+        candidate = int(step * magnitude)
+        if candidate >= value:
+            return candidate
+    return 10 * magnitude
+
+
+def chart_geometry(
+    *,
+    series: Series,
+    limit: int,
+    width: int = 720,
+    height: int = 240,
+    pad_left: int = 56,
+    pad_right: int = 12,
+    pad_top: int = 12,
+    pad_bottom: int = 28,
+) -> ChartGeometry:
+    """Scale a series into an SVG viewBox: a step-free polyline, the limit line, and a
+    vertical marker per compaction."""
+    left, right = pad_left, width - pad_right
+    top, bottom = pad_top, height - pad_bottom
+    points = series.points
+    y_max = _nice_ceiling(max(series.max_tokens, limit, 1))
+    first = points[0].seq if points else 0
+    last = points[-1].seq if points else 1
+    span = max(last - first, 1)
+
+    def x(seq: int) -> float:
+        return round(left + (seq - first) * (right - left) / span, 1)
+
+    def y(tokens: int) -> float:
+        return round(bottom - tokens * (bottom - top) / y_max, 1)
+
+    coords = [(x(p.seq), y(p.tokens)) for p in points]
+    path = " ".join(f"{'M' if i == 0 else 'L'}{cx},{cy}" for i, (cx, cy) in enumerate(coords))
+    area = f"{path} L{coords[-1][0]},{bottom} L{coords[0][0]},{bottom} Z" if coords else ""
+    marks = tuple((x(m.seq), y(m.tokens_before), y(m.tokens_after), m) for m in series.marks)
+    y_ticks = tuple((y(v), v) for v in (0, y_max // 4, y_max // 2, 3 * y_max // 4, y_max))
+    x_values = sorted({first, first + span // 2, last}) if points else []
+    x_ticks = tuple((x(v), v) for v in x_values)
+    return ChartGeometry(
+        width=width,
+        height=height,
+        path=path,
+        area=area,
+        limit_y=y(limit) if limit else None,
+        marks=marks,
+        y_ticks=y_ticks,
+        x_ticks=x_ticks,
+        plot_left=left,
+        plot_right=right,
+        plot_top=top,
+        plot_bottom=bottom,
+    )

@@ -1,0 +1,310 @@
+"""Reads for the dashboard: session rows, the list's filters, the timeline, the chart's data.
+
+Shared by the views and the websocket consumers, so a pushed fragment and a rendered page are
+built from the same numbers.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from decimal import Decimal
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.core.paginator import Page, Paginator
+from django.db.models import Case, F, FloatField, Q, QuerySet, Value, When
+from django.db.models.fields.json import KT
+from django.db.models.functions import Cast, Coalesce
+
+from compaction_app.dashboard.chart import ChartCompaction, ChartEvent, Series, context_series
+from compaction_app.models import ACTIVE_STATUSES, CompactionRun, RunningSummary, RunStatus
+from compaction_app.selectors import runs_for_session
+from sessions_app.model_registry import estimate_cost_usd
+from sessions_app.models import MODEL_INVISIBLE_TYPES, Event, EventType, Session
+from sessions_app.selectors import counter_is_exact, sessions_visible_to, usage_for_session
+from sessions_app.session_settings import STRATEGY_NAMES
+
+PAGE_SIZE = 25
+TIMELINE_LIMIT = 200
+CONTENT_PREVIEW_CHARS = 4000
+# Bar colours of the issue: amber from 80 %, red from 95 % of the window.
+AMBER_PERCENT = 80.0
+RED_PERCENT = 95.0
+
+# ?sort= values → ordering; a leading "-" in the value reverses.
+SORTS: dict[str, tuple[str, ...]] = {
+    "updated": ("updated_at",),
+    "usage": ("usage_ratio", "updated_at"),
+    "title": ("title", "updated_at"),
+    "model": ("model", "updated_at"),
+    "events": ("event_count", "updated_at"),
+    "tokens": ("reported_total_tokens", "updated_at"),
+}
+DEFAULT_SORT = "-updated"
+
+
+def usage_level(percent: float) -> str:
+    """The bar colour class for a usage percentage."""
+    if percent >= RED_PERCENT:
+        return "crit"
+    if percent >= AMBER_PERCENT:
+        return "warn"
+    return "ok"
+
+
+def _cost(model: str, prompt: int, completion: int) -> Decimal | None:
+    if not prompt and not completion:
+        return None
+    return estimate_cost_usd(model, input_tokens=prompt, output_tokens=completion)
+
+
+@dataclass
+class SessionRow:
+    """One session as the list (and its websocket push) shows it."""
+
+    session: Session
+    percent: float
+    level: str
+    context_tokens: int
+    cost: Decimal | None
+    active_run: CompactionRun | None
+    last_compaction: Mapping[str, Any] | None
+
+    @property
+    def id(self) -> uuid.UUID:
+        return self.session.pk
+
+    @property
+    def bar_width(self) -> float:
+        return min(self.percent, 100.0)
+
+
+def session_row(*, session: Session, active_run: CompactionRun | None = None) -> SessionRow:
+    tokens = session.context_tokens
+    percent = round(100 * tokens / session.context_limit, 1) if session.context_limit else 0.0
+    return SessionRow(
+        session=session,
+        percent=percent,
+        level=usage_level(percent),
+        context_tokens=tokens,
+        cost=_cost(session.model, session.reported_prompt_tokens, session.reported_completion_tokens),
+        active_run=active_run,
+        last_compaction=session.last_compaction,
+    )
+
+
+def active_runs_by_session(session_ids: Iterable[Any]) -> dict[Any, CompactionRun]:
+    runs = CompactionRun.objects.filter(session_id__in=list(session_ids), status__in=ACTIVE_STATUSES)
+    return {run.session_id: run for run in runs}
+
+
+@dataclass(frozen=True)
+class ListFilters:
+    q: str = ""
+    model: str = ""
+    near: bool = False
+    sort: str = DEFAULT_SORT
+    page: int = 1
+
+    @classmethod
+    def from_query(cls, params: Mapping[str, str]) -> ListFilters:
+        sort = params.get("sort", DEFAULT_SORT) or DEFAULT_SORT
+        if sort.lstrip("-") not in SORTS:
+            sort = DEFAULT_SORT
+        try:
+            page = max(int(params.get("page", "1")), 1)
+        except ValueError:
+            page = 1
+        return cls(
+            q=params.get("q", "").strip()[:200],
+            model=params.get("model", "").strip()[:200],
+            near=params.get("near", "") in ("1", "on", "true"),
+            sort=sort,
+            page=page,
+        )
+
+    def query_string(self, **changes: Any) -> str:
+        """The list URL's query for these filters with `changes` applied (for links)."""
+        from urllib.parse import urlencode
+
+        values = {"q": self.q, "model": self.model, "near": "1" if self.near else "", "sort": self.sort, "page": self.page}
+        values.update(changes)
+        if values["sort"] == DEFAULT_SORT:
+            values["sort"] = ""
+        if values["page"] == 1:
+            values["page"] = ""
+        return urlencode({k: v for k, v in values.items() if v})
+
+
+def _with_usage(queryset: QuerySet[Session]) -> QuerySet[Session]:
+    # The same arithmetic as Session.context_tokens and usage_for_session, in SQL, so the list
+    # can sort and filter on it over every session.
+    context = Case(When(active_event_count=0, then=Value(0)), default=F("active_tokens") + 3)
+    return queryset.annotate(
+        usage_ratio=Cast(context, FloatField()) / Cast(F("context_limit"), FloatField()),
+        compact_threshold=Coalesce(
+            Cast(KT("settings__compactThreshold"), FloatField()), Value(0.8)
+        ),
+    )
+
+
+def sessions_page(*, user: AbstractBaseUser | AnonymousUser, filters: ListFilters) -> tuple[Page, list[SessionRow]]:
+    queryset = _with_usage(sessions_visible_to(user=user))
+    if filters.q:
+        queryset = queryset.filter(Q(title__icontains=filters.q) | Q(model__icontains=filters.q))
+    if filters.model:
+        queryset = queryset.filter(model=filters.model)
+    if filters.near:
+        # "Near its limit" is the session's own compact threshold, as the usage API says.
+        queryset = queryset.filter(usage_ratio__gte=F("compact_threshold"))
+    descending = filters.sort.startswith("-")
+    ordering = [("-" if descending else "") + name for name in SORTS[filters.sort.lstrip("-")]]
+    queryset = queryset.order_by(*ordering, "pk")
+    page = Paginator(queryset, PAGE_SIZE).get_page(filters.page)
+    sessions = list(page.object_list)
+    active = active_runs_by_session(s.pk for s in sessions)
+    rows = [session_row(session=s, active_run=active.get(s.pk)) for s in sessions]
+    return page, rows
+
+
+def models_in_use(*, user: AbstractBaseUser | AnonymousUser) -> list[str]:
+    return list(
+        sessions_visible_to(user=user).order_by("model").values_list("model", flat=True).distinct()
+    )
+
+
+# --- session page ----------------------------------------------------------------------------
+
+
+@dataclass
+class TimelineItem:
+    event: Event
+    children: list[TimelineItem] = field(default_factory=list)
+    run: CompactionRun | None = None
+
+    @property
+    def folded_count(self) -> int:
+        return len(self.children)
+
+    @property
+    def folded_tokens(self) -> int:
+        return sum(child.event.token_count for child in self.children)
+
+    @property
+    def content_preview(self) -> str:
+        return self.event.content[:CONTENT_PREVIEW_CHARS]
+
+    @property
+    def truncated(self) -> bool:
+        return len(self.event.content) > CONTENT_PREVIEW_CHARS
+
+    @property
+    def visible(self) -> bool:
+        event = self.event
+        if event.type in MODEL_INVISIBLE_TYPES or event.reverted:
+            return False
+        return not (event.type == EventType.COMPACTION and event.content == "")
+
+
+@dataclass
+class Timeline:
+    items: list[TimelineItem]
+    total_top_level: int
+    shown_all: bool
+
+
+def timeline(*, session: Session, show_all: bool = False) -> Timeline:
+    """Top-level events (not folded) newest-last, each COMPACTION with the events it folded
+    nested under it (recursively: an older summary folded by a newer one keeps its own)."""
+    top_qs = Event.objects.filter(session=session, compacted_by__isnull=True)
+    total = top_qs.count()
+    if show_all or total <= TIMELINE_LIMIT:
+        top = list(top_qs.order_by("seq"))
+    else:
+        top = list(reversed(top_qs.order_by("-seq")[:TIMELINE_LIMIT]))
+    items = [TimelineItem(event) for event in top]
+    runs = {
+        run.compaction_event_id: run
+        for run in CompactionRun.objects.filter(session=session, compaction_event__isnull=False)
+    }
+    frontier = [item for item in items if item.event.type == EventType.COMPACTION]
+    while frontier:
+        by_marker = {item.event.pk: item for item in frontier}
+        for item in frontier:
+            item.run = runs.get(item.event.pk)
+        children = Event.objects.filter(compacted_by_id__in=list(by_marker)).order_by("seq")
+        frontier = []
+        for child in children:
+            node = TimelineItem(child)
+            by_marker[child.compacted_by_id].children.append(node)
+            if child.type == EventType.COMPACTION:
+                frontier.append(node)
+    return Timeline(items=items, total_top_level=total, shown_all=show_all or total <= TIMELINE_LIMIT)
+
+
+def chart_series(*, session: Session) -> Series:
+    """The context-size history of the session (see chart.context_series)."""
+    rows = Event.objects.filter(session=session).order_by("seq").values_list(
+        "seq", "token_count", "type", "reverted"
+    )
+    events = [
+        ChartEvent(
+            seq=seq,
+            tokens=tokens,
+            visible=kind not in MODEL_INVISIBLE_TYPES and kind != EventType.COMPACTION and not reverted,
+        )
+        for seq, tokens, kind, reverted in rows
+    ]
+    compactions = []
+    runs = CompactionRun.objects.filter(
+        session=session, status=RunStatus.COMPLETED, reverted_at__isnull=True, compaction_event__isnull=False
+    ).select_related("compaction_event")
+    for run in runs:
+        seq = run.compaction_event.seq
+        compactions.append(
+            ChartCompaction(
+                seq=seq,
+                tokens_before=run.tokens_before or 0,
+                tokens_after=run.tokens_after or 0,
+                # A refresh run appends its CONTEXT_REFRESH right after its marker.
+                covers_through=seq + 1 if run.trigger == "refresh" else seq,
+                label=f"{run.strategy} ({run.trigger})",
+            )
+        )
+    return context_series(events=events, compactions=compactions)
+
+
+@dataclass
+class SessionView:
+    """Everything the session page's partials read."""
+
+    session: Session
+    usage: dict[str, Any]
+    row: SessionRow
+    runs: list[CompactionRun]
+    revertible_id: uuid.UUID | None
+    active_run: CompactionRun | None
+    summary: RunningSummary | None
+    strategies: tuple[str, ...] = STRATEGY_NAMES
+
+
+def session_view(*, session: Session) -> SessionView:
+    runs = list(runs_for_session(session=session).select_related("compaction_event")[:50])
+    active = next((run for run in runs if run.status in ACTIVE_STATUSES), None)
+    completed = [run for run in runs if run.status == RunStatus.COMPLETED and run.reverted_at is None]
+    latest = max(completed, key=lambda run: (run.finished_at, run.created_at), default=None)
+    return SessionView(
+        session=session,
+        usage=usage_for_session(session=session),
+        row=session_row(session=session, active_run=active),
+        runs=runs,
+        revertible_id=latest.pk if latest is not None and latest.compaction_event_id else None,
+        active_run=active,
+        summary=RunningSummary.objects.filter(session=session).exclude(summary="").first(),
+    )
+
+
+def is_exact(*, session: Session) -> bool:
+    return counter_is_exact(session=session)

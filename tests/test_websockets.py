@@ -1,0 +1,450 @@
+"""Websockets: authentication and authorisation of `/ws/sessions/` and `/ws/sessions/{id}/`,
+who receives which push, and the thread-safe in-memory channel layer.
+
+Runs on both profiles: the in-memory layer (no env) and channels_redis (`REDIS_URL`). On Redis
+other test processes may share the layer, so assertions about "nothing arrives" only look at
+messages about this test's sessions (session ids are UUIDs, user ids are not unique across
+test databases).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import pytest
+from asgiref.sync import async_to_sync, sync_to_async
+from channels.layers import get_channel_layer
+from channels.testing import WebsocketCommunicator
+from django.test import Client
+from rest_framework.authtoken.models import Token
+
+from compaction_app.broadcast import user_group
+from compaction_app.layers import ThreadSafeInMemoryChannelLayer
+from config.asgi import application
+
+ORIGIN = (b"origin", b"http://testserver")
+QUIET_SECONDS = 0.5  # how long "nothing arrives" is watched for
+
+
+def _communicator(path: str, *, token: str | None = None, cookie: str | None = None):
+    if token is not None:
+        path = f"{path}?token={token}"
+    headers = [ORIGIN]
+    if cookie is not None:
+        headers.append((b"cookie", cookie.encode()))
+    return WebsocketCommunicator(application, path, headers=headers)
+
+
+def _token(user) -> str:
+    return Token.objects.get_or_create(user=user)[0].key
+
+
+def _new_session(api, *, limit: int = 100_000) -> str:
+    response = api.post(
+        "/api/v1/sessions",
+        {
+            "model": "gpt-4o",
+            "contextLimit": limit,
+            "systemPrompt": "You are a coding agent.",
+            "settings": {"autoCompact": False},
+        },
+        format="json",
+    )
+    assert response.status_code == 201, response.json()
+    return response.json()["id"]
+
+
+def _turns(count: int) -> list[dict[str, Any]]:
+    events = []
+    for turn in range(count):
+        events += [
+            {"type": "USER_MESSAGE", "content": f"Please fix bug {turn} in src/module_{turn}.py"},
+            {
+                "type": "TOOL_CALL",
+                "name": "read_file",
+                "toolCallId": f"c{turn}",
+                "content": f'{{"path": "src/module_{turn}.py"}}',
+            },
+            {
+                "type": "TOOL_RESULT",
+                "toolCallId": f"c{turn}",
+                "name": "read_file",
+                "content": "def f():\n    return 1\n" * 20,
+            },
+            {
+                "type": "AGENT_MESSAGE",
+                "content": f"Fixed bug {turn}: KeyError in handler_{turn}. Used a dict lookup.",
+            },
+        ]
+    return events
+
+
+def _append(api, session_id: str, events: Any):
+    response = api.post(f"/api/v1/sessions/{session_id}/events", events, format="json")
+    assert response.status_code == 201, response.json()
+    return response.json()
+
+
+def _grown_session(api) -> str:
+    session_id = _new_session(api, limit=4000)
+    _append(api, session_id, _turns(12))
+    return session_id
+
+
+async def _close_code(communicator: WebsocketCommunicator) -> int | None:
+    """The code the server closed with; consumers accept first so browsers see it."""
+    connected, _ = await communicator.connect(timeout=5)
+    assert connected, "refusals accept first, then close with a code"
+    output = await communicator.receive_output(timeout=5)
+    assert output["type"] == "websocket.close", output
+    return output.get("code")
+
+
+async def _connected(communicator: WebsocketCommunicator) -> bool:
+    connected, _ = await communicator.connect(timeout=5)
+    if not connected:
+        return False
+    # Still open: a ping is answered (a refused connection would have closed instead).
+    await communicator.send_json_to({"type": "ping"})
+    return await communicator.receive_json_from(timeout=5) == {"type": "pong"}
+
+
+async def _receive_until(communicator, wanted: str, *, session_id: str, timeout: float = 20):
+    while True:
+        message = await communicator.receive_json_from(timeout=timeout)
+        if message["type"] == wanted and message.get("sessionId") == session_id:
+            return message
+
+
+async def _drain(communicator, *, seconds: float = QUIET_SECONDS) -> list[dict[str, Any]]:
+    """Every message that arrives within `seconds`."""
+    messages = []
+    deadline = time.monotonic() + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            messages.append(await communicator.receive_json_from(timeout=left))
+        except TimeoutError:
+            break
+    return messages
+
+
+def _about(messages: list[dict[str, Any]], *session_ids: str) -> list[dict[str, Any]]:
+    return [m for m in messages if m.get("sessionId") in session_ids]
+
+
+# --- authentication and authorisation ----------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_it_closes_an_anonymous_connection_with_4401(alice, alice_api):
+    session_id = _new_session(alice_api)
+
+    async def scenario():
+        return (
+            await _close_code(_communicator("/ws/sessions/")),
+            await _close_code(_communicator(f"/ws/sessions/{session_id}/")),
+        )
+
+    assert async_to_sync(scenario)() == (4401, 4401)
+
+
+@pytest.mark.django_db
+def test_it_closes_a_connection_with_a_bad_token_with_4401(alice, alice_api):
+    session_id = _new_session(alice_api)
+
+    async def scenario():
+        return (
+            await _close_code(_communicator("/ws/sessions/", token="not-a-token")),
+            await _close_code(_communicator(f"/ws/sessions/{session_id}/", token="0" * 40)),
+        )
+
+    assert async_to_sync(scenario)() == (4401, 4401)
+
+
+@pytest.mark.django_db
+def test_it_closes_another_users_session_with_4403(alice, bob, alice_api):
+    session_id = _new_session(alice_api)
+    bob_token = _token(bob)
+
+    async def scenario():
+        return await _close_code(_communicator(f"/ws/sessions/{session_id}/", token=bob_token))
+
+    assert async_to_sync(scenario)() == 4403
+
+
+@pytest.mark.django_db
+def test_it_closes_an_unknown_session_with_4403(alice):
+    token = _token(alice)
+
+    async def scenario():
+        return await _close_code(
+            _communicator("/ws/sessions/00000000-0000-4000-8000-000000000000/", token=token)
+        )
+
+    assert async_to_sync(scenario)() == 4403
+
+
+@pytest.mark.django_db
+def test_it_connects_the_owner_with_a_token(alice, alice_api):
+    session_id = _new_session(alice_api)
+    token = _token(alice)
+
+    async def scenario():
+        results = []
+        for path in ("/ws/sessions/", f"/ws/sessions/{session_id}/"):
+            communicator = _communicator(path, token=token)
+            results.append(await _connected(communicator))
+            await communicator.disconnect()
+        return results
+
+    assert async_to_sync(scenario)() == [True, True]
+
+
+@pytest.mark.django_db
+def test_it_connects_the_owner_with_the_dashboard_session_cookie(alice, alice_api):
+    session_id = _new_session(alice_api)
+    browser = Client()
+    assert browser.login(username="alice", password="pw-alice")
+    cookie = f"sessionid={browser.cookies['sessionid'].value}"
+
+    async def scenario():
+        results = []
+        for path in ("/ws/sessions/", f"/ws/sessions/{session_id}/"):
+            communicator = _communicator(path, cookie=cookie)
+            results.append(await _connected(communicator))
+            await communicator.disconnect()
+        return results
+
+    assert async_to_sync(scenario)() == [True, True]
+
+
+@pytest.mark.django_db
+def test_it_prefers_a_bad_token_over_a_good_cookie_and_refuses(alice, alice_api):
+    # A client that sends a token means that identity; a wrong one must not fall back silently.
+    session_id = _new_session(alice_api)
+    browser = Client()
+    browser.force_login(alice)
+    cookie = f"sessionid={browser.cookies['sessionid'].value}"
+
+    async def scenario():
+        return await _close_code(
+            _communicator(f"/ws/sessions/{session_id}/", token="wrong", cookie=cookie)
+        )
+
+    assert async_to_sync(scenario)() == 4401
+
+
+@pytest.mark.django_db
+def test_it_connects_staff_to_any_session(alice, staff, alice_api):
+    session_id = _new_session(alice_api)
+    token = _token(staff)
+
+    async def scenario():
+        communicator = _communicator(f"/ws/sessions/{session_id}/", token=token)
+        connected = await _connected(communicator)
+        await communicator.disconnect()
+        return connected
+
+    assert async_to_sync(scenario)() is True
+
+
+# --- who receives what ---------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_pushes_usage_to_the_owner_and_staff_but_never_to_another_user(
+    alice, bob, staff, alice_api, bob_api
+):
+    alice_session = _new_session(alice_api)
+    bob_session = _new_session(bob_api)
+    tokens = {
+        name: _token(user) for name, user in (("alice", alice), ("bob", bob), ("staff", staff))
+    }
+
+    async def scenario():
+        feeds = {name: _communicator("/ws/sessions/", token=key) for name, key in tokens.items()}
+        for feed in feeds.values():
+            assert await _connected(feed)
+
+        await sync_to_async(_append)(
+            alice_api, alice_session, {"type": "USER_MESSAGE", "content": "hi"}
+        )
+        to_alice = await _receive_until(feeds["alice"], "USAGE_UPDATED", session_id=alice_session)
+        to_staff = await _receive_until(feeds["staff"], "USAGE_UPDATED", session_id=alice_session)
+        bob_saw = _about(await _drain(feeds["bob"]), alice_session)
+
+        await sync_to_async(_append)(
+            bob_api, bob_session, {"type": "USER_MESSAGE", "content": "yo"}
+        )
+        to_bob = await _receive_until(feeds["bob"], "USAGE_UPDATED", session_id=bob_session)
+        staff_bob = await _receive_until(feeds["staff"], "USAGE_UPDATED", session_id=bob_session)
+        alice_saw = _about(await _drain(feeds["alice"]), bob_session)
+
+        for feed in feeds.values():
+            await feed.disconnect()
+        return to_alice, to_staff, bob_saw, to_bob, staff_bob, alice_saw
+
+    to_alice, to_staff, bob_saw, to_bob, staff_bob, alice_saw = async_to_sync(scenario)()
+    assert to_alice == to_staff
+    assert to_bob == staff_bob
+    assert bob_saw == []
+    assert alice_saw == []
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_pushes_usage_once_per_append_request_equal_to_the_usage_endpoint(alice, alice_api):
+    session_id = _new_session(alice_api)
+    token = _token(alice)
+    bulk = [{"type": "USER_MESSAGE", "content": f"message {i}"} for i in range(10)]
+
+    async def scenario():
+        communicator = _communicator(f"/ws/sessions/{session_id}/", token=token)
+        assert await _connected(communicator)
+        stored = await sync_to_async(_append)(alice_api, session_id, bulk)
+        after_bulk = _about(await _drain(communicator, seconds=1.0), session_id)
+        usage = (await sync_to_async(alice_api.get)(f"/api/v1/sessions/{session_id}/usage")).json()
+        await sync_to_async(_append)(
+            alice_api, session_id, {"type": "AGENT_MESSAGE", "content": "ok"}
+        )
+        after_single = _about(await _drain(communicator, seconds=1.0), session_id)
+        await communicator.disconnect()
+        return stored, after_bulk, usage, after_single
+
+    stored, after_bulk, usage, after_single = async_to_sync(scenario)()
+    assert len(stored) == 10
+    assert [m["type"] for m in after_bulk] == ["USAGE_UPDATED"]
+    assert after_bulk[0]["usage"] == usage
+    assert after_bulk[0]["sessionId"] == session_id
+    assert [m["type"] for m in after_single] == ["USAGE_UPDATED"]
+    assert after_single[0]["usage"]["contextTokens"] > usage["contextTokens"]
+
+
+# --- compaction pushes ---------------------------------------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_pushes_compaction_start_then_complete_to_the_session_feed(worker, alice, alice_api):
+    session_id = _grown_session(alice_api)
+    token = _token(alice)
+
+    async def scenario():
+        feed = _communicator(f"/ws/sessions/{session_id}/", token=token)
+        assert await _connected(feed)
+        response = await sync_to_async(alice_api.post)(
+            f"/api/v1/sessions/{session_id}/compactions", {"strategy": "summarize"}, format="json"
+        )
+        assert response.status_code == 202, response.json()
+        pushed = []
+        while not pushed or pushed[-1]["type"] != "USAGE_UPDATED":
+            message = await feed.receive_json_from(timeout=20)
+            if message.get("sessionId") == session_id:
+                pushed.append(message)
+        await feed.disconnect()
+        return response.json(), pushed
+
+    run, pushed = async_to_sync(scenario)()
+    assert [m["type"] for m in pushed] == [
+        "COMPACTION_START",
+        "COMPACTION_COMPLETE",
+        "USAGE_UPDATED",
+    ]
+    start, complete, usage = pushed
+    assert start["compactionId"] == complete["compactionId"] == run["id"]
+    assert start["strategy"] == "summarize" and start["trigger"] == "manual"
+    assert complete["success"] is True and complete["error"] is None
+    assert complete["tokensAfter"] < complete["tokensBefore"]
+    assert complete["eventsAfter"] < complete["eventsBefore"]
+    assert complete["message"].startswith("Compaction complete! Reduced from ")
+    assert usage["usage"]["contextTokens"] == complete["tokensAfter"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_pushes_a_failed_completion_when_the_summarizer_fails(
+    worker, alice, alice_api, settings
+):
+    settings.OPENAI_API_KEY = ""
+    settings.OPENAI_BASE_URL = ""
+    session_id = _grown_session(alice_api)
+    before = alice_api.get(f"/api/v1/sessions/{session_id}/usage").json()
+    token = _token(alice)
+
+    async def scenario():
+        feed = _communicator(f"/ws/sessions/{session_id}/", token=token)
+        assert await _connected(feed)
+        response = await sync_to_async(alice_api.post)(
+            f"/api/v1/sessions/{session_id}/compactions",
+            {"strategy": "summarize", "summarizer": "openai"},
+            format="json",
+        )
+        assert response.status_code == 202, response.json()
+        start = await _receive_until(feed, "COMPACTION_START", session_id=session_id)
+        complete = await _receive_until(feed, "COMPACTION_COMPLETE", session_id=session_id)
+        await feed.disconnect()
+        return response.json(), start, complete
+
+    run, start, complete = async_to_sync(scenario)()
+    assert start["compactionId"] == complete["compactionId"] == run["id"]
+    assert complete["success"] is False
+    assert complete["error"] and "no API key" in complete["error"]
+    assert complete["message"].startswith("Compaction failed:")
+    assert alice_api.get(f"/api/v1/compactions/{run['id']}").json()["status"] == "failed"
+    after = alice_api.get(f"/api/v1/sessions/{session_id}/usage").json()
+    assert after["contextTokens"] == before["contextTokens"]
+
+
+# --- the thread-safe in-memory layer -------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_it_delivers_a_group_send_from_another_threads_loop_promptly(alice):
+    layer = get_channel_layer()
+    if not isinstance(layer, ThreadSafeInMemoryChannelLayer):
+        pytest.skip("only the embedded profile's in-memory layer needs to cross event loops")
+    token = _token(alice)
+    message = {"type": "ledger.message", "message": {"type": "PING", "sessionId": "x"}}
+
+    def send_from_worker_thread() -> None:
+        # What a Celery worker thread does: async_to_sync runs the send in its own fresh loop.
+        asyncio.run(layer.group_send(user_group(alice.pk), message))
+
+    async def scenario():
+        feed = _communicator("/ws/sessions/", token=token)
+        assert await _connected(feed)  # the consumer now waits on its channel in this loop
+        started = time.monotonic()
+        thread = threading.Thread(target=send_from_worker_thread)
+        thread.start()
+        received = await feed.receive_json_from(timeout=5)
+        elapsed = time.monotonic() - started
+        thread.join(timeout=5)
+        await feed.disconnect()
+        return received, elapsed
+
+    received, elapsed = async_to_sync(scenario)()
+    assert received == {"type": "PING", "sessionId": "x"}
+    assert elapsed < 1.0
+
+
+def test_it_wakes_a_receiver_in_another_loop_without_a_consumer():
+    layer = ThreadSafeInMemoryChannelLayer()
+
+    async def scenario():
+        channel = await layer.new_channel()
+        await layer.group_add("ledger.test", channel)
+        receiving = asyncio.ensure_future(layer.receive(channel))
+        await asyncio.sleep(0)  # let the receiver start waiting in this loop
+        started = time.monotonic()
+        thread = threading.Thread(
+            target=lambda: asyncio.run(layer.group_send("ledger.test", {"type": "x.y", "n": 1}))
+        )
+        thread.start()
+        message = await asyncio.wait_for(receiving, timeout=5)
+        elapsed = time.monotonic() - started
+        thread.join(timeout=5)
+        return message, elapsed
+
+    message, elapsed = asyncio.run(scenario())
+    assert message == {"type": "x.y", "n": 1}
+    assert elapsed < 1.0
