@@ -15,6 +15,7 @@ Prints a Markdown table.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import sys
@@ -128,10 +129,17 @@ def exact_langchain_counter(enc: Any) -> Callable[[list[BaseMessage]], int]:
 
 def median_time(fn: Callable[[], Any], repeats: int) -> tuple[float, Any]:
     times, result = [], None
-    for _ in range(repeats):
-        started = time.perf_counter()
-        result = fn()
-        times.append(time.perf_counter() - started)
+    # Same conditions for every contender: collect once up front (a collection right before
+    # each run would leave the CPU caches cold), then no collector pause inside the series.
+    gc.collect()
+    gc.disable()
+    try:
+        for _ in range(repeats):
+            started = time.perf_counter()
+            result = fn()
+            times.append(time.perf_counter() - started)
+    finally:
+        gc.enable()
     return statistics.median(times), result
 
 
@@ -174,7 +182,7 @@ def run(*, repeats: int, turns: int, seed: int) -> str:
         budget = Budget(context_limit=WINDOW, target_tokens=target)
         ours_time, plan = median_time(
             partial(plan_compaction, strategy="trim", events=events, budget=budget),
-            max(repeats * 10, 20),
+            max(repeats * 20, 50),
         )
         folded = set(plan.fold_ids)
         kept_ours = [m for m, e in zip(messages, events, strict=True) if e.id not in folded]
@@ -212,7 +220,7 @@ def run(*, repeats: int, turns: int, seed: int) -> str:
             )
     header = (
         f"Session: {len(messages):,} messages, {total:,} tokens (o200k_base, exact), "
-        f"window {WINDOW:,}; timings are medians ({max(repeats * 10, 20)} runs ours, "
+        f"window {WINDOW:,}; timings are medians ({max(repeats * 20, 50)} runs ours, "
         f"{repeats} runs each peer), same process.\n"
     )
     return header + "\n" + "\n".join(rows)

@@ -2,15 +2,20 @@
 
 Channels' InMemoryChannelLayer keeps asyncio queues bound to the event loop of the consumer
 that reads them. In the embedded profile the Celery worker is a thread with its own loop, so
-a plain `put` from there would not wake the server's loop. This layer hands each send to the
-loop that is receiving on the channel.
+a plain `put` from there would not wake the server's loop (the message would sit until the
+loop woke for some other reason). This layer hands each send to the loop that is receiving on
+the channel, and guards the group bookkeeping with a lock because two threads now touch it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
+import time
 from typing import Any
 
+from channels.exceptions import ChannelFull
 from channels.layers import InMemoryChannelLayer
 
 
@@ -18,6 +23,8 @@ class ThreadSafeInMemoryChannelLayer(InMemoryChannelLayer):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._receiver_loops: dict[str, asyncio.AbstractEventLoop] = {}
+        # Re-entrant: _clean_expired calls _remove_from_groups.
+        self._lock = threading.RLock()
 
     async def receive(self, channel: str) -> Any:
         self._receiver_loops[channel] = asyncio.get_running_loop()
@@ -32,6 +39,51 @@ class ThreadSafeInMemoryChannelLayer(InMemoryChannelLayer):
         future = asyncio.run_coroutine_threadsafe(super().send(channel, message), loop)
         await asyncio.wrap_future(future)
 
+    # Group bookkeeping is iterated by one thread while another may add to it ("dictionary
+    # changed size during iteration"), so every read-modify of `groups` holds the lock. None
+    # of these await while holding it.
+
+    def _clean_expired(self) -> None:
+        with self._lock:
+            super()._clean_expired()
+
     def _remove_from_groups(self, channel: str) -> None:
-        self._receiver_loops.pop(channel, None)
-        super()._remove_from_groups(channel)
+        with self._lock:
+            self._receiver_loops.pop(channel, None)
+            super()._remove_from_groups(channel)
+
+    async def group_add(self, group: str, channel: str) -> None:
+        self.require_valid_group_name(group)
+        self.require_valid_channel_name(channel)
+        with self._lock:
+            self.groups.setdefault(group, {})[channel] = time.time()
+
+    async def group_discard(self, group: str, channel: str) -> None:
+        self.require_valid_channel_name(channel)
+        self.require_valid_group_name(group)
+        with self._lock:
+            members = self.groups.get(group)
+            if members:
+                members.pop(channel, None)
+                if not members:
+                    self.groups.pop(group, None)
+            # A consumer leaves its groups when it disconnects; forget its loop then, or the
+            # map grows by one entry per connection for the life of the server.
+            if not any(channel in m for m in self.groups.values()):
+                self._receiver_loops.pop(channel, None)
+
+    async def group_send(self, group: str, message: dict[str, Any]) -> None:
+        assert isinstance(message, dict), "Message is not a dict"
+        self.require_valid_group_name(group)
+        self._clean_expired()
+        with self._lock:
+            channels = list(self.groups.get(group, {}))
+        for channel in channels:
+            with contextlib.suppress(ChannelFull):
+                await self.send(channel, message)
+
+    async def flush(self) -> None:
+        with self._lock:
+            self._receiver_loops.clear()
+            self.channels.clear()
+            self.groups.clear()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from django.dispatch import receiver
@@ -18,6 +19,8 @@ from sessions_app.signals import (
     session_compaction_requested,
 )
 
+logger = logging.getLogger("compaction_app")
+
 _INTERNAL_TYPES = {EventType.COMPACTION, EventType.CONTEXT_REFRESH}
 
 
@@ -25,11 +28,16 @@ _INTERNAL_TYPES = {EventType.COMPACTION, EventType.CONTEXT_REFRESH}
 def on_events_appended(
     sender: Any, *, session_id: Any, event_ids: list[Any], **kwargs: Any
 ) -> None:
-    types = set(Event.objects.filter(pk__in=event_ids).values_list("type", flat=True))
-    if types and types <= _INTERNAL_TYPES:
-        return  # appended by a compaction run, which announces its own usage
-    session = Session.objects.get(pk=session_id)
-    services._broadcast_usage(session)
+    # This runs after the append committed, still inside the client's request: whatever
+    # goes wrong here is logged, never turned into an error for an append that succeeded.
+    try:
+        types = set(Event.objects.filter(pk__in=event_ids).values_list("type", flat=True))
+        if types and types <= _INTERNAL_TYPES:
+            return  # appended by a compaction run, which announces its own usage
+        session = Session.objects.get(pk=session_id)
+        services._broadcast_usage(session)
+    except Exception:
+        logger.exception("usage broadcast after an append failed for session %s", session_id)
     services.maybe_auto_compact(session_id=session_id)
 
 

@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import logging
 import uuid
-from datetime import timedelta
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import IntegrityError, transaction
-from django.db.models import Count, Q, Sum
+from django.db.models import Count, F, Q, Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -92,11 +92,17 @@ def _check_choice(value: str | None, choices: Sequence[str], field: str) -> None
 
 
 def compaction_plan(
-    *, session: Session, strategy: str | None = None, target_ratio: float | None = None
+    *,
+    session: Session,
+    strategy: str | None = None,
+    summarizer: str | None = None,
+    target_ratio: float | None = None,
 ) -> DryRun:
-    """What a run would do now, changing nothing (the API's dryRun)."""
+    """What a run would do now, changing nothing (the API's dryRun). Refuses the same bad
+    input as a real request would."""
     strategy = strategy or session.settings.get("strategy", "summarize")
     _check_choice(strategy, STRATEGY_NAMES, "strategy")
+    _check_choice(summarizer, SUMMARIZER_NAMES, "summarizer")
     counter = tokens.counter_for_model(session.model)
     plan = plan_compaction(
         strategy=strategy,
@@ -144,10 +150,25 @@ def compaction_request(
             compactionId=str(active.id) if active else None,
         ) from None
     if enqueue:
-        from compaction_app.tasks import run_compaction
-
-        run_compaction.delay_on_commit(str(run.id))
+        run_id = run.pk
+        transaction.on_commit(lambda: _enqueue(run_id))
     return run
+
+
+def _enqueue(run_id: uuid.UUID) -> None:
+    """Send the run's task. If the broker refuses, fail the run: a pending run nobody will
+    execute would block every later compaction of the session with a 409."""
+    from compaction_app.tasks import run_compaction
+
+    try:
+        run_compaction.delay(str(run_id))
+    except Exception as exc:
+        logger.exception("could not queue compaction %s", run_id)
+        CompactionRun.objects.filter(pk=run_id, status=RunStatus.PENDING).update(
+            status=RunStatus.FAILED,
+            error=f"could not queue the compaction: {exc.__class__.__name__}: {exc}"[:2000],
+            finished_at=timezone.now(),
+        )
 
 
 def _running_summary(session: Session) -> RunningSummary:
@@ -244,10 +265,14 @@ def compaction_execute(*, run_id: uuid.UUID | str, final_attempt: bool = True) -
 
 
 def _fail(run: CompactionRun, error: str) -> CompactionRun:
-    CompactionRun.objects.filter(pk=run.pk).update(
+    # Only a run still running fails: a duplicate delivery that errors must not turn the
+    # other delivery's completed run into a failed one.
+    failed = CompactionRun.objects.filter(pk=run.pk, status=RunStatus.RUNNING).update(
         status=RunStatus.FAILED, error=error[:2000], finished_at=timezone.now()
     )
     run.refresh_from_db()
+    if not failed:
+        return run
     session = run.session
     session_record_compaction(session_id=session.pk, snapshot=run_snapshot(run))
     broadcast.broadcast(
@@ -296,10 +321,32 @@ def _execute(run: CompactionRun) -> CompactionRun:
         memory_flush.send(sender=CompactionRun, session_id=session.pk, run_id=run.pk, events=folded)
         from compaction_app.tasks import memory_flush_webhook
 
-        memory_flush_webhook.delay_on_commit(str(run.pk), [str(e.pk) for e in folded])
+        try:
+            memory_flush_webhook.delay_on_commit(str(run.pk), [str(e.pk) for e in folded])
+        except Exception:
+            # The flush must never hold up or fail the run it reports on.
+            logger.exception("could not queue the memory_flush webhook for run %s", run.pk)
 
     with transaction.atomic():
         locked = Session.objects.select_for_update().get(pk=session.pk)
+        # acks_late may deliver the task twice; whichever delivery gets here second finds the
+        # run finished and applies nothing (same lock order as revert: session, then run).
+        current_run = CompactionRun.objects.select_for_update().get(pk=run.pk)
+        if current_run.status != RunStatus.RUNNING:
+            return current_run
+        if plan.is_empty and run.trigger != Trigger.REFRESH:
+            # Nothing to fold: no COMPACTION event, so a no-op run (e.g. /context at the hard
+            # limit with only must-keep events) leaves the ledger as it was.
+            return _complete(
+                run,
+                session=locked,
+                tokens_before=tokens_before,
+                events_before=events_before,
+                marker=None,
+                folded_count=0,
+                previous=None,
+                summary_tokens=None,
+            )
         # Re-check the plan against the events now: anything pinned or folded since planning
         # stays, together with its tool-call partners.
         current = {e.pk: e for e in Event.objects.filter(pk__in=fold_ids).select_for_update()}
@@ -351,7 +398,9 @@ def _execute(run: CompactionRun) -> CompactionRun:
             ]
             if folded_messages:
                 running.last_summarized_message_id = folded_messages[-1].pk
-            running.token_count = marker.token_count
+            # The summary's own size (what maxSummaryTokens bounds); the COMPACTION event's
+            # tokenCount adds the message framing.
+            running.token_count = counter.count(summary_text)
             running.save()
         if run.trigger == Trigger.REFRESH:
             event_append(
@@ -364,25 +413,56 @@ def _execute(run: CompactionRun) -> CompactionRun:
                     )
                 ],
             )
-        locked = _refresh_active_counters(locked.pk)
-        run.status = RunStatus.COMPLETED
-        run.tokens_before = tokens_before
-        run.tokens_after = locked.context_tokens
-        run.events_before = events_before
-        run.events_after = locked.active_event_count
-        run.summary_tokens = marker.token_count if plan.needs_summary else None
-        run.folded_count = len(final_ids) + len(plan.cleared)
-        run.compaction_event = marker
-        run.previous_summary = previous
-        run.finished_at = timezone.now()
-        run.save()
-        session_record_compaction(session_id=locked.pk, snapshot=run_snapshot(run))
+        return _complete(
+            run,
+            session=locked,
+            tokens_before=tokens_before,
+            events_before=events_before,
+            marker=marker,
+            folded_count=len(final_ids) + len(plan.cleared),
+            previous=previous,
+            summary_tokens=marker.token_count if plan.needs_summary else None,
+        )
+
+
+def _complete(
+    run: CompactionRun,
+    *,
+    session: Session,
+    tokens_before: int,
+    events_before: int,
+    marker: Event | None,
+    folded_count: int,
+    previous: dict[str, Any] | None,
+    summary_tokens: int | None,
+) -> CompactionRun:
+    """Finish a run inside the apply transaction (the caller holds the session lock)."""
+    locked = _refresh_active_counters(session.pk)
+    run.status = RunStatus.COMPLETED
+    run.tokens_before = tokens_before
+    run.tokens_after = locked.context_tokens
+    run.events_before = events_before
+    run.events_after = locked.active_event_count
+    run.summary_tokens = summary_tokens
+    run.folded_count = folded_count
+    run.compaction_event = marker
+    run.previous_summary = previous
+    run.finished_at = timezone.now()
+    run.save()
+    session_record_compaction(session_id=locked.pk, snapshot=run_snapshot(run))
+    counts = {"originalTokenCount": tokens_before, "compressedTokenCount": run.tokens_after}
+    run_id, session_id = run.pk, locked.pk
+
+    def after_commit() -> None:
+        # Logged once the run is durable; the counts ride along as fields for JSON logging.
         audit.info(
             "context:compressed %s",
-            {"originalTokenCount": tokens_before, "compressedTokenCount": run.tokens_after},
-            extra={"session_id": str(locked.pk), "compaction_id": str(run.pk)},
+            counts,
+            extra={"session_id": str(session_id), "compaction_id": str(run_id), **counts},
         )
-        transaction.on_commit(lambda: _announce_complete(run.pk))
+        _announce_complete(run_id)
+
+    transaction.on_commit(after_commit)
     return run
 
 
@@ -438,8 +518,12 @@ def compaction_revert(*, run: CompactionRun) -> CompactionRun:
         locked = Session.objects.select_for_update().get(pk=run.session_id)
         run = CompactionRun.objects.select_for_update().get(pk=run.pk)
         latest = (
+            # A run that folded nothing has no COMPACTION event and nothing to undo.
             CompactionRun.objects.filter(
-                session=locked, status=RunStatus.COMPLETED, reverted_at__isnull=True
+                session=locked,
+                status=RunStatus.COMPLETED,
+                reverted_at__isnull=True,
+                compaction_event__isnull=False,
             )
             .order_by("-finished_at", "-created_at")
             .first()
@@ -500,8 +584,13 @@ def maybe_auto_compact(*, session_id: uuid.UUID) -> CompactionRun | None:
                 try:
                     return compaction_request(session=session, user=None, trigger=Trigger.REFRESH)
                 except Conflict:
+                    # Postponed, not lost: give the tokens back so the next append after the
+                    # active run retries the refresh.
+                    Session.objects.filter(pk=session_id).update(
+                        cumulative_tokens=F("cumulative_tokens") + session.cumulative_tokens
+                    )
                     logger.info(
-                        "refresh for %s skipped: a compaction is already active", session_id
+                        "refresh for %s postponed: a compaction is already active", session_id
                     )
                     return None
         if not settings.get("autoCompact", True) or not session.context_limit:

@@ -14,7 +14,7 @@ Context cost = sum of message costs + 3 (reply primer) when any message remains,
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
 from .types import (
@@ -93,19 +93,15 @@ def _cost_of(total: int, count: int) -> int:
 class _Unit:
     """Events that fold together: one event, or a tool call with its results."""
 
-    __slots__ = ("events", "cost", "first_seq", "locked")
+    __slots__ = ("events", "cost", "locked")
 
-    def __init__(self) -> None:
-        self.events: list[PlanEvent] = []
-        self.cost = 0
-        self.first_seq = 0
-        self.locked = False  # contains something that must never be folded
-
-    def add(self, event: PlanEvent) -> None:
-        if not self.events:
-            self.first_seq = event.seq
-        self.events.append(event)
-        self.cost += event.token_count
+    def __init__(self, events: list[PlanEvent], *, latest_user: str | None) -> None:
+        self.events = events
+        self.cost = sum(e.token_count for e in events)
+        # Contains something that must never be folded.
+        self.locked = any(
+            e.pinned or e.type == SYSTEM_PROMPT or e.id == latest_user for e in events
+        )
 
     @property
     def ids(self) -> list[str]:
@@ -123,30 +119,30 @@ def _latest_user_id(events: Sequence[PlanEvent]) -> str | None:
     return None
 
 
-def _units(events: Sequence[PlanEvent]) -> list[_Unit]:
-    """Group events into fold units, in order of their first event.
+def _units(events: Sequence[PlanEvent]) -> Iterator[_Unit]:
+    """Fold units, lazily, in order of their first event.
 
     A TOOL_CALL and its TOOL_RESULTs share a unit; a result whose call is no longer in the
     context (folded earlier) stands alone. System prompts, the latest user message and pinned
-    events lock their unit.
+    events lock their unit. Lazy so that trim, which usually stops early, builds few units.
     """
     latest_user = _latest_user_id(events)
     call_ids = {e.tool_call_id for e in events if e.type == TOOL_CALL and e.tool_call_id}
-    by_call: dict[str, _Unit] = {}
-    units: list[_Unit] = []
+    groups: dict[str, list[PlanEvent]] = {}
+    if call_ids:
+        for event in events:
+            if event.tool_call_id in call_ids and event.type in (TOOL_CALL, TOOL_RESULT):
+                groups.setdefault(event.tool_call_id, []).append(event)
+    emitted: set[str] = set()
     for event in events:
         key = event.tool_call_id
-        grouped = event.type in (TOOL_CALL, TOOL_RESULT) and key in call_ids
-        unit = by_call.get(key) if grouped else None
-        if unit is None:
-            unit = _Unit()
-            units.append(unit)
-            if grouped:
-                by_call[key] = unit
-        unit.add(event)
-        if event.pinned or event.type == SYSTEM_PROMPT or event.id == latest_user:
-            unit.locked = True
-    return units
+        if key in groups and event.type in (TOOL_CALL, TOOL_RESULT):
+            if key in emitted:
+                continue
+            emitted.add(key)
+            yield _Unit(groups[key], latest_user=latest_user)
+        else:
+            yield _Unit([event], latest_user=latest_user)
 
 
 def _sorted(events: Sequence[PlanEvent]) -> list[PlanEvent]:
@@ -246,7 +242,7 @@ def summarize(
     del count_tokens
     events = _sorted(events)
     reserve = max(budget.max_summary_tokens, 0) + SUMMARY_MESSAGE_OVERHEAD
-    units = _units(events)
+    units = list(_units(events))
 
     # Agent / tool units, newest first, split into "recent" (kept) and "old" (folded).
     def is_agent_unit(unit: _Unit) -> bool:

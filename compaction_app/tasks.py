@@ -3,46 +3,51 @@
 from __future__ import annotations
 
 import logging
+import random
 
 import httpx
 from celery import shared_task
 from django.conf import settings
 
+from compaction_app.models import CompactionRun
 from compaction_app.services import TransientCompactionError, compaction_execute
 
 logger = logging.getLogger("compaction_app.tasks")
 
 
-@shared_task(
-    bind=True,
-    acks_late=True,
-    autoretry_for=(TransientCompactionError,),
-    retry_backoff=2,
-    retry_backoff_max=60,
-    retry_jitter=True,
-    max_retries=3,
-)
-def run_compaction(self, run_id: str) -> str:  # type: ignore[no-untyped-def]
-    """Execute one compaction run; safe to deliver twice (a finished run is left alone)."""
-    from compaction_app.models import CompactionRun
+def retry_countdown(retries: int, *, cap: float) -> float:
+    """Exponential backoff with jitter: base × 2^retries, capped, drawn from [half, full].
 
+    The base comes from `COMPACTION_RETRY_BACKOFF_SECONDS` (default 2 s) so tests and
+    impatient deployments can shorten it without touching the task definitions."""
+    base = float(settings.COMPACTION_RETRY_BACKOFF_SECONDS)
+    delay = min(base * (2**retries), cap)
+    return random.uniform(delay / 2, delay)  # noqa: S311 - jitter, not cryptography
+
+
+@shared_task(bind=True, acks_late=True, max_retries=3)
+def run_compaction(self, run_id: str) -> str:  # type: ignore[no-untyped-def]
+    """Execute one compaction run; safe to deliver twice (a finished run is left alone).
+    Transient provider errors are retried; the last attempt fails the run cleanly."""
+    final_attempt = self.request.retries >= self.max_retries
     try:
-        run = compaction_execute(run_id=run_id, final_attempt=self.request.retries >= self.max_retries)
+        run = compaction_execute(run_id=run_id, final_attempt=final_attempt)
     except CompactionRun.DoesNotExist:
-        # The session (and its runs) was deleted before the task ran: nothing to do.
-        logger.info("compaction %s no longer exists", run_id)
+        # Its session was deleted since (or the message outlived its database): nothing to do.
+        logger.warning("compaction %s no longer exists; task dropped", run_id)
         return "missing"
+    except TransientCompactionError as exc:
+        logger.warning(
+            "compaction %s: transient failure (attempt %s), retrying: %s",
+            run_id,
+            self.request.retries + 1,
+            exc,
+        )
+        raise self.retry(exc=exc, countdown=retry_countdown(self.request.retries, cap=60)) from exc
     return str(run.status)
 
 
-@shared_task(
-    bind=True,
-    acks_late=True,
-    autoretry_for=(httpx.HTTPError,),
-    retry_backoff=2,
-    retry_backoff_max=120,
-    max_retries=5,
-)
+@shared_task(bind=True, acks_late=True, max_retries=5)
 def memory_flush_webhook(self, run_id: str, event_ids: list[str]) -> int | None:  # type: ignore[no-untyped-def]
     """POST the events a run folds to MEMORY_FLUSH_WEBHOOK_URL (when set), retried on failure."""
     url = settings.MEMORY_FLUSH_WEBHOOK_URL
@@ -59,11 +64,21 @@ def memory_flush_webhook(self, run_id: str, event_ids: list[str]) -> int | None:
         "sessionId": session_id,
         "events": EventOutSerializer(events, many=True).data,
     }
-    response = httpx.post(url, json=payload, timeout=settings.SUMMARIZER_TIMEOUT_SECONDS)
-    if response.status_code >= 500 or response.status_code == 429:
-        raise httpx.HTTPStatusError(
-            f"webhook answered {response.status_code}", request=response.request, response=response
-        )
+    timeout = float(settings.MEMORY_FLUSH_WEBHOOK_TIMEOUT_SECONDS)
+    try:
+        response = httpx.post(url, json=payload, timeout=timeout)
+        if response.status_code >= 500 or response.status_code == 429:
+            raise httpx.HTTPStatusError(
+                f"webhook answered {response.status_code}",
+                request=response.request,
+                response=response,
+            )
+    except httpx.HTTPError as exc:
+        if self.request.retries >= self.max_retries:
+            logger.error("memory_flush webhook for run %s gave up: %s", run_id, exc)
+            return None
+        logger.warning("memory_flush webhook for run %s failed, retrying: %s", run_id, exc)
+        raise self.retry(exc=exc, countdown=retry_countdown(self.request.retries, cap=120)) from exc
     if response.status_code >= 400:
         logger.warning("memory_flush webhook refused run %s: %s", run_id, response.status_code)
     return response.status_code

@@ -8,6 +8,7 @@ in-memory Celery broker with a worker thread inside the server process. `DATABAS
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import dj_database_url
@@ -105,12 +106,15 @@ else:
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Redis: channel layer, Celery broker, cache ---------------------------------------------
+# Under pytest each process gets its own queue and channel prefix (like its own test
+# database), so two test runs sharing one Redis never consume each other's tasks.
+_TEST_SUFFIX = f"-test-{os.getpid()}" if "pytest" in sys.modules else ""
 REDIS_URL = env_str("REDIS_URL")
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL], "prefix": env_str("CHANNELS_PREFIX", "ledger")},
+            "CONFIG": {"hosts": [REDIS_URL], "prefix": env_str("CHANNELS_PREFIX", "ledger" + _TEST_SUFFIX)},
         }
     }
     CACHES = {
@@ -128,7 +132,7 @@ CELERY_RESULT_BACKEND = None
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
-CELERY_TASK_DEFAULT_QUEUE = env_str("CELERY_QUEUE", "context-ledger")
+CELERY_TASK_DEFAULT_QUEUE = env_str("CELERY_QUEUE", "context-ledger" + _TEST_SUFFIX)
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Embedded profile: the server process runs a Celery worker thread itself.
 EMBEDDED_WORKER = env_bool("EMBEDDED_WORKER", not REDIS_URL)
@@ -203,10 +207,13 @@ OPENAI_BASE_URL = env_str("OPENAI_BASE_URL")
 OPENAI_SUMMARY_MODEL = env_str("OPENAI_SUMMARY_MODEL", "gpt-4o-mini")
 ANTHROPIC_API_KEY = env_str("ANTHROPIC_API_KEY")
 ANTHROPIC_BASE_URL = env_str("ANTHROPIC_BASE_URL")
-ANTHROPIC_SUMMARY_MODEL = env_str("ANTHROPIC_SUMMARY_MODEL", "claude-3-5-haiku-latest")
+ANTHROPIC_SUMMARY_MODEL = env_str("ANTHROPIC_SUMMARY_MODEL", "claude-haiku-4-5")
 SUMMARIZER_TIMEOUT_SECONDS = env_float("SUMMARIZER_TIMEOUT_SECONDS", 60.0, minimum=0.1)
 SUMMARIZER_WINDOW_TOKENS = env_int("SUMMARIZER_WINDOW_TOKENS", 100_000, minimum=2_000)
 MEMORY_FLUSH_WEBHOOK_URL = env_str("MEMORY_FLUSH_WEBHOOK_URL")
+MEMORY_FLUSH_WEBHOOK_TIMEOUT_SECONDS = env_float("MEMORY_FLUSH_WEBHOOK_TIMEOUT_SECONDS", 10.0, minimum=0.1)
+# First retry delay of a compaction after a transient provider error; doubles per attempt.
+COMPACTION_RETRY_BACKOFF_SECONDS = env_float("COMPACTION_RETRY_BACKOFF_SECONDS", 2.0, minimum=0.0)
 
 LOG_LEVEL = env_str("DJANGO_LOG_LEVEL", "INFO").upper()
 LOGGING = {

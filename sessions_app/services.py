@@ -68,12 +68,18 @@ class AppendResult:
 
 def check_text(value: str, where: str) -> None:
     if "\x00" in value:
-        raise InvalidInput("NUL bytes are not allowed", code="invalid_content", fields={where: "contains a NUL byte"})
+        raise InvalidInput(
+            "NUL bytes are not allowed",
+            code="invalid_content",
+            fields={where: "contains a NUL byte"},
+        )
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
         raise InvalidInput(
-            "text must be valid Unicode", code="invalid_content", fields={where: "contains a lone surrogate"}
+            "text must be valid Unicode",
+            code="invalid_content",
+            fields={where: "contains a lone surrogate"},
         ) from None
 
 
@@ -101,7 +107,9 @@ def session_create(
     """Create a session; an unknown model needs an explicit `context_limit`."""
     model = model.strip()
     if not model:
-        raise InvalidInput("model is required", code="invalid_model", fields={"model": "must not be empty"})
+        raise InvalidInput(
+            "model is required", code="invalid_model", fields={"model": "must not be empty"}
+        )
     check_text(model, "model")
     if system_prompt:
         check_text(system_prompt, "systemPrompt")
@@ -120,7 +128,7 @@ def session_create(
     encoding = tokens.resolve_encoding(model).encoding
     with transaction.atomic():
         session = Session.objects.create(
-            owner=owner,
+            owner=owner,  # type: ignore[misc]  # any AUTH_USER_MODEL
             title=title,
             model=model,
             encoding=encoding,
@@ -128,7 +136,10 @@ def session_create(
             settings=resolved,
         )
         if system_prompt:
-            event_append(session=session, events=[EventInput(type=EventType.SYSTEM_PROMPT, content=system_prompt)])
+            event_append(
+                session=session,
+                events=[EventInput(type=EventType.SYSTEM_PROMPT, content=system_prompt)],
+            )
             session.refresh_from_db()
     return session
 
@@ -189,14 +200,18 @@ def event_append(*, session: Session, events: Sequence[EventInput]) -> AppendRes
     event is stored or none is.
     """
     if not events:
-        raise InvalidInput("no events given", code="empty_request", fields={"events": "must not be empty"})
+        raise InvalidInput(
+            "no events given", code="empty_request", fields={"events": "must not be empty"}
+        )
     seen: set[uuid.UUID] = set()
     prepared: list[tuple[EventInput, str, bool]] = []
     for index, item in enumerate(events):
         if item.id is not None:
             if item.id in seen:
                 raise InvalidInput(
-                    "duplicate event id in request", code="duplicate_id", fields={f"[{index}].id": "repeated in this request"}
+                    "duplicate event id in request",
+                    code="duplicate_id",
+                    fields={f"[{index}].id": "repeated in this request"},
                 )
             seen.add(item.id)
         text, is_json = _content_for_storage(item.content, f"[{index}].content")
@@ -306,7 +321,9 @@ def event_append(*, session: Session, events: Sequence[EventInput]) -> AppendRes
             created_ids = [event.id for event in to_create]
             session_id = locked.pk
             transaction.on_commit(
-                lambda: events_appended.send(sender=Session, session_id=session_id, event_ids=created_ids)
+                lambda: events_appended.send(
+                    sender=Session, session_id=session_id, event_ids=created_ids
+                )
             )
     return AppendResult(events=result, created=len(to_create))
 

@@ -27,7 +27,11 @@ DEFAULTS: dict[str, Any] = {
 
 def _check_bool(key: str, value: Any) -> bool:
     if not isinstance(value, bool):
-        raise InvalidInput("must be a boolean", code="invalid_settings", fields={f"settings.{key}": "must be a boolean"})
+        raise InvalidInput(
+            "must be a boolean",
+            code="invalid_settings",
+            fields={f"settings.{key}": "must be a boolean"},
+        )
     return value
 
 
@@ -64,7 +68,11 @@ def _check_choice(key: str, value: Any, choices: tuple[str, ...]) -> str:
 def validate_settings(changes: Any, *, base: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Merge `changes` over `base` (or the defaults) and return the validated result."""
     if not isinstance(changes, Mapping):
-        raise InvalidInput("settings must be an object", code="invalid_settings", fields={"settings": "must be an object"})
+        raise InvalidInput(
+            "settings must be an object",
+            code="invalid_settings",
+            fields={"settings": "must be an object"},
+        )
     unknown = sorted(set(changes) - set(DEFAULTS))
     if unknown:
         raise InvalidInput(
@@ -73,7 +81,7 @@ def validate_settings(changes: Any, *, base: Mapping[str, Any] | None = None) ->
             fields={f"settings.{key}": "unknown setting" for key in unknown},
         )
     merged = {**DEFAULTS, **(base or {}), **changes}
-    result = {
+    result: dict[str, Any] = {
         "autoCompact": _check_bool("autoCompact", merged["autoCompact"]),
         "compactThreshold": _check_ratio("compactThreshold", merged["compactThreshold"]),
         "hardLimitThreshold": _check_ratio("hardLimitThreshold", merged["hardLimitThreshold"]),
@@ -82,7 +90,9 @@ def validate_settings(changes: Any, *, base: Mapping[str, Any] | None = None) ->
         "summarizer": _check_choice("summarizer", merged["summarizer"], SUMMARIZER_NAMES),
         "maxSummaryTokens": _check_int("maxSummaryTokens", merged["maxSummaryTokens"], 16),
         "keepRecentEvents": _check_int("keepRecentEvents", merged["keepRecentEvents"], 0),
-        "refreshThresholdTokens": _check_int("refreshThresholdTokens", merged["refreshThresholdTokens"], 1),
+        "refreshThresholdTokens": _check_int(
+            "refreshThresholdTokens", merged["refreshThresholdTokens"], 1
+        ),
     }
     if result["compactThreshold"] > result["hardLimitThreshold"]:
         raise InvalidInput(

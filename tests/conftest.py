@@ -1,14 +1,33 @@
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
-from django.contrib.auth import get_user_model
-from rest_framework.authtoken.models import Token
-from rest_framework.test import APIClient
+
+# Django imports stay inside the fixtures so the pure unit tests also run with `-p no:django`.
+
+
+@pytest.fixture(autouse=True)
+def _fresh_cache_and_fast_hashing(request):
+    """Throttle counters live in the cache and would leak between tests; password hashing for
+    the user fixtures would dominate the run time."""
+    if not request.config.pluginmanager.hasplugin("django"):
+        yield
+        return
+    from django.core.cache import cache
+
+    settings = request.getfixturevalue("settings")
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    cache.clear()
+    yield
+    cache.clear()
 
 
 @pytest.fixture
 def make_user(db):
     def make(username: str, *, staff: bool = False):
+        from django.contrib.auth import get_user_model
+
         user = get_user_model().objects.create_user(
             username=username, password="pw-" + username, is_staff=staff
         )
@@ -32,7 +51,10 @@ def staff(make_user):
     return make_user("staff", staff=True)
 
 
-def _client_for(user) -> APIClient:
+def _client_for(user) -> Any:
+    from rest_framework.authtoken.models import Token
+    from rest_framework.test import APIClient
+
     client = APIClient()
     token, _ = Token.objects.get_or_create(user=user)
     client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
@@ -67,11 +89,10 @@ def celery_worker_thread(django_db_setup, django_db_blocker):
 
     from config.celery import app
 
-    with django_db_blocker.unblock():
-        with start_worker(
-            app, perform_ping_check=False, pool="solo", loglevel="WARNING", shutdown_timeout=10
-        ) as worker:
-            yield worker
+    with django_db_blocker.unblock(), start_worker(
+        app, perform_ping_check=False, pool="solo", loglevel="WARNING", shutdown_timeout=10
+    ) as worker:
+        yield worker
 
 
 @pytest.fixture

@@ -6,18 +6,10 @@ from __future__ import annotations
 import json
 
 import pytest
-from django.core.cache import cache
 
 from sessions_app.models import Event, Session
 
 SESSIONS = "/api/v1/sessions"
-
-
-@pytest.fixture(autouse=True)
-def _fresh_throttle_cache():
-    cache.clear()
-    yield
-    cache.clear()
 
 
 @pytest.fixture
@@ -31,7 +23,11 @@ def session(alice_api):
     body = response.json()
     ok = alice_api.post(
         f"{SESSIONS}/{body['id']}/events",
-        {"type": "AGENT_MESSAGE", "content": "hi", "tokenUsage": {"promptTokens": 3, "completionTokens": 1, "totalTokens": 4}},
+        {
+            "type": "AGENT_MESSAGE",
+            "content": "hi",
+            "tokenUsage": {"promptTokens": 3, "completionTokens": 1, "totalTokens": 4},
+        },
         format="json",
     )
     assert ok.status_code == 201
@@ -79,7 +75,9 @@ def append(alice_api, session):
     return do
 
 
-@pytest.mark.parametrize("raw", ['{"type": "USER_MESSAGE", "content": "x"', "{'type': 1}", "not json", '{"a": NaN}'])
+@pytest.mark.parametrize(
+    "raw", ['{"type": "USER_MESSAGE", "content": "x"', "{'type': 1}", "not json", '{"a": NaN}']
+)
 def test_it_refuses_malformed_json(append, raw):
     assert_refused(append(raw=raw), 400, "malformed_json")
 
@@ -90,7 +88,9 @@ def test_it_refuses_malformed_json_on_session_create(alice_api):
 
 
 def test_it_refuses_invalid_utf8(append):
-    assert_refused(append(raw=b'{"type": "USER_MESSAGE", "content": "\xff\xfe"}'), 400, "malformed_json")
+    assert_refused(
+        append(raw=b'{"type": "USER_MESSAGE", "content": "\xff\xfe"}'), 400, "malformed_json"
+    )
 
 
 def test_it_refuses_a_body_that_is_neither_object_nor_list(append):
@@ -100,7 +100,9 @@ def test_it_refuses_a_body_that_is_neither_object_nor_list(append):
 
 def test_it_refuses_a_non_json_content_type(alice_api, session):
     before = state(session["id"])
-    response = alice_api.post(f"{SESSIONS}/{session['id']}/events", "type=USER_MESSAGE", content_type="text/plain")
+    response = alice_api.post(
+        f"{SESSIONS}/{session['id']}/events", "type=USER_MESSAGE", content_type="text/plain"
+    )
     assert_refused(response, 415, "unsupported_media_type")
     assert state(session["id"]) == before
 
@@ -112,11 +114,26 @@ def test_it_refuses_a_non_json_content_type(alice_api, session):
         ({"type": "USER_MESSAGE", "content": True}, "content"),
         ({"type": "USER_MESSAGE", "content": "x", "pinned": "yes"}, "pinned"),
         ({"type": "USER_MESSAGE", "content": "x", "pinned": 1}, "pinned"),
-        ({"type": "USER_MESSAGE", "content": "x", "tokenUsage": {"promptTokens": "5"}}, "tokenUsage.promptTokens"),
-        ({"type": "USER_MESSAGE", "content": "x", "tokenUsage": {"promptTokens": 1.5}}, "tokenUsage.promptTokens"),
-        ({"type": "USER_MESSAGE", "content": "x", "tokenUsage": {"promptTokens": -1}}, "tokenUsage.promptTokens"),
-        ({"type": "USER_MESSAGE", "content": "x", "tokenUsage": {"completionTokens": True}}, "tokenUsage.completionTokens"),
-        ({"type": "USER_MESSAGE", "content": "x", "tokenUsage": {"totalTokens": -3}}, "tokenUsage.totalTokens"),
+        (
+            {"type": "USER_MESSAGE", "content": "x", "tokenUsage": {"promptTokens": "5"}},
+            "tokenUsage.promptTokens",
+        ),
+        (
+            {"type": "USER_MESSAGE", "content": "x", "tokenUsage": {"promptTokens": 1.5}},
+            "tokenUsage.promptTokens",
+        ),
+        (
+            {"type": "USER_MESSAGE", "content": "x", "tokenUsage": {"promptTokens": -1}},
+            "tokenUsage.promptTokens",
+        ),
+        (
+            {"type": "USER_MESSAGE", "content": "x", "tokenUsage": {"completionTokens": True}},
+            "tokenUsage.completionTokens",
+        ),
+        (
+            {"type": "USER_MESSAGE", "content": "x", "tokenUsage": {"totalTokens": -3}},
+            "tokenUsage.totalTokens",
+        ),
         ({"type": "USER_MESSAGE", "content": "x", "tokenUsage": "lots"}, "tokenUsage"),
         ({"type": "USER_MESSAGE", "content": "x", "name": 5}, "name"),
         ({"type": "USER_MESSAGE", "content": "x", "metadata": [1]}, "metadata"),
@@ -139,7 +156,9 @@ def test_it_refuses_missing_content(append):
 
 
 def test_it_refuses_null_content(append):
-    assert_refused(append({"type": "USER_MESSAGE", "content": None}), 400, "invalid_request", "content")
+    assert_refused(
+        append({"type": "USER_MESSAGE", "content": None}), 400, "invalid_request", "content"
+    )
 
 
 def test_it_refuses_a_missing_type(append):
@@ -158,7 +177,9 @@ def test_it_refuses_a_lone_surrogate_inside_structured_content(append):
 
 
 def test_it_refuses_a_nul_byte_in_content(append):
-    body = assert_refused(append({"type": "USER_MESSAGE", "content": "a\x00b"}), 400, "invalid_content", "content")
+    body = assert_refused(
+        append({"type": "USER_MESSAGE", "content": "a\x00b"}), 400, "invalid_content", "content"
+    )
     assert "NUL" in body["fields"]["content"]
 
 
@@ -186,17 +207,23 @@ def test_it_refuses_a_bulk_list_with_one_bad_event(append):
 
 
 def test_it_refuses_a_bulk_list_with_a_lone_surrogate(append):
-    raw = '[{"type":"USER_MESSAGE","content":"fine"},{"type":"USER_MESSAGE","content":"bad \\ud83d"}]'
+    raw = (
+        '[{"type":"USER_MESSAGE","content":"fine"},{"type":"USER_MESSAGE","content":"bad \\ud83d"}]'
+    )
     assert_refused(append(raw=raw), 400, "invalid_content", "[1].content")
 
 
 def test_it_refuses_a_bulk_list_with_a_non_object_item(append):
-    assert_refused(append([{"type": "USER_MESSAGE", "content": "fine"}, "oops"]), 400, "invalid_request", "[1]")
+    assert_refused(
+        append([{"type": "USER_MESSAGE", "content": "fine"}, "oops"]), 400, "invalid_request", "[1]"
+    )
 
 
 def test_it_refuses_an_oversize_body(append, settings):
     settings.API_MAX_BODY_BYTES = 2048
-    body = assert_refused(append({"type": "USER_MESSAGE", "content": "x" * 4096}), 413, "request_too_large")
+    body = assert_refused(
+        append({"type": "USER_MESSAGE", "content": "x" * 4096}), 413, "request_too_large"
+    )
     assert body["limit"] == 2048
 
 
@@ -209,7 +236,9 @@ def test_it_accepts_a_body_just_under_the_limit(alice_api, session, settings):
 
 def test_it_refuses_an_oversize_session_create(alice_api, settings):
     settings.API_MAX_BODY_BYTES = 1024
-    response = alice_api.post(SESSIONS, {"model": "gpt-4o", "systemPrompt": "y" * 2000}, format="json")
+    response = alice_api.post(
+        SESSIONS, {"model": "gpt-4o", "systemPrompt": "y" * 2000}, format="json"
+    )
     assert_refused(response, 413, "request_too_large")
     assert not Session.objects.exists()
 
@@ -219,7 +248,12 @@ def test_it_refuses_an_oversize_session_create(alice_api, settings):
     [
         ({"model": "no-such-model"}, 400, "unknown_model", "model"),
         ({"model": "no-such-model", "contextLimit": None}, 400, "unknown_model", "model"),
-        ({"model": "no-such-model", "contextLimit": 0}, 400, "invalid_context_limit", "contextLimit"),
+        (
+            {"model": "no-such-model", "contextLimit": 0},
+            400,
+            "invalid_context_limit",
+            "contextLimit",
+        ),
         ({"model": "gpt-4o", "contextLimit": -1}, 400, "invalid_context_limit", "contextLimit"),
         ({"model": "gpt-4o", "contextLimit": 2.5}, 400, "invalid_request", "contextLimit"),
         ({"model": "gpt-4o", "contextLimit": "100"}, 400, "invalid_request", "contextLimit"),
@@ -242,7 +276,9 @@ def test_it_refuses_bad_session_input(alice_api, payload, status, error, field):
 
 
 def test_it_refuses_a_session_body_that_is_a_list(alice_api):
-    assert_refused(alice_api.post(SESSIONS, [{"model": "gpt-4o"}], format="json"), 400, "invalid_request")
+    assert_refused(
+        alice_api.post(SESSIONS, [{"model": "gpt-4o"}], format="json"), 400, "invalid_request"
+    )
 
 
 def test_it_refuses_lone_surrogates_in_session_fields(alice_api):
@@ -256,13 +292,17 @@ def test_it_refuses_lone_surrogates_in_session_fields(alice_api):
 
 
 def test_it_echoes_a_surrogate_in_an_error_without_crashing(append):
-    body = assert_refused(append(raw='{"type":"\\ud800","content":"x"}'), 400, "invalid_request", "type")
+    body = assert_refused(
+        append(raw='{"type":"\\ud800","content":"x"}'), 400, "invalid_request", "type"
+    )
     json.dumps(body)
 
 
 def test_it_refuses_unknown_patch_fields(alice_api, session):
     before = state(session["id"])
-    response = alice_api.patch(f"{SESSIONS}/{session['id']}", {"model": "gpt-4", "encoding": "x"}, format="json")
+    response = alice_api.patch(
+        f"{SESSIONS}/{session['id']}", {"model": "gpt-4", "encoding": "x"}, format="json"
+    )
     assert_refused(response, 400, "invalid_request", "model")
     assert state(session["id"]) == before
 
@@ -280,7 +320,12 @@ def test_it_refuses_bad_token_count_input(alice_api):
     ]:
         response = alice_api.post("/api/v1/tokens/count", payload, format="json")
         assert_refused(response, 400, "invalid_request", field)
-    assert_refused(alice_api.post("/api/v1/tokens/count", {"model": "gpt-4o", "text": "a\x00"}, format="json"), 400, "invalid_content", "text")
+    assert_refused(
+        alice_api.post("/api/v1/tokens/count", {"model": "gpt-4o", "text": "a\x00"}, format="json"),
+        400,
+        "invalid_content",
+        "text",
+    )
 
 
 @pytest.mark.parametrize(

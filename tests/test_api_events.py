@@ -5,7 +5,6 @@ from __future__ import annotations
 import uuid
 
 import pytest
-from django.core.cache import cache
 
 from sessions_app import tokens
 from sessions_app.models import Event, EventType, Session
@@ -13,18 +12,15 @@ from sessions_app.models import Event, EventType, Session
 SESSIONS = "/api/v1/sessions"
 
 
-@pytest.fixture(autouse=True)
-def _fresh_throttle_cache():
-    cache.clear()
-    yield
-    cache.clear()
-
-
 @pytest.fixture
 def session(alice_api):
     response = alice_api.post(
         SESSIONS,
-        {"model": "gpt-4o", "systemPrompt": "You are a careful agent.", "settings": {"autoCompact": False}},
+        {
+            "model": "gpt-4o",
+            "systemPrompt": "You are a careful agent.",
+            "settings": {"autoCompact": False},
+        },
         format="json",
     )
     assert response.status_code == 201, response.json()
@@ -39,7 +35,9 @@ def snapshot(api, session):
     """What a client can observe of a session: its usage document and its stored events."""
     usage = api.get(f"{SESSIONS}/{session['id']}/usage").json()
     stored = list(
-        Event.objects.filter(session_id=session["id"]).order_by("seq").values_list("id", "seq", "type", "content", "pinned")
+        Event.objects.filter(session_id=session["id"])
+        .order_by("seq")
+        .values_list("id", "seq", "type", "content", "pinned")
     )
     row = Session.objects.filter(pk=session["id"]).values().get()
     row.pop("updated_at")
@@ -47,7 +45,9 @@ def snapshot(api, session):
 
 
 def test_it_appends_a_single_event(alice_api, session):
-    response = alice_api.post(events_url(session), {"type": "USER_MESSAGE", "content": "hello"}, format="json")
+    response = alice_api.post(
+        events_url(session), {"type": "USER_MESSAGE", "content": "hello"}, format="json"
+    )
     assert response.status_code == 201, response.json()
     event = response.json()
     assert event["seq"] == 2
@@ -68,7 +68,11 @@ def test_it_appends_a_bulk_list_in_order(alice_api, session):
         {"type": "USER_MESSAGE", "content": "list files"},
         {"type": "TOOL_CALL", "name": "ls", "toolCallId": "call_1", "content": '{"path": "."}'},
         {"type": "TOOL_RESULT", "toolCallId": "call_1", "name": "ls", "content": "a.py\nb.py"},
-        {"type": "AGENT_MESSAGE", "content": "Two files.", "tokenUsage": {"promptTokens": 50, "completionTokens": 4, "totalTokens": 54}},
+        {
+            "type": "AGENT_MESSAGE",
+            "content": "Two files.",
+            "tokenUsage": {"promptTokens": 50, "completionTokens": 4, "totalTokens": 54},
+        },
         {"type": "LOCAL_SYSTEM_MESSAGE", "content": "shown to people only"},
         {"type": "USER_MESSAGE", "content": [{"type": "text", "text": "structured"}]},
     ]
@@ -81,12 +85,16 @@ def test_it_appends_a_bulk_list_in_order(alice_api, session):
     assert stored[1]["toolCallId"] == "call_1"
     assert stored[3]["tokenUsage"] == {"promptTokens": 50, "completionTokens": 4, "totalTokens": 54}
     assert stored[5]["content"] == [{"type": "text", "text": "structured"}]
-    assert list(Event.objects.filter(session_id=session["id"]).order_by("seq").values_list("seq", flat=True)) == [1, 2, 3, 4, 5, 6, 7]
+    assert list(
+        Event.objects.filter(session_id=session["id"]).order_by("seq").values_list("seq", flat=True)
+    ) == [1, 2, 3, 4, 5, 6, 7]
     assert Session.objects.get(pk=session["id"]).last_seq == 7
 
 
 def test_it_stores_nothing_when_one_bulk_event_is_bad(alice_api, session):
-    alice_api.post(events_url(session), {"type": "USER_MESSAGE", "content": "before"}, format="json")
+    alice_api.post(
+        events_url(session), {"type": "USER_MESSAGE", "content": "before"}, format="json"
+    )
     before = snapshot(alice_api, session)
     body = [
         {"type": "USER_MESSAGE", "content": "one"},
@@ -105,7 +113,10 @@ def test_it_stores_nothing_when_one_bulk_event_is_bad(alice_api, session):
 
 def test_it_stores_nothing_when_a_bulk_event_fails_in_the_service(alice_api, session):
     before = snapshot(alice_api, session)
-    body = [{"type": "USER_MESSAGE", "content": "fine"}, {"type": "USER_MESSAGE", "content": "nul\x00byte"}]
+    body = [
+        {"type": "USER_MESSAGE", "content": "fine"},
+        {"type": "USER_MESSAGE", "content": "nul\x00byte"},
+    ]
     response = alice_api.post(events_url(session), body, format="json")
     assert response.status_code == 400
     assert response.json()["error"] == "invalid_content"
@@ -115,7 +126,12 @@ def test_it_stores_nothing_when_a_bulk_event_fails_in_the_service(alice_api, ses
 
 def test_it_returns_the_stored_event_on_a_retry(alice_api, session):
     event_id = str(uuid.uuid4())
-    body = {"id": event_id, "type": "AGENT_MESSAGE", "content": "done", "tokenUsage": {"promptTokens": 7, "completionTokens": 1, "totalTokens": 8}}
+    body = {
+        "id": event_id,
+        "type": "AGENT_MESSAGE",
+        "content": "done",
+        "tokenUsage": {"promptTokens": 7, "completionTokens": 1, "totalTokens": 8},
+    }
     first = alice_api.post(events_url(session), body, format="json")
     assert first.status_code == 201
     before = snapshot(alice_api, session)
@@ -132,10 +148,15 @@ def test_it_returns_the_stored_event_on_a_retry(alice_api, session):
 
 def test_it_stores_only_the_new_events_of_a_partly_retried_bulk(alice_api, session):
     known = str(uuid.uuid4())
-    alice_api.post(events_url(session), {"id": known, "type": "USER_MESSAGE", "content": "a"}, format="json")
+    alice_api.post(
+        events_url(session), {"id": known, "type": "USER_MESSAGE", "content": "a"}, format="json"
+    )
     response = alice_api.post(
         events_url(session),
-        [{"id": known, "type": "USER_MESSAGE", "content": "a"}, {"type": "AGENT_MESSAGE", "content": "b"}],
+        [
+            {"id": known, "type": "USER_MESSAGE", "content": "a"},
+            {"type": "AGENT_MESSAGE", "content": "b"},
+        ],
         format="json",
     )
     assert response.status_code == 201
@@ -146,9 +167,13 @@ def test_it_stores_only_the_new_events_of_a_partly_retried_bulk(alice_api, sessi
 def test_it_refuses_an_id_used_in_another_session(alice_api, session):
     other = alice_api.post(SESSIONS, {"model": "gpt-4o"}, format="json").json()
     event_id = str(uuid.uuid4())
-    alice_api.post(events_url(session), {"id": event_id, "type": "USER_MESSAGE", "content": "x"}, format="json")
+    alice_api.post(
+        events_url(session), {"id": event_id, "type": "USER_MESSAGE", "content": "x"}, format="json"
+    )
     before = snapshot(alice_api, other)
-    response = alice_api.post(events_url(other), {"id": event_id, "type": "USER_MESSAGE", "content": "x"}, format="json")
+    response = alice_api.post(
+        events_url(other), {"id": event_id, "type": "USER_MESSAGE", "content": "x"}, format="json"
+    )
     assert response.status_code == 409
     assert response.json()["error"] == "event_id_conflict"
     assert response.json()["detail"]
@@ -160,7 +185,10 @@ def test_it_refuses_a_repeated_id_within_one_request(alice_api, session):
     before = snapshot(alice_api, session)
     response = alice_api.post(
         events_url(session),
-        [{"id": event_id, "type": "USER_MESSAGE", "content": "x"}, {"id": event_id, "type": "USER_MESSAGE", "content": "y"}],
+        [
+            {"id": event_id, "type": "USER_MESSAGE", "content": "x"},
+            {"id": event_id, "type": "USER_MESSAGE", "content": "y"},
+        ],
         format="json",
     )
     assert response.status_code == 400
@@ -188,14 +216,18 @@ def test_it_requires_tool_call_fields(alice_api, session, body, field):
 
 def test_it_refuses_compaction_events_from_clients(alice_api, session):
     before = snapshot(alice_api, session)
-    response = alice_api.post(events_url(session), {"type": "COMPACTION", "content": "my summary"}, format="json")
+    response = alice_api.post(
+        events_url(session), {"type": "COMPACTION", "content": "my summary"}, format="json"
+    )
     assert response.status_code == 400
     assert "type" in response.json()["fields"]
     assert snapshot(alice_api, session) == before
 
 
 def test_it_pins_and_unpins_an_event(alice_api, session):
-    event = alice_api.post(events_url(session), {"type": "USER_MESSAGE", "content": "keep me"}, format="json").json()
+    event = alice_api.post(
+        events_url(session), {"type": "USER_MESSAGE", "content": "keep me"}, format="json"
+    ).json()
     url = f"{events_url(session)}/{event['id']}"
     response = alice_api.patch(url, {"pinned": True}, format="json")
     assert response.status_code == 200
@@ -207,7 +239,9 @@ def test_it_pins_and_unpins_an_event(alice_api, session):
 
 
 def test_it_accepts_pinned_at_append(alice_api, session):
-    event = alice_api.post(events_url(session), {"type": "USER_MESSAGE", "content": "k", "pinned": True}, format="json").json()
+    event = alice_api.post(
+        events_url(session), {"type": "USER_MESSAGE", "content": "k", "pinned": True}, format="json"
+    ).json()
     assert event["pinned"] is True
 
 
@@ -232,7 +266,10 @@ def test_it_does_not_show_an_event_under_another_session(alice_api, session):
 
 
 def _fill(api, session, n):
-    body = [{"type": "USER_MESSAGE" if i % 2 else "AGENT_MESSAGE", "content": f"message {i}"} for i in range(n)]
+    body = [
+        {"type": "USER_MESSAGE" if i % 2 else "AGENT_MESSAGE", "content": f"message {i}"}
+        for i in range(n)
+    ]
     response = api.post(events_url(session), body, format="json")
     assert response.status_code == 201
 
@@ -265,7 +302,15 @@ def test_it_gives_no_cursor_when_the_page_is_exactly_full(alice_api, session):
 
 
 @pytest.mark.parametrize(
-    "params", [{"after": "x"}, {"after": -1}, {"limit": 0}, {"limit": 1001}, {"limit": "1.5"}, {"includeCompacted": "maybe"}]
+    "params",
+    [
+        {"after": "x"},
+        {"after": -1},
+        {"limit": 0},
+        {"limit": 1001},
+        {"limit": "1.5"},
+        {"includeCompacted": "maybe"},
+    ],
 )
 def test_it_refuses_bad_paging_parameters(alice_api, session, params):
     response = alice_api.get(events_url(session), params)
@@ -289,22 +334,30 @@ def test_it_hides_compacted_events_unless_asked(alice_api, session):
     everything = alice_api.get(events_url(session), {"includeCompacted": "true"}).json()["results"]
     assert [e["seq"] for e in everything] == [1, 2, 3, 4, 5, 6]
     assert everything[1]["compactedBy"] == str(marker.id)
-    paged = alice_api.get(events_url(session), {"includeCompacted": "true", "after": 1, "limit": 2}).json()
+    paged = alice_api.get(
+        events_url(session), {"includeCompacted": "true", "after": 1, "limit": 2}
+    ).json()
     assert [e["seq"] for e in paged["results"]] == [2, 3]
     assert paged["nextAfter"] == 3
 
 
 def test_it_continues_seq_after_earlier_appends(alice_api, session):
     for i in range(3):
-        alice_api.post(events_url(session), {"type": "USER_MESSAGE", "content": str(i)}, format="json")
-    response = alice_api.post(events_url(session), [{"type": "USER_MESSAGE", "content": "x"}] * 2, format="json")
+        alice_api.post(
+            events_url(session), {"type": "USER_MESSAGE", "content": str(i)}, format="json"
+        )
+    response = alice_api.post(
+        events_url(session), [{"type": "USER_MESSAGE", "content": "x"}] * 2, format="json"
+    )
     assert [e["seq"] for e in response.json()] == [5, 6]
 
 
 def test_it_refuses_too_many_events_in_one_request(alice_api, session, settings):
     settings.API_MAX_EVENTS_PER_REQUEST = 3
     before = snapshot(alice_api, session)
-    response = alice_api.post(events_url(session), [{"type": "USER_MESSAGE", "content": "x"}] * 4, format="json")
+    response = alice_api.post(
+        events_url(session), [{"type": "USER_MESSAGE", "content": "x"}] * 4, format="json"
+    )
     assert response.status_code == 400
     assert response.json()["error"] == "too_many_events"
     assert snapshot(alice_api, session) == before

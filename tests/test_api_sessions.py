@@ -6,7 +6,6 @@ import json
 import uuid
 
 import pytest
-from django.core.cache import cache
 from django.middleware.csrf import get_token
 from django.test import RequestFactory
 from rest_framework.test import APIClient
@@ -15,14 +14,6 @@ from sessions_app.models import Event, EventType, Session
 from sessions_app.session_settings import DEFAULTS
 
 SESSIONS = "/api/v1/sessions"
-
-
-@pytest.fixture(autouse=True)
-def _fresh_throttle_cache():
-    # Throttle counters live in the cache and would otherwise leak between tests.
-    cache.clear()
-    yield
-    cache.clear()
 
 
 def create(api, **body):
@@ -34,7 +25,11 @@ def create(api, **body):
 
 @pytest.mark.parametrize(
     ("model", "limit", "encoding"),
-    [("gpt-4o", 128_000, "o200k_base"), ("claude-3.5-sonnet", 200_000, "cl100k_base"), ("gemini-3-pro", 1_000_000, "cl100k_base")],
+    [
+        ("gpt-4o", 128_000, "o200k_base"),
+        ("claude-3.5-sonnet", 200_000, "cl100k_base"),
+        ("gemini-3-pro", 1_000_000, "cl100k_base"),
+    ],
 )
 def test_it_resolves_the_context_limit_of_known_models(alice_api, model, limit, encoding):
     session = create(alice_api, model=model)
@@ -68,7 +63,9 @@ def test_it_lets_a_known_model_override_its_limit(alice_api):
 
 @pytest.mark.parametrize("limit", [0, -5, 1.5, "1000", True, 10**12])
 def test_it_refuses_a_bad_context_limit(alice_api, limit):
-    response = alice_api.post(SESSIONS, {"model": "my-local-llm", "contextLimit": limit}, format="json")
+    response = alice_api.post(
+        SESSIONS, {"model": "my-local-llm", "contextLimit": limit}, format="json"
+    )
     assert response.status_code == 400
     body = response.json()
     assert body["error"] in ("invalid_context_limit", "invalid_request")
@@ -93,7 +90,9 @@ def test_it_fills_settings_defaults(alice_api):
 
 
 def test_it_merges_given_settings_over_defaults(alice_api):
-    session = create(alice_api, settings={"strategy": "trim", "compactThreshold": 0.7, "autoCompact": False})
+    session = create(
+        alice_api, settings={"strategy": "trim", "compactThreshold": 0.7, "autoCompact": False}
+    )
     assert session["settings"]["strategy"] == "trim"
     assert session["settings"]["compactThreshold"] == 0.7
     assert session["settings"]["autoCompact"] is False
@@ -101,7 +100,7 @@ def test_it_merges_given_settings_over_defaults(alice_api):
 
 
 @pytest.mark.parametrize(
-    ("settings", "field"),
+    ("given", "field"),
     [
         ({"colour": "blue"}, "settings.colour"),
         ({"autoCompact": "yes"}, "settings.autoCompact"),
@@ -116,9 +115,9 @@ def test_it_merges_given_settings_over_defaults(alice_api):
         ({"\ud800": 1}, None),
     ],
 )
-def test_it_refuses_invalid_settings(alice_api, settings, field):
+def test_it_refuses_invalid_settings(alice_api, given, field):
     # Raw JSON: the test client's own renderer cannot encode a lone surrogate.
-    raw = json.dumps({"model": "gpt-4o", "settings": settings})
+    raw = json.dumps({"model": "gpt-4o", "settings": given})
     response = alice_api.post(SESSIONS, raw, content_type="application/json")
     assert response.status_code == 400
     body = response.json()
@@ -132,7 +131,9 @@ def test_it_refuses_invalid_settings(alice_api, settings, field):
 def test_it_stores_the_system_prompt_as_event_one(alice_api):
     session = create(alice_api, systemPrompt="You are terse.")
     events = alice_api.get(f"{SESSIONS}/{session['id']}/events").json()["results"]
-    assert [(e["seq"], e["type"], e["content"]) for e in events] == [(1, "SYSTEM_PROMPT", "You are terse.")]
+    assert [(e["seq"], e["type"], e["content"]) for e in events] == [
+        (1, "SYSTEM_PROMPT", "You are terse.")
+    ]
     assert session["eventCount"] == 1
     assert session["contextTokens"] == events[0]["tokenCount"] + 3
 
@@ -237,7 +238,12 @@ def test_it_lets_staff_see_every_session(alice_api, bob_api, staff_api):
 
 def test_it_requires_authentication(alice):
     client = APIClient()
-    for method, url in [("get", SESSIONS), ("post", SESSIONS), ("get", "/api/v1/models"), ("post", "/api/v1/tokens/count")]:
+    for method, url in [
+        ("get", SESSIONS),
+        ("post", SESSIONS),
+        ("get", "/api/v1/models"),
+        ("post", "/api/v1/tokens/count"),
+    ]:
         response = getattr(client, method)(url, {"model": "gpt-4o"}, format="json")
         assert response.status_code == 401, url
         assert response.json()["error"] == "not_authenticated"
@@ -290,10 +296,15 @@ def test_it_counts_events_on_the_session(alice_api):
     session = create(alice_api, systemPrompt="sys")
     alice_api.post(
         f"{SESSIONS}/{session['id']}/events",
-        [{"type": "USER_MESSAGE", "content": "a"}, {"type": "LOCAL_SYSTEM_MESSAGE", "content": "note"}],
+        [
+            {"type": "USER_MESSAGE", "content": "a"},
+            {"type": "LOCAL_SYSTEM_MESSAGE", "content": "note"},
+        ],
         format="json",
     )
     body = alice_api.get(f"{SESSIONS}/{session['id']}").json()
     assert body["eventCount"] == 3
-    stored = Event.objects.filter(session_id=session["id"]).exclude(type=EventType.LOCAL_SYSTEM_MESSAGE)
+    stored = Event.objects.filter(session_id=session["id"]).exclude(
+        type=EventType.LOCAL_SYSTEM_MESSAGE
+    )
     assert body["contextTokens"] == sum(e.token_count for e in stored) + 3

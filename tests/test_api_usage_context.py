@@ -6,7 +6,6 @@ import logging
 import math
 
 import pytest
-from django.core.cache import cache
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
@@ -34,20 +33,26 @@ USAGE_KEYS = {
 
 CONVERSATION = [
     {"type": "USER_MESSAGE", "content": "Please list the files in src/ and fix the failing test."},
-    {"type": "AGENT_MESSAGE", "content": "Looking.", "tokenUsage": {"promptTokens": 120, "completionTokens": 5, "totalTokens": 125}},
+    {
+        "type": "AGENT_MESSAGE",
+        "content": "Looking.",
+        "tokenUsage": {"promptTokens": 120, "completionTokens": 5, "totalTokens": 125},
+    },
     {"type": "TOOL_CALL", "name": "ls", "toolCallId": "call_1", "content": '{"path": "src/"}'},
-    {"type": "TOOL_RESULT", "name": "ls", "toolCallId": "call_1", "content": "app.py\nutil.py\ntest_app.py"},
+    {
+        "type": "TOOL_RESULT",
+        "name": "ls",
+        "toolCallId": "call_1",
+        "content": "app.py\nutil.py\ntest_app.py",
+    },
     {"type": "LOCAL_SYSTEM_MESSAGE", "content": "Agent used a tool (shown to people only)."},
-    {"type": "AGENT_MESSAGE", "content": "The test in test_app.py fails on line 12.", "tokenUsage": {"promptTokens": 180, "completionTokens": 14, "totalTokens": 194}},
+    {
+        "type": "AGENT_MESSAGE",
+        "content": "The test in test_app.py fails on line 12.",
+        "tokenUsage": {"promptTokens": 180, "completionTokens": 14, "totalTokens": 194},
+    },
     {"type": "USER_MESSAGE", "content": "Fix it — 日本語 and emoji 🚀 welcome."},
 ]
-
-
-@pytest.fixture(autouse=True)
-def _fresh_throttle_cache():
-    cache.clear()
-    yield
-    cache.clear()
 
 
 def create(api, **body):
@@ -115,7 +120,11 @@ def test_it_returns_exactly_the_design_fields(alice_api):
 def test_it_aggregates_provider_reported_usage(alice_api):
     session = create(alice_api, systemPrompt="sys")
     append(alice_api, session, CONVERSATION)
-    append(alice_api, session, {"type": "AGENT_MESSAGE", "content": "ok", "tokenUsage": {"promptTokens": 7}})
+    append(
+        alice_api,
+        session,
+        {"type": "AGENT_MESSAGE", "content": "ok", "tokenUsage": {"promptTokens": 7}},
+    )
     body = usage(alice_api, session)
     assert body["totalPromptTokens"] == 120 + 180 + 7
     assert body["totalCompletionTokens"] == 5 + 14
@@ -123,20 +132,26 @@ def test_it_aggregates_provider_reported_usage(alice_api):
     assert body["eventCount"] == 3
 
 
-@pytest.mark.parametrize(("model", "encoding"), [("gpt-4o", "o200k_base"), ("claude-3.5-sonnet", "cl100k_base")])
+@pytest.mark.parametrize(
+    ("model", "encoding"), [("gpt-4o", "o200k_base"), ("claude-3.5-sonnet", "cl100k_base")]
+)
 def test_it_counts_the_active_context_exactly(alice_api, model, encoding):
     system = "You are a coding agent. Be precise."
     session = create(alice_api, model=model, systemPrompt=system)
     append(alice_api, session, CONVERSATION)
     body = usage(alice_api, session)
-    expected = tiktoken_context_tokens(encoding, [{"type": "SYSTEM_PROMPT", "content": system}, *CONVERSATION])
+    expected = tiktoken_context_tokens(
+        encoding, [{"type": "SYSTEM_PROMPT", "content": system}, *CONVERSATION]
+    )
     assert body["contextTokens"] == expected
     assert body["encoding"] == encoding
     ctx = context(alice_api, session)
     assert ctx.status_code == 200
     assert ctx.json()["tokenCount"] == expected
     # Stored per-event counts are the same numbers.
-    stored = Event.objects.filter(session_id=session["id"]).exclude(type=EventType.LOCAL_SYSTEM_MESSAGE)
+    stored = Event.objects.filter(session_id=session["id"]).exclude(
+        type=EventType.LOCAL_SYSTEM_MESSAGE
+    )
     assert sum(e.token_count for e in stored) + 3 == expected
 
 
@@ -144,7 +159,11 @@ def test_it_leaves_local_system_messages_out_of_the_context(alice_api):
     session = create(alice_api)
     append(alice_api, session, {"type": "USER_MESSAGE", "content": "hi"})
     before = usage(alice_api, session)["contextTokens"]
-    append(alice_api, session, {"type": "LOCAL_SYSTEM_MESSAGE", "content": "a long note for people " * 50})
+    append(
+        alice_api,
+        session,
+        {"type": "LOCAL_SYSTEM_MESSAGE", "content": "a long note for people " * 50},
+    )
     assert usage(alice_api, session)["contextTokens"] == before
     ctx = context(alice_api, session).json()
     assert [m["role"] for m in ctx["messages"]] == ["user"]
@@ -175,7 +194,9 @@ def test_it_flags_near_and_at_limit_at_the_thresholds(alice_api):
     cost = tokens.message_tokens(counter, role="user", content=message["content"])
     limit = 100
     session = create(
-        alice_api, contextLimit=limit, settings={"autoCompact": False, "compactThreshold": 0.5, "hardLimitThreshold": 0.9}
+        alice_api,
+        contextLimit=limit,
+        settings={"autoCompact": False, "compactThreshold": 0.5, "hardLimitThreshold": 0.9},
     )
     seen = []
     for _ in range(12):
@@ -195,7 +216,14 @@ def test_it_flags_exactly_at_the_threshold(alice_api):
     tokens_now = usage(alice_api, session)["contextTokens"]
     # A window where the context is exactly the compact threshold, then one token short of it.
     exact_limit = tokens_now * 5  # ratio exactly 0.2
-    alice_api.patch(f"{SESSIONS}/{session['id']}", {"contextLimit": exact_limit, "settings": {"compactThreshold": 0.2, "hardLimitThreshold": 0.2}}, format="json")
+    alice_api.patch(
+        f"{SESSIONS}/{session['id']}",
+        {
+            "contextLimit": exact_limit,
+            "settings": {"compactThreshold": 0.2, "hardLimitThreshold": 0.2},
+        },
+        format="json",
+    )
     body = usage(alice_api, session)
     assert body["nearLimit"] is True and body["atLimit"] is True
     alice_api.patch(f"{SESSIONS}/{session['id']}", {"contextLimit": exact_limit + 1}, format="json")
@@ -242,7 +270,13 @@ def test_it_renders_the_active_context_in_openai_format(alice_api):
         {
             "role": "assistant",
             "content": "Looking.",
-            "tool_calls": [{"id": "call_1", "type": "function", "function": {"name": "ls", "arguments": '{"path": "src/"}'}}],
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {"name": "ls", "arguments": '{"path": "src/"}'},
+                }
+            ],
         },
         {"role": "tool", "tool_call_id": "call_1", "content": "app.py\nutil.py\ntest_app.py"},
         {"role": "assistant", "content": CONVERSATION[5]["content"]},
@@ -283,7 +317,16 @@ def test_it_renders_the_active_context_in_anthropic_format(alice_api):
                 {"type": "tool_use", "id": "call_1", "name": "ls", "input": {"path": "src/"}},
             ],
         },
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "call_1", "content": "app.py\nutil.py\ntest_app.py"}]},
+        {
+            "role": "user",
+            "content": [
+                {
+                    "type": "tool_result",
+                    "tool_use_id": "call_1",
+                    "content": "app.py\nutil.py\ntest_app.py",
+                }
+            ],
+        },
         {"role": "assistant", "content": [{"type": "text", "text": CONVERSATION[5]["content"]}]},
         {"role": "user", "content": [{"type": "text", "text": CONVERSATION[6]["content"]}]},
     ]
@@ -297,7 +340,12 @@ def _long_session(api):
         turns += [
             {"type": "USER_MESSAGE", "content": f"request {i}: " + "please look at this " * 10},
             {"type": "TOOL_CALL", "name": "grep", "toolCallId": f"c{i}", "content": '{"q": "x"}'},
-            {"type": "TOOL_RESULT", "name": "grep", "toolCallId": f"c{i}", "content": f"hit {i} " * 40},
+            {
+                "type": "TOOL_RESULT",
+                "name": "grep",
+                "toolCallId": f"c{i}",
+                "content": f"hit {i} " * 40,
+            },
             {"type": "AGENT_MESSAGE", "content": f"answer {i} " * 15},
         ]
     turns.append({"type": "USER_MESSAGE", "content": "the last question"})
@@ -330,7 +378,11 @@ def test_it_prunes_between_the_thresholds(alice_api, caplog):
     assert calls == results
     # Usage is unchanged: pruning is a view, not a compaction.
     assert usage(alice_api, session)["contextTokens"] == total
-    records = [r for r in caplog.records if r.name == "context" and "context_window_approaching" in r.getMessage()]
+    records = [
+        r
+        for r in caplog.records
+        if r.name == "context" and "context_window_approaching" in r.getMessage()
+    ]
     assert records
     assert records[0].tokenCount == total
     assert records[0].limit == max_tokens
@@ -348,10 +400,17 @@ def test_it_keeps_the_pruned_token_count_exact(alice_api):
                 costs.append(tokens.message_tokens(counter, role="assistant", content=m["content"]))
             for call in m["tool_calls"]:
                 costs.append(
-                    tokens.message_tokens(counter, role="assistant", content=call["function"]["arguments"], name=call["function"]["name"])
+                    tokens.message_tokens(
+                        counter,
+                        role="assistant",
+                        content=call["function"]["arguments"],
+                        name=call["function"]["name"],
+                    )
                 )
         elif m["role"] == "tool":
-            costs.append(tokens.message_tokens(counter, role="tool", content=m["content"], name="grep"))
+            costs.append(
+                tokens.message_tokens(counter, role="tool", content=m["content"], name="grep")
+            )
         else:
             costs.append(tokens.message_tokens(counter, role=m["role"], content=m["content"]))
     assert body["tokenCount"] == tokens.context_tokens(costs)
@@ -385,7 +444,14 @@ def test_it_ignores_a_max_tokens_above_the_window(alice_api):
 
 def test_it_refuses_when_system_prompt_and_last_message_cannot_fit(alice_api):
     session = create(alice_api, model="x-local", contextLimit=100_000, systemPrompt="rules " * 60)
-    append(alice_api, session, [{"type": "AGENT_MESSAGE", "content": "older"}, {"type": "USER_MESSAGE", "content": "question " * 60}])
+    append(
+        alice_api,
+        session,
+        [
+            {"type": "AGENT_MESSAGE", "content": "older"},
+            {"type": "USER_MESSAGE", "content": "question " * 60},
+        ],
+    )
     before = usage(alice_api, session)
     response = context(alice_api, session, maxTokens=50)
     assert response.status_code == 422
@@ -406,7 +472,13 @@ def test_it_refuses_when_system_prompt_and_last_message_cannot_fit(alice_api):
 def test_it_answers_an_empty_session_with_no_messages(alice_api):
     session = create(alice_api)
     body = context(alice_api, session).json()
-    assert body == {"messages": [], "tokenCount": 0, "limit": 128_000, "pruned": False, "summary": None}
+    assert body == {
+        "messages": [],
+        "tokenCount": 0,
+        "limit": 128_000,
+        "pruned": False,
+        "summary": None,
+    }
 
 
 def test_it_never_sends_more_than_the_limit_at_the_hard_limit(alice_api):

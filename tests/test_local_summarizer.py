@@ -241,6 +241,102 @@ def test_it_summarizes_a_million_token_session_quickly() -> None:
     assert len(kept) >= len(session.facts) // 3
 
 
+def boilerplate_conversation() -> tuple[list[SummaryMessage], list[str]]:
+    """An agent repeating one sentence template with a new path each turn, plus a few one-off
+    identifier facts phrased as changes (the lowest-priority section)."""
+    modules = ["billing", "ledger", "exports", "auth", "search", "webhooks"]
+    words_ = ["tenant", "cursor", "budget", "shard", "quota", "window", "policy"]
+    facts = [
+        f"{name}Resolver{1000 + 37 * k}"
+        for k, name in enumerate(["Quota", "Shard", "Cursor", "Ledger", "Window"])
+    ]
+    messages: list[SummaryMessage] = [
+        msg(0, "USER_MESSAGE", "Please make the quota lookups consistent across the services.")
+    ]
+    for turn in range(60):
+        text = (
+            f"I updated the two in src/{modules[turn % 6]}/{words_[turn % 7]}_views_{turn}.py; "
+            f"the others already pass the {words_[(turn * 3) % 7]} explicitly."
+        )
+        if turn % 12 == 5:
+            fact = facts[turn // 12]
+            text += (
+                f" The lookup goes through {fact} in the {modules[turn // 12]} package, "
+                "so I changed it there."
+            )
+        messages.append(msg(turn + 1, "AGENT_MESSAGE", text))
+    return messages, facts
+
+
+BOILERPLATE = re.compile(r"^- I updated the two in .*explicitly\.$", re.MULTILINE)
+
+
+@pytest.mark.parametrize("counter", [words, real_counter()], ids=["words", "tokenizer"])
+def test_it_keeps_one_off_identifiers_over_a_repeated_sentence_template(counter) -> None:
+    messages, facts = boilerplate_conversation()
+    # Room for roughly a dozen bullets, far fewer than the 65 candidate sentences.
+    budget = 260 if counter is words else 420
+    summary = LocalSummarizer(count_tokens=counter).summarize(
+        previous_summary="", messages=messages, max_tokens=budget
+    )
+    assert counter(summary) <= budget
+    for fact in facts:
+        assert fact in summary, fact
+
+
+DISTINCT_NOTES = [
+    "The nightly export reads tenants in pages of `export_page_size` = 500 rows.",
+    "Billing totals go through `round_half_even` before the invoice is rendered.",
+    "Staging runs Postgres 15 behind `pgbouncer` while production is still on 14.",
+    "Webhook retries back off from 2 to 64 seconds in `webhook_backoff`.",
+    "The `audit_log` table is partitioned by month, so old rows are cheap to drop.",
+    "Search reindexing by `reindex_all` takes about 40 minutes on the full corpus.",
+    "Feature flags come from `flag_cache` once per request, not per query.",
+    "Corrections to `ledger_entry` rows are appended as reversals, never updated in place.",
+]
+
+
+def test_it_deduplicates_a_repeated_sentence_template() -> None:
+    messages, facts = boilerplate_conversation()
+    # One-off notes of many shapes, each scoring below the template's raw score.
+    for k, note in enumerate(DISTINCT_NOTES):
+        messages.insert(1 + 7 * k, msg(200 + k, "AGENT_MESSAGE", note))
+    summarizer = LocalSummarizer(count_tokens=words)
+    tight = summarizer.summarize(previous_summary="", messages=messages, max_tokens=280)
+    roomy = summarizer.summarize(previous_summary="", messages=messages, max_tokens=5000)
+    # Under pressure the template keeps a few instances, not the bulk of the budget (ranking
+    # by raw score alone gave it 8 of the ~20 bullets)...
+    assert 1 <= len(BOILERPLATE.findall(tight)) <= 4
+    assert sum(note in tight for note in DISTINCT_NOTES) >= 6
+    # ... while nothing is lost when everything fits.
+    assert len(BOILERPLATE.findall(roomy)) == 60
+    assert all(fact in roomy for fact in facts)
+    assert all(note in roomy for note in DISTINCT_NOTES)
+
+
+def test_it_ranks_thousands_of_near_identical_sentences() -> None:
+    # Same template, a different plain word each time: every shape is distinct but similar to
+    # all the others, the worst case of the shape-similarity join. Must stay linear.
+    vocab = [f"{a}{b}{c}" for a in "bcdfg" for b in "aeiou" for c in "klmnprst"]
+    messages = [
+        msg(
+            i,
+            "AGENT_MESSAGE",
+            f"Done: the worker now batches the {vocab[i % len(vocab)]} queries "
+            f"(one query per {vocab[(i * 7) % len(vocab)]} instead of one per row).",
+        )
+        for i in range(3000)
+    ]
+    messages.append(msg(3000, "AGENT_MESSAGE", "The lookup goes through FooResolver42 now."))
+    started = time.perf_counter()
+    summary = LocalSummarizer(count_tokens=words).summarize(
+        previous_summary="", messages=messages, max_tokens=300
+    )
+    assert time.perf_counter() - started < 3.0
+    assert words(summary) <= 300
+    assert "FooResolver42" in summary
+
+
 # --- truncate_to_tokens ------------------------------------------------------------------------
 
 TEXT = (

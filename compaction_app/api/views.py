@@ -36,7 +36,10 @@ class SessionCompactionsView(APIView):
         data = body.validated_data
         if data.get("dryRun"):
             dry = services.compaction_plan(
-                session=session, strategy=data.get("strategy"), target_ratio=data.get("targetRatio")
+                session=session,
+                strategy=data.get("strategy"),
+                summarizer=data.get("summarizer"),
+                target_ratio=data.get("targetRatio"),
             )
             plan = dry.plan
             return Response(

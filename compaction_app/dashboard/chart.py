@@ -116,10 +116,14 @@ def context_series(
         total += event.tokens
         count += 1
         points.append(Point(event.seq, total + REPLY_PRIMER))
-    return Series(points=tuple(downsample(points, max_points=max_points, keep=anchors)), marks=tuple(marks))
+    return Series(
+        points=tuple(downsample(points, max_points=max_points, keep=anchors)), marks=tuple(marks)
+    )
 
 
-def downsample(points: Sequence[Point], *, max_points: int, keep: set[int] | None = None) -> list[Point]:
+def downsample(
+    points: Sequence[Point], *, max_points: int, keep: set[int] | None = None
+) -> list[Point]:
     """At most `max_points` of `points`, in order: the first and last, the indices in `keep`
     (while they fit), and evenly spaced others."""
     n = len(points)
@@ -180,7 +184,7 @@ def chart_geometry(
     width: int = 720,
     height: int = 240,
     pad_left: int = 56,
-    pad_right: int = 12,
+    pad_right: int = 40,
     pad_top: int = 12,
     pad_bottom: int = 28,
 ) -> ChartGeometry:

@@ -6,6 +6,7 @@ built from the same numbers.
 
 from __future__ import annotations
 
+import math
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -32,6 +33,7 @@ CONTENT_PREVIEW_CHARS = 4000
 # Bar colours of the issue: amber from 80 %, red from 95 % of the window.
 AMBER_PERCENT = 80.0
 RED_PERCENT = 95.0
+GAUGE_RADIUS = 52
 
 # ?sort= values → ordering; a leading "-" in the value reverses.
 SORTS: dict[str, tuple[str, ...]] = {
@@ -80,6 +82,13 @@ class SessionRow:
     def bar_width(self) -> float:
         return min(self.percent, 100.0)
 
+    @property
+    def gauge_dash(self) -> str:
+        """stroke-dasharray of the gauge's ring (r = 52, so the circumference is 2π·52)."""
+        circumference = 2 * math.pi * GAUGE_RADIUS
+        filled = circumference * self.bar_width / 100
+        return f"{filled:.1f} {circumference:.1f}"
+
 
 def session_row(*, session: Session, active_run: CompactionRun | None = None) -> SessionRow:
     tokens = session.context_tokens
@@ -89,14 +98,18 @@ def session_row(*, session: Session, active_run: CompactionRun | None = None) ->
         percent=percent,
         level=usage_level(percent),
         context_tokens=tokens,
-        cost=_cost(session.model, session.reported_prompt_tokens, session.reported_completion_tokens),
+        cost=_cost(
+            session.model, session.reported_prompt_tokens, session.reported_completion_tokens
+        ),
         active_run=active_run,
         last_compaction=session.last_compaction,
     )
 
 
 def active_runs_by_session(session_ids: Iterable[Any]) -> dict[Any, CompactionRun]:
-    runs = CompactionRun.objects.filter(session_id__in=list(session_ids), status__in=ACTIVE_STATUSES)
+    runs = CompactionRun.objects.filter(
+        session_id__in=list(session_ids), status__in=ACTIVE_STATUSES
+    )
     return {run.session_id: run for run in runs}
 
 
@@ -129,7 +142,13 @@ class ListFilters:
         """The list URL's query for these filters with `changes` applied (for links)."""
         from urllib.parse import urlencode
 
-        values = {"q": self.q, "model": self.model, "near": "1" if self.near else "", "sort": self.sort, "page": self.page}
+        values = {
+            "q": self.q,
+            "model": self.model,
+            "near": "1" if self.near else "",
+            "sort": self.sort,
+            "page": self.page,
+        }
         values.update(changes)
         if values["sort"] == DEFAULT_SORT:
             values["sort"] = ""
@@ -150,7 +169,9 @@ def _with_usage(queryset: QuerySet[Session]) -> QuerySet[Session]:
     )
 
 
-def sessions_page(*, user: AbstractBaseUser | AnonymousUser, filters: ListFilters) -> tuple[Page, list[SessionRow]]:
+def sessions_page(
+    *, user: AbstractBaseUser | AnonymousUser, filters: ListFilters
+) -> tuple[Page, list[SessionRow]]:
     queryset = _with_usage(sessions_visible_to(user=user))
     if filters.q:
         queryset = queryset.filter(Q(title__icontains=filters.q) | Q(model__icontains=filters.q))
@@ -158,7 +179,7 @@ def sessions_page(*, user: AbstractBaseUser | AnonymousUser, filters: ListFilter
         queryset = queryset.filter(model=filters.model)
     if filters.near:
         # "Near its limit" is the session's own compact threshold, as the usage API says.
-        queryset = queryset.filter(usage_ratio__gte=F("compact_threshold"))
+        queryset = queryset.filter(Q(usage_ratio__gte=F("compact_threshold")))
     descending = filters.sort.startswith("-")
     ordering = [("-" if descending else "") + name for name in SORTS[filters.sort.lstrip("-")]]
     queryset = queryset.order_by(*ordering, "pk")
@@ -238,30 +259,41 @@ def timeline(*, session: Session, show_all: bool = False) -> Timeline:
         frontier = []
         for child in children:
             node = TimelineItem(child)
+            assert child.compacted_by_id is not None  # selected by it
             by_marker[child.compacted_by_id].children.append(node)
             if child.type == EventType.COMPACTION:
                 frontier.append(node)
-    return Timeline(items=items, total_top_level=total, shown_all=show_all or total <= TIMELINE_LIMIT)
+    return Timeline(
+        items=items, total_top_level=total, shown_all=show_all or total <= TIMELINE_LIMIT
+    )
 
 
 def chart_series(*, session: Session) -> Series:
     """The context-size history of the session (see chart.context_series)."""
-    rows = Event.objects.filter(session=session).order_by("seq").values_list(
-        "seq", "token_count", "type", "reverted"
+    rows = (
+        Event.objects.filter(session=session)
+        .order_by("seq")
+        .values_list("seq", "token_count", "type", "reverted")
     )
     events = [
         ChartEvent(
             seq=seq,
             tokens=tokens,
-            visible=kind not in MODEL_INVISIBLE_TYPES and kind != EventType.COMPACTION and not reverted,
+            visible=kind not in MODEL_INVISIBLE_TYPES
+            and kind != EventType.COMPACTION
+            and not reverted,
         )
         for seq, tokens, kind, reverted in rows
     ]
     compactions = []
     runs = CompactionRun.objects.filter(
-        session=session, status=RunStatus.COMPLETED, reverted_at__isnull=True, compaction_event__isnull=False
+        session=session,
+        status=RunStatus.COMPLETED,
+        reverted_at__isnull=True,
+        compaction_event__isnull=False,
     ).select_related("compaction_event")
     for run in runs:
+        assert run.compaction_event is not None  # filtered above
         seq = run.compaction_event.seq
         compactions.append(
             ChartCompaction(
@@ -292,8 +324,17 @@ class SessionView:
 
 def session_view(*, session: Session) -> SessionView:
     runs = list(runs_for_session(session=session).select_related("compaction_event")[:50])
+    for run in runs:
+        # Read by the history table; a plain attribute keeps the model free of view code.
+        run.duration_seconds = (  # type: ignore[attr-defined]
+            (run.finished_at - run.started_at).total_seconds()
+            if run.started_at and run.finished_at
+            else None
+        )
     active = next((run for run in runs if run.status in ACTIVE_STATUSES), None)
-    completed = [run for run in runs if run.status == RunStatus.COMPLETED and run.reverted_at is None]
+    completed = [
+        run for run in runs if run.status == RunStatus.COMPLETED and run.reverted_at is None
+    ]
     latest = max(completed, key=lambda run: (run.finished_at, run.created_at), default=None)
     return SessionView(
         session=session,

@@ -35,7 +35,9 @@ def session_context(
         "view": view,
         "usage": view.usage,
         "row": view.row,
-        "geometry": chart_geometry(series=series, limit=session.context_limit) if series.points else None,
+        "geometry": chart_geometry(series=series, limit=session.context_limit)
+        if series.points
+        else None,
         "series": series,
         "timeline": queries.timeline(session=session, show_all=show_all),
         "is_staff": bool(getattr(user, "is_staff", False)),
@@ -62,18 +64,29 @@ def notice_context(text: str, *, level: str = "info") -> dict[str, Any]:
     return {"notice_text": text, "notice_level": level}
 
 
-def session_frame(*, session: Session, user: Any, message: Mapping[str, Any], csrf_token: str = "") -> str:
+def session_frame(
+    *, session: Session, user: Any, message: Mapping[str, Any], csrf_token: str = ""
+) -> str:
     """The HTML frame a session page receives for one ledger message."""
     kind = message.get("type")
     extra: dict[str, Any] = {"csrf_token": csrf_token}
     parts: list[str] = list(SESSION_PARTS)
     if kind == "COMPACTION_START":
-        extra.update(notice_context(str(message.get("message") or "Compacting conversation to reduce size…"), level="info"))
-        parts = ["notice", "gauge", "history"]
+        extra.update(
+            notice_context(
+                str(message.get("message") or "Compacting conversation to reduce size…"),
+                level="info",
+            )
+        )
+        parts = ["notice", "gauge", "controls", "history"]
     elif kind == "COMPACTION_COMPLETE":
         success = bool(message.get("success"))
-        extra.update(notice_context(str(message.get("message") or ""), level="success" if success else "error"))
-        parts = ["notice", *SESSION_PARTS]
+        extra.update(
+            notice_context(
+                str(message.get("message") or ""), level="success" if success else "error"
+            )
+        )
+        parts = ["notice", "controls", *SESSION_PARTS]
     context = session_context(session=session, user=user, **extra)
     return render_parts(SESSION_TEMPLATE, parts, context)
 

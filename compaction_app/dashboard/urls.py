@@ -1,1 +1,26 @@
-urlpatterns: list = []
+from django.urls import path
+
+from compaction_app.dashboard import views
+
+app_name = "dashboard"
+
+urlpatterns = [
+    path("", views.sessions_list, name="sessions"),
+    path("sessions/<uuid:session_id>/", views.session_detail, name="session"),
+    path(
+        "sessions/<uuid:session_id>/compact/preview/",
+        views.compaction_preview,
+        name="compaction-preview",
+    ),
+    path("sessions/<uuid:session_id>/compact/", views.compaction_start, name="compaction-start"),
+    path(
+        "sessions/<uuid:session_id>/compactions/<uuid:run_id>/revert/",
+        views.compaction_revert,
+        name="compaction-revert",
+    ),
+    path(
+        "sessions/<uuid:session_id>/events/<uuid:event_id>/pin/",
+        views.event_pin,
+        name="event-pin",
+    ),
+]

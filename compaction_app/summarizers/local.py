@@ -3,8 +3,10 @@
 No model is called: sentences and lines are picked out of the folded messages by cheap regex
 scores (user constraints, decisions, errors, file paths, identifiers, numbers, URLs beat
 filler), sorted into fixed Markdown sections, merged with the previous summary's sections
-(deduplicated), and the highest-priority items are kept within `max_tokens`. Whole items are
-dropped, lowest priority first; nothing is cut mid-word.
+(deduplicated), and the highest-priority items are kept within `max_tokens`. Repeats of one
+sentence template (same words once paths, identifiers and numbers are removed) lose priority
+with each repeat, so boilerplate cannot crowd out one-off facts. Whole items are dropped,
+lowest priority first; nothing is cut mid-word.
 """
 
 from __future__ import annotations
@@ -151,6 +153,15 @@ _STRONG_ERROR = re.compile(
 _SPECIFIC = re.compile(r"\b\d{3,}\b|\b[A-Za-z_]+\d+\w*\b|\b\d+\.\d+(?:\.\d+)*\b")
 
 
+# An identifier with digits in it (`LimitQuotaResolver1418`, `tenant_id_7`) names one specific
+# thing a continuation cannot re-derive, worth more than a file path, which later items tend
+# to repeat. Matched outside paths (`mod_3.py` is a path) and not in quoted tool output, where
+# test ids such as `test_load_run_64` come by the dozen.
+_DIGIT_IDENT = re.compile(
+    r"\b(?=[A-Za-z_]*\d)(?:[A-Z][a-z0-9]+(?:[A-Z][A-Za-z0-9]*)+|[a-z][a-z0-9]*(?:_[a-z0-9]+)+)\b"
+)
+
+
 def _features(text: str) -> int:
     score = 0
     if _PATH.search(text):
@@ -195,6 +206,12 @@ def _score(section: str, text: str) -> int:
     strong = _STRONG_ERROR.search(text)
     if strong:
         score += 3
+    if (
+        not _TOOL_LINE.match(text)
+        and _DIGIT_IDENT.search(text)
+        and _DIGIT_IDENT.search(_PATH.sub(" ", text))
+    ):
+        score += 2
     if section == _TECH and not decision:
         score -= 3  # a sentence that merely names things
     if _TOOL_LINE.match(text):
@@ -259,6 +276,99 @@ class _Collector:
             self.items[key] = _Item(section, text, score, self._order)
         elif score > existing.score:
             existing.score = score
+
+
+# --- repeated sentence shapes ------------------------------------------------------------------
+
+# A word is part of a sentence's shape unless it is a specific: anything with a digit, a path
+# or dotted name, a snake_case or CamelCase identifier. What is left is the template.
+_SHAPE_WORD = re.compile(r"\S+")
+_SHAPE_STRIP = "`'\"()[]{}<>,;:!?*"
+_NOT_SHAPE = re.compile(r"[\d/_.\\@=]|[a-z][A-Z]|[A-Z]{2}[a-z]")
+_SHAPE_PENALTY = 3  # points per higher-ranked item of the same shape
+_SHAPE_MIN_WORDS = 3  # fewer template words say too little to call two items the same shape
+# Jaccard similarity of two shapes counts as "the same shape" at >= 7/10 (in integers, so the
+# prefix filter below never misses a pair through rounding). Bounds of the join: see there.
+_SHAPE_NUM, _SHAPE_DEN = 7, 10
+_SHAPE_SCAN = 32  # latest shapes compared per prefix word
+_SHAPE_MAX_NEIGHBOURS = 64  # similar shapes remembered per shape
+# Items that exist once by construction (tally, latest status, latest request, working state).
+_SHAPE_EXEMPT = frozenset({_STATUS, _CONTINUE, _WORKING})
+
+
+def _shape(text: str) -> frozenset[str]:
+    """The template words of `text`, lower-cased, specifics removed."""
+    words = set()
+    for raw in _SHAPE_WORD.findall(text):
+        word = raw.strip(_SHAPE_STRIP)
+        word = word[:-1] if word.endswith(".") else word
+        if word and not _NOT_SHAPE.search(word):
+            words.add(word.lower())
+    return frozenset(words)
+
+
+def _similar_shapes(shapes: list[frozenset[str]]) -> list[list[int]]:
+    """For each distinct shape, indices of other shapes with Jaccard similarity >= 7/10.
+
+    A prefix-filtered similarity join (AllPairs): with each shape's words sorted rarest
+    first, two shapes that similar must share a word among their first `n - ceil(0.7 n) + 1`
+    words, so only shapes meeting in an inverted index of those prefixes are compared.
+    Bounded so thousands of near-identical shapes stay linear: a shape is compared only with
+    the latest `_SHAPE_SCAN` shapes per prefix word (shapes arrive in rank order, so these
+    are its nearest better-ranked relatives), and keeps at most `_SHAPE_MAX_NEIGHBOURS`.
+    Past those bounds an item is already penalised far below any one-off fact.
+    """
+    frequency: dict[str, int] = {}
+    for shape in shapes:
+        for word in shape:
+            frequency[word] = frequency.get(word, 0) + 1
+    neighbours: list[list[int]] = [[] for _ in shapes]
+    index: dict[str, list[int]] = {}
+    for i, shape in enumerate(shapes):
+        size = len(shape)
+        ordered = sorted(shape, key=lambda w: (frequency[w], w))
+        prefix = ordered[: size - (_SHAPE_NUM * size + _SHAPE_DEN - 1) // _SHAPE_DEN + 1]
+        candidates: set[int] = set()
+        for word in prefix:
+            candidates.update(index.get(word, ())[-_SHAPE_SCAN:])
+        for j in sorted(candidates, reverse=True):
+            if len(neighbours[i]) >= _SHAPE_MAX_NEIGHBOURS:
+                break
+            other = shapes[j]
+            # Length filter, then the exact test |a & b| / |a | b| >= 7/10, in integers.
+            if _SHAPE_DEN * min(size, len(other)) < _SHAPE_NUM * max(size, len(other)):
+                continue
+            common = len(shape & other)
+            if _SHAPE_DEN * common >= _SHAPE_NUM * (size + len(other) - common):
+                neighbours[i].append(j)
+                if len(neighbours[j]) < _SHAPE_MAX_NEIGHBOURS:
+                    neighbours[j].append(i)
+        for word in prefix:
+            index.setdefault(word, []).append(i)
+    return neighbours
+
+
+def _shape_penalties(ranked: Sequence[_Item]) -> list[int]:
+    """Per item of `ranked`, 3 points for each higher-ranked item of (nearly) the same shape."""
+    group_of: dict[frozenset[str], int] = {}
+    groups: list[int | None] = []
+    for item in ranked:
+        shape = _shape(item.text) if item.section not in _SHAPE_EXEMPT else frozenset()
+        if len(shape) < _SHAPE_MIN_WORDS:
+            groups.append(None)
+            continue
+        groups.append(group_of.setdefault(shape, len(group_of)))
+    neighbours = _similar_shapes(list(group_of))
+    seen = [0] * len(group_of)
+    penalties: list[int] = []
+    for group in groups:
+        if group is None:
+            penalties.append(0)
+            continue
+        earlier = seen[group] + sum(seen[j] for j in neighbours[group])
+        penalties.append(_SHAPE_PENALTY * earlier)
+        seen[group] += 1
+    return penalties
 
 
 # --- the summarizer ----------------------------------------------------------------------------
@@ -496,13 +606,21 @@ class LocalSummarizer(Summarizer):
 
     def _fit(self, items: list[_Item], *, max_tokens: int) -> str:
         """Render the highest-priority items that fit in `max_tokens`, dropping the rest."""
-        # Diversity: the n-th best item of a section loses 2n points, so one chatty section
-        # (say, a hundred failing-test lines) cannot crowd the others out.
+        # Diversity of sentence shapes first: an agent repeating one template with a new path
+        # each time ("I updated the two in {path}; ...") must neither outrank one-off facts
+        # nor take their places in the per-section ranking below.
+        ranked = sorted(items, key=lambda i: (-i.score, -i.order))
+        adjusted = {
+            id(item): item.score - penalty
+            for item, penalty in zip(ranked, _shape_penalties(ranked), strict=True)
+        }
+        # Diversity within a section: the n-th best item of a section loses 2n points, so one
+        # chatty section (say, a hundred failing-test lines) cannot crowd the others out.
         by_section: dict[str, list[_Item]] = {}
-        for item in sorted(items, key=lambda i: (-i.score, -i.order)):
+        for item in sorted(ranked, key=lambda i: (-adjusted[id(i)], -i.score, -i.order)):
             by_section.setdefault(item.section, []).append(item)
         effective = {
-            id(item): item.score - 2 * rank
+            id(item): adjusted[id(item)] - 2 * rank
             for section_items in by_section.values()
             for rank, item in enumerate(section_items)
         }

@@ -89,8 +89,9 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         return response
     code = next((code for cls, code in _CODES.items() if isinstance(exc, cls)), exc.default_code)
     extra: dict[str, Any] = {}
-    if isinstance(exc, exceptions.Throttled) and exc.wait is not None:
-        extra["retryAfter"] = int(exc.wait + 0.999)
+    wait = getattr(exc, "wait", None) if isinstance(exc, exceptions.Throttled) else None
+    if wait is not None:
+        extra["retryAfter"] = int(wait + 0.999)
     detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
     response.data = _printable({"error": code, "detail": detail, **extra})
     return response

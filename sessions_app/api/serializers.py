@@ -41,7 +41,10 @@ class StrictCharField(serializers.CharField):
         super().__init__(**kwargs)
         # The service reports these with a precise error code.
         self.validators = [
-            v for v in self.validators if type(v).__name__ not in {"ProhibitNullCharactersValidator", "ProhibitSurrogateCharactersValidator"}
+            v
+            for v in self.validators
+            if type(v).__name__
+            not in {"ProhibitNullCharactersValidator", "ProhibitSurrogateCharactersValidator"}
         ]
 
     def to_internal_value(self, data: Any) -> str:
@@ -84,13 +87,17 @@ class EventInSerializer(serializers.Serializer):
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         kind = attrs["type"]
         if kind == EventType.TOOL_CALL and (not attrs.get("name") or not attrs.get("toolCallId")):
-            raise serializers.ValidationError({"toolCallId": "TOOL_CALL needs name and toolCallId."})
+            raise serializers.ValidationError(
+                {"toolCallId": "TOOL_CALL needs name and toolCallId."}
+            )
         if kind == EventType.TOOL_RESULT and not attrs.get("toolCallId"):
             raise serializers.ValidationError({"toolCallId": "TOOL_RESULT needs toolCallId."})
         if kind == EventType.CONTEXT_REFRESH and not (
             isinstance(attrs["content"], str) and attrs["content"].startswith("[CONTEXT REFRESH]")
         ):
-            raise serializers.ValidationError({"content": "CONTEXT_REFRESH content starts with [CONTEXT REFRESH]."})
+            raise serializers.ValidationError(
+                {"content": "CONTEXT_REFRESH content starts with [CONTEXT REFRESH]."}
+            )
         return attrs
 
     def to_event_input(self) -> EventInput:
@@ -160,7 +167,11 @@ class EventOutSerializer(serializers.ModelSerializer):
 
     @extend_schema_field(TokenUsageSerializer(allow_null=True))
     def get_tokenUsage(self, event: Event) -> dict[str, int | None] | None:
-        if event.prompt_tokens is None and event.completion_tokens is None and event.total_tokens is None:
+        if (
+            event.prompt_tokens is None
+            and event.completion_tokens is None
+            and event.total_tokens is None
+        ):
             return None
         return {
             "promptTokens": event.prompt_tokens,
@@ -186,9 +197,15 @@ class SessionPatchSerializer(serializers.Serializer):
     settings = serializers.JSONField(required=False)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        unknown = sorted(set(self.initial_data) - set(self.fields)) if isinstance(self.initial_data, dict) else []
+        unknown = (
+            sorted(set(self.initial_data) - set(self.fields))
+            if isinstance(self.initial_data, dict)
+            else []
+        )
         if unknown:
-            raise serializers.ValidationError({key: "This field cannot be changed." for key in unknown})
+            raise serializers.ValidationError(
+                {key: "This field cannot be changed." for key in unknown}
+            )
         return attrs
 
 
@@ -260,9 +277,15 @@ class TokenCountInSerializer(serializers.Serializer):
             raise serializers.ValidationError({"text": "Give exactly one of text or messages."})
         for index, message in enumerate(attrs.get("messages", [])):
             if not isinstance(message.get("role"), str) or "content" not in message:
-                raise serializers.ValidationError({f"messages[{index}]": "Needs a string role and a content."})
-            if message["content"] is not None and not isinstance(message["content"], str | list | dict):
-                raise serializers.ValidationError({f"messages[{index}].content": "Must be text or structured parts."})
+                raise serializers.ValidationError(
+                    {f"messages[{index}]": "Needs a string role and a content."}
+                )
+            if message["content"] is not None and not isinstance(
+                message["content"], str | list | dict
+            ):
+                raise serializers.ValidationError(
+                    {f"messages[{index}].content": "Must be text or structured parts."}
+                )
         return attrs
 
 
@@ -280,4 +303,3 @@ class ModelOutSerializer(serializers.Serializer):
 
 def event_out(events: list[Event]) -> list[dict[str, Any]]:
     return EventOutSerializer(events, many=True).data  # type: ignore[return-value]
-

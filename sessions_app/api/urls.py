@@ -5,14 +5,20 @@ from sessions_app.api import views
 urlpatterns = [
     path("sessions", views.SessionListView.as_view(), name="session-list"),
     path("sessions/<str:session_id>", views.SessionDetailView.as_view(), name="session-detail"),
-    path("sessions/<str:session_id>/events", views.SessionEventsView.as_view(), name="session-events"),
+    path(
+        "sessions/<str:session_id>/events", views.SessionEventsView.as_view(), name="session-events"
+    ),
     path(
         "sessions/<str:session_id>/events/<str:event_id>",
         views.EventDetailView.as_view(),
         name="event-detail",
     ),
     path("sessions/<str:session_id>/usage", views.SessionUsageView.as_view(), name="session-usage"),
-    path("sessions/<str:session_id>/context", views.SessionContextView.as_view(), name="session-context"),
+    path(
+        "sessions/<str:session_id>/context",
+        views.SessionContextView.as_view(),
+        name="session-context",
+    ),
     path("tokens/count", views.TokenCountView.as_view(), name="tokens-count"),
     path("models", views.ModelListView.as_view(), name="model-list"),
 ]

@@ -87,7 +87,9 @@ class SessionEventsView(APIView):
         parameters=[
             OpenApiParameter("after", int, description="Return events with seq greater than this."),
             OpenApiParameter("limit", int, description="Page size, 1..1000 (default 100)."),
-            OpenApiParameter("includeCompacted", bool, description="Include events folded by compaction."),
+            OpenApiParameter(
+                "includeCompacted", bool, description="Include events folded by compaction."
+            ),
         ],
         responses=s.EventOutSerializer(many=True),
     )
@@ -113,7 +115,9 @@ class SessionEventsView(APIView):
         single = isinstance(data, dict)
         items = [data] if single else data
         if not isinstance(items, list):
-            raise InvalidInput("body must be an event object or a list of events", code="invalid_request")
+            raise InvalidInput(
+                "body must be an event object or a list of events", code="invalid_request"
+            )
         if len(items) > settings.API_MAX_EVENTS_PER_REQUEST:
             raise LedgerError(
                 f"at most {settings.API_MAX_EVENTS_PER_REQUEST} events per request",
@@ -121,7 +125,9 @@ class SessionEventsView(APIView):
                 limit=settings.API_MAX_EVENTS_PER_REQUEST,
             )
         # A single event validates on its own so field paths read "content", a list's "[2].content".
-        body = s.EventInSerializer(data=data) if single else s.EventInSerializer(data=items, many=True)
+        body = (
+            s.EventInSerializer(data=data) if single else s.EventInSerializer(data=items, many=True)
+        )
         body.is_valid(raise_exception=True)
         validated = [body.validated_data] if single else body.validated_data
         inputs = [s.to_event_input(item) for item in validated]
@@ -156,7 +162,8 @@ def _unprefix_fields(exc: LedgerError) -> None:
     fields = exc.extra.get("fields")
     if isinstance(fields, dict):
         exc.extra["fields"] = {
-            (key[len("[0].") :] if key.startswith("[0].") else key): value for key, value in fields.items()
+            (key[len("[0].") :] if key.startswith("[0].") else key): value
+            for key, value in fields.items()
         }
 
 
@@ -202,7 +209,7 @@ class _FormatParamIsOurs(DefaultContentNegotiation):
     """`?format=` is /context's own parameter (openai|anthropic); DRF would otherwise read it
     as a renderer override and answer 404 for any value but "json"."""
 
-    settings = APISettings(user_settings={"URL_FORMAT_OVERRIDE": None})
+    settings = APISettings(user_settings={"URL_FORMAT_OVERRIDE": None})  # type: ignore[assignment,arg-type]
 
 
 class SessionContextView(APIView):
@@ -222,9 +229,15 @@ class SessionContextView(APIView):
         reserve = _int_param(request, "reserveTokens", 0, minimum=0)
         fmt = request.query_params.get("format", "openai")
         if fmt not in ("openai", "anthropic"):
-            raise InvalidInput("format must be openai or anthropic", fields={"format": "openai or anthropic"})
+            raise InvalidInput(
+                "format must be openai or anthropic", fields={"format": "openai or anthropic"}
+            )
         prepared = context_prepare(
-            session=session, user=request.user, max_tokens=max_tokens, reserve_tokens=reserve, fmt=fmt
+            session=session,
+            user=request.user,
+            max_tokens=max_tokens,
+            reserve_tokens=reserve,
+            fmt=fmt,
         )
         payload: dict[str, Any] = {
             "messages": prepared.messages,
@@ -257,12 +270,17 @@ class TokenCountView(APIView):
         else:
             costs = [
                 tokens.message_tokens(
-                    counter, role=m["role"], content=m.get("content") or "", name=str(m.get("name") or "")
+                    counter,
+                    role=m["role"],
+                    content=m.get("content") or "",
+                    name=str(m.get("name") or ""),
                 )
                 for m in data["messages"]
             ]
             count = tokens.context_tokens(costs)
-        return Response({"tokens": count, "encoding": counter.encoding, "exact": bool(counter.exact and native)})
+        return Response(
+            {"tokens": count, "encoding": counter.encoding, "exact": bool(counter.exact and native)}
+        )
 
 
 class ModelListView(APIView):
@@ -278,26 +296,42 @@ class ModelListView(APIView):
 
 def _object(data: Any) -> Any:
     if not isinstance(data, dict):
-        raise InvalidInput("body must be a JSON object", code="invalid_request", fields={"body": "must be an object"})
+        raise InvalidInput(
+            "body must be a JSON object",
+            code="invalid_request",
+            fields={"body": "must be an object"},
+        )
     return data
 
 
-def _int_param(request: Request, name: str, default: int, *, minimum: int, maximum: int | None = None) -> int:
+def _int_param(
+    request: Request, name: str, default: int, *, minimum: int, maximum: int | None = None
+) -> int:
     raw = request.query_params.get(name)
     if raw is None or raw == "":
         return default
     try:
         value = int(raw)
     except ValueError:
-        raise InvalidInput(f"{name} must be an integer", code="invalid_parameter", fields={name: "must be an integer"}) from None
+        raise InvalidInput(
+            f"{name} must be an integer",
+            code="invalid_parameter",
+            fields={name: "must be an integer"},
+        ) from None
     if value < minimum or (maximum is not None and value > maximum):
         bound = f">= {minimum}" if maximum is None else f"between {minimum} and {maximum}"
-        raise InvalidInput(f"{name} must be {bound}", code="invalid_parameter", fields={name: f"must be {bound}"})
+        raise InvalidInput(
+            f"{name} must be {bound}", code="invalid_parameter", fields={name: f"must be {bound}"}
+        )
     return value
 
 
 def _bool_param(request: Request, name: str) -> bool:
     raw = request.query_params.get(name, "false").lower()
     if raw not in ("true", "false", "1", "0"):
-        raise InvalidInput(f"{name} must be true or false", code="invalid_parameter", fields={name: "true or false"})
+        raise InvalidInput(
+            f"{name} must be true or false",
+            code="invalid_parameter",
+            fields={name: "true or false"},
+        )
     return raw in ("true", "1")

@@ -1,0 +1,228 @@
+"""Dashboard views: thin function views (validate, call a selector or service, render).
+
+An htmx request gets the template partial it asked for; a plain request gets the whole page
+(every page renders its data without JavaScript). Staff-only actions answer 403 to anyone
+else, whatever the form says.
+"""
+
+from __future__ import annotations
+
+from functools import wraps
+from typing import Any
+
+from django.contrib.auth.decorators import login_required
+from django.core.exceptions import PermissionDenied
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_POST
+from django_htmx.middleware import HtmxDetails
+
+from compaction_app import services as compaction_services
+from compaction_app.dashboard import queries
+from compaction_app.dashboard.render import (
+    SESSION_PARTS,
+    SESSION_TEMPLATE,
+    SESSIONS_TEMPLATE,
+    notice_context,
+    render_parts,
+    session_context,
+)
+from compaction_app.selectors import run_get
+from sessions_app import services as session_services
+from sessions_app.errors import LedgerError, NotFound
+from sessions_app.models import Session
+from sessions_app.selectors import event_get, session_get
+from sessions_app.session_settings import STRATEGY_NAMES
+
+
+class HtmxHttpRequest(HttpRequest):
+    """A request after django-htmx's middleware (for the type checker)."""
+
+    htmx: HtmxDetails
+
+
+def _session_or_404(request: HtmxHttpRequest, session_id: Any) -> Session:
+    try:
+        return session_get(user=request.user, session_id=session_id)
+    except NotFound:
+        raise Http404("session not found") from None
+
+
+def staff_required(view: Any) -> Any:
+    """Login first (anonymous → login page), then staff (others → 403)."""
+
+    @login_required
+    @wraps(view)
+    def wrapper(request: HtmxHttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        if not request.user.is_staff:
+            raise PermissionDenied("staff only")
+        return view(request, *args, **kwargs)
+
+    return wrapper
+
+
+@login_required
+@require_GET
+def sessions_list(request: HtmxHttpRequest) -> HttpResponse:
+    filters = queries.ListFilters.from_query(request.GET)
+    page, rows = queries.sessions_page(user=request.user, filters=filters)
+    context = {
+        "page": page,
+        "rows": rows,
+        "filters": filters,
+        "prev_qs": filters.query_string(page=page.previous_page_number())
+        if page.has_previous()
+        else None,
+        "next_qs": filters.query_string(page=page.next_page_number()) if page.has_next() else None,
+        "models": queries.models_in_use(user=request.user),
+        "sorts": [
+            ("-updated", "Recently updated"),
+            ("-usage", "Usage (highest first)"),
+            ("usage", "Usage (lowest first)"),
+            ("title", "Title"),
+            ("model", "Model"),
+            ("-events", "Events (most first)"),
+            ("-tokens", "Reported tokens (most first)"),
+        ],
+    }
+    if request.htmx and request.htmx.target == "sessions-table":
+        return render(request, f"{SESSIONS_TEMPLATE}#table", context)
+    return render(request, SESSIONS_TEMPLATE, context)
+
+
+def _session_page(
+    request: HtmxHttpRequest, session: Session, *, status: int = 200, **extra: Any
+) -> HttpResponse:
+    context = session_context(
+        session=session,
+        user=request.user,
+        show_all=request.GET.get("all") == "1",
+        oob=False,
+        **extra,
+    )
+    return render(request, SESSION_TEMPLATE, context, status=status)
+
+
+@login_required
+@require_GET
+def session_detail(request: HtmxHttpRequest, session_id: Any) -> HttpResponse:
+    session = _session_or_404(request, session_id)
+    if request.htmx and request.htmx.target == "timeline":
+        context = session_context(
+            session=session, user=request.user, show_all=request.GET.get("all") == "1"
+        )
+        return HttpResponse(
+            render_parts(SESSION_TEMPLATE, ["timeline"], context, request=request, oob=False)
+        )
+    return _session_page(request, session)
+
+
+def _htmx_parts(
+    request: HtmxHttpRequest, session: Session, parts: list[str], **extra: Any
+) -> HttpResponse:
+    """The answer to an htmx POST: the notice swapped into #notice (the request's target),
+    and the other parts out of band. The notice is the main swap because the form that asked
+    may have been replaced by a websocket push meanwhile, and htmx only finds out-of-band
+    targets from a form that is still in the page."""
+    context = session_context(session=session, user=request.user, **extra)
+    html = render_parts(SESSION_TEMPLATE, ["notice"], context, request=request, oob=False)
+    others = [part for part in parts if part != "notice"]
+    html += render_parts(SESSION_TEMPLATE, others, context, request=request)
+    return HttpResponse(html)
+
+
+def _error(request: HtmxHttpRequest, session: Session, exc: LedgerError) -> HttpResponse:
+    text = f"Could not do that: {exc.detail}"
+    if request.htmx:
+        # htmx does not swap 4xx answers; the notice is the answer, so send it as a 200.
+        return _htmx_parts(request, session, ["notice"], **notice_context(text, level="error"))
+    return _session_page(request, session, status=exc.status, **notice_context(text, level="error"))
+
+
+@staff_required
+@require_POST
+def compaction_preview(request: HtmxHttpRequest, session_id: Any) -> HttpResponse:
+    session = _session_or_404(request, session_id)
+    strategy = request.POST.get("strategy", "")
+    if strategy not in STRATEGY_NAMES:
+        return _error(request, session, LedgerError(f"unknown strategy {strategy!r}"))
+    dry_run = compaction_services.compaction_plan(session=session, strategy=strategy)
+    preview = {"plan": dry_run.plan, "strategy": strategy}
+    if request.htmx:
+        context = session_context(session=session, user=request.user, preview=preview)
+        return HttpResponse(
+            render_parts(SESSION_TEMPLATE, ["controls"], context, request=request, oob=False)
+        )
+    return _session_page(request, session, preview=preview)
+
+
+@staff_required
+@require_POST
+def compaction_start(request: HtmxHttpRequest, session_id: Any) -> HttpResponse:
+    session = _session_or_404(request, session_id)
+    strategy = request.POST.get("strategy", "")
+    if strategy not in STRATEGY_NAMES:
+        return _error(request, session, LedgerError(f"unknown strategy {strategy!r}"))
+    try:
+        compaction_services.compaction_request(
+            session=session, user=request.user, strategy=strategy
+        )
+    except LedgerError as exc:
+        return _error(request, session, exc)
+    if request.htmx:
+        return _htmx_parts(
+            request,
+            session,
+            ["notice", "controls", "history"],
+            **notice_context(f"Compaction requested ({strategy}).", level="info"),
+        )
+    return redirect(reverse("dashboard:session", args=[session.pk]))
+
+
+@staff_required
+@require_POST
+def compaction_revert(request: HtmxHttpRequest, session_id: Any, run_id: Any) -> HttpResponse:
+    session = _session_or_404(request, session_id)
+    try:
+        run = run_get(user=request.user, run_id=run_id)
+    except NotFound:
+        raise Http404("compaction not found") from None
+    if run.session_id != session.pk:
+        raise Http404("compaction not found")
+    try:
+        compaction_services.compaction_revert(run=run)
+    except LedgerError as exc:
+        return _error(request, session, exc)
+    session.refresh_from_db()
+    if request.htmx:
+        return _htmx_parts(
+            request,
+            session,
+            ["notice", *SESSION_PARTS],
+            **notice_context(
+                "Compaction reverted: the folded events are active again.", level="success"
+            ),
+        )
+    return redirect(reverse("dashboard:session", args=[session.pk]))
+
+
+@login_required
+@require_POST
+def event_pin(request: HtmxHttpRequest, session_id: Any, event_id: Any) -> HttpResponse:
+    """Pin or unpin an event (the session's owner or staff, like the API)."""
+    session = _session_or_404(request, session_id)
+    try:
+        event = event_get(session=session, event_id=event_id)
+    except NotFound:
+        raise Http404("event not found") from None
+    session_services.event_set_pinned(event=event, pinned=request.POST.get("pinned") == "1")
+    if request.htmx:
+        verb = "pinned" if event.pinned else "unpinned"
+        return _htmx_parts(
+            request,
+            session,
+            ["timeline"],
+            **notice_context(f"Event #{event.seq} {verb}.", level="success"),
+        )
+    return redirect(reverse("dashboard:session", args=[session.pk]) + f"#event-{event.seq}")

@@ -1,0 +1,90 @@
+"""The dashboard chart's series math (pure: no database, no Django)."""
+
+from __future__ import annotations
+
+import pytest
+
+from compaction_app.dashboard.chart import (
+    REPLY_PRIMER,
+    ChartCompaction,
+    ChartEvent,
+    Point,
+    chart_geometry,
+    context_series,
+    downsample,
+)
+
+
+def test_it_accumulates_visible_event_tokens_with_the_reply_primer():
+    series = context_series(
+        events=[ChartEvent(1, 10), ChartEvent(2, 5, visible=False), ChartEvent(3, 20)]
+    )
+    assert [(p.seq, p.tokens) for p in series.points] == [
+        (1, 10 + REPLY_PRIMER),
+        (3, 30 + REPLY_PRIMER),
+    ]
+    assert series.marks == ()
+
+
+def test_it_drops_to_tokens_after_at_a_compaction_and_marks_the_tokens_freed():
+    events = [ChartEvent(seq, 100) for seq in range(1, 6)] + [ChartEvent(6, 40), ChartEvent(7, 50)]
+    run = ChartCompaction(seq=6, tokens_before=503, tokens_after=143, label="summarize (manual)")
+    series = context_series(events=events, compactions=[run])
+    values = [(p.seq, p.tokens) for p in series.points]
+    # The vertical drop: the size just before the run, then the run's result, at the same seq.
+    assert (6, 503) in values and (6, 143) in values
+    assert values.index((6, 503)) + 1 == values.index((6, 143))
+    # The marker event's own tokens are part of tokens_after, not added again.
+    assert values[-1] == (7, 143 + 50)
+    (mark,) = series.marks
+    assert (mark.seq, mark.freed, mark.label) == (6, 360, "summarize (manual)")
+
+
+def test_it_does_not_count_a_refresh_event_the_run_already_counted():
+    events = [ChartEvent(1, 300), ChartEvent(2, 60), ChartEvent(3, 20), ChartEvent(4, 7)]
+    run = ChartCompaction(seq=2, tokens_before=303, tokens_after=86, covers_through=3)
+    series = context_series(events=events, compactions=[run])
+    assert series.points[-1] == Point(4, 93)
+
+
+def test_it_starts_from_zero_when_a_compaction_empties_the_context():
+    series = context_series(
+        events=[ChartEvent(1, 50), ChartEvent(2, 0), ChartEvent(3, 10)],
+        compactions=[ChartCompaction(seq=2, tokens_before=53, tokens_after=0)],
+    )
+    assert series.points[-1] == Point(3, 10 + REPLY_PRIMER)
+
+
+def test_it_downsamples_to_at_most_max_points_keeping_ends_and_compaction_drops():
+    events = [ChartEvent(seq, 10) for seq in range(1, 5001)]
+    runs = [ChartCompaction(seq=s, tokens_before=1, tokens_after=100) for s in (1000, 2500, 4000)]
+    series = context_series(events=events, compactions=runs, max_points=300)
+    assert len(series.points) <= 300
+    seqs = [p.seq for p in series.points]
+    assert seqs == sorted(seqs)
+    assert seqs[0] == 1 and seqs[-1] == 5000
+    for seq in (1000, 2500, 4000):
+        assert seqs.count(seq) == 2  # both ends of each drop survive
+    assert len(series.marks) == 3
+
+
+def test_it_keeps_short_series_whole_and_refuses_a_silly_budget():
+    points = [Point(i, i) for i in range(10)]
+    assert downsample(points, max_points=300) == points
+    assert len(downsample(points, max_points=4)) == 4
+    with pytest.raises(ValueError):
+        downsample(points, max_points=1)
+
+
+def test_it_scales_the_series_into_the_svg_box():
+    series = context_series(
+        events=[ChartEvent(1, 100), ChartEvent(2, 100), ChartEvent(3, 50)],
+        compactions=[ChartCompaction(seq=3, tokens_before=203, tokens_after=60)],
+    )
+    geometry = chart_geometry(series=series, limit=1000, width=400, height=200)
+    assert geometry.path.startswith("M")
+    assert geometry.limit_y == geometry.plot_top  # the limit is the top of a 1,000 axis
+    ((x, y_before, y_after, mark),) = geometry.marks
+    assert x == geometry.plot_right and y_before < y_after and mark.freed == 143
+    assert geometry.y_ticks[0] == (geometry.plot_bottom, 0)
+    assert all(geometry.plot_left <= tx <= geometry.plot_right for tx, _ in geometry.x_ticks)
