@@ -30,8 +30,14 @@ def broadcast(*, session_id: uuid.UUID | str, owner_id: int | str, message: dict
     if layer is None:
         return
     event = {"type": "ledger.message", "message": message}
+    groups = (session_group(session_id), user_group(owner_id), STAFF_GROUP)
+
+    async def send_all() -> None:
+        for group in groups:
+            await layer.group_send(group, event)
+
     try:
-        for group in (session_group(session_id), user_group(owner_id), STAFF_GROUP):
-            async_to_sync(layer.group_send)(group, event)
+        # One hop into async for all three groups: each async_to_sync costs a thread switch.
+        async_to_sync(send_all)()
     except Exception:
         logger.exception("websocket broadcast failed for session %s", session_id)

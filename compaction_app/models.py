@@ -98,6 +98,9 @@ class RunningSummary(models.Model):
     token_count = models.PositiveIntegerField(default=0)
     updated_at = models.DateTimeField(auto_now=True)
 
+    def __str__(self) -> str:
+        return f"summary of {self.session_id}"
+
     def snapshot(self) -> dict:
         return {
             "summary": self.summary,

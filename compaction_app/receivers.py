@@ -26,19 +26,29 @@ _INTERNAL_TYPES = {EventType.COMPACTION, EventType.CONTEXT_REFRESH}
 
 @receiver(events_appended)
 def on_events_appended(
-    sender: Any, *, session_id: Any, event_ids: list[Any], **kwargs: Any
+    sender: Any,
+    *,
+    session_id: Any,
+    event_ids: list[Any],
+    event_types: list[str] | None = None,
+    session: Session | None = None,
+    **kwargs: Any,
 ) -> None:
     # This runs after the append committed, still inside the client's request: whatever
     # goes wrong here is logged, never turned into an error for an append that succeeded.
     try:
-        types = set(Event.objects.filter(pk__in=event_ids).values_list("type", flat=True))
-        if types and types <= _INTERNAL_TYPES:
+        if event_types is None:
+            event_types = list(
+                Event.objects.filter(pk__in=event_ids).values_list("type", flat=True)
+            )
+        if event_types and set(event_types) <= _INTERNAL_TYPES:
             return  # appended by a compaction run, which announces its own usage
-        session = Session.objects.get(pk=session_id)
+        if session is None:
+            session = Session.objects.get(pk=session_id)
         services._broadcast_usage(session)
     except Exception:
         logger.exception("usage broadcast after an append failed for session %s", session_id)
-    services.maybe_auto_compact(session_id=session_id)
+    services.maybe_auto_compact(session_id=session_id, session=session)
 
 
 @receiver(compaction_command)

@@ -567,12 +567,16 @@ def compaction_revert(*, run: CompactionRun) -> CompactionRun:
     return run
 
 
-def maybe_auto_compact(*, session_id: uuid.UUID) -> CompactionRun | None:
+def maybe_auto_compact(
+    *, session_id: uuid.UUID, session: Session | None = None
+) -> CompactionRun | None:
     """After an append: start a refresh when the cumulative counter crossed its threshold, or
     an auto compaction when the context crossed the compact threshold (at most once per
-    cooldown). Never raises: a failure here must not reach the appending client."""
+    cooldown). `session` is the row as the append committed it, when the caller has it.
+    Never raises: a failure here must not reach the appending client."""
     try:
-        session = Session.objects.get(pk=session_id)
+        if session is None:
+            session = Session.objects.get(pk=session_id)
         settings = session.settings
         threshold = int(settings.get("refreshThresholdTokens", 800_000))
         if session.cumulative_tokens >= threshold:

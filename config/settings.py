@@ -114,7 +114,10 @@ if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
-            "CONFIG": {"hosts": [REDIS_URL], "prefix": env_str("CHANNELS_PREFIX", "ledger" + _TEST_SUFFIX)},
+            "CONFIG": {
+                "hosts": [REDIS_URL],
+                "prefix": env_str("CHANNELS_PREFIX", "ledger" + _TEST_SUFFIX),
+            },
         }
     }
     CACHES = {
@@ -211,7 +214,9 @@ ANTHROPIC_SUMMARY_MODEL = env_str("ANTHROPIC_SUMMARY_MODEL", "claude-haiku-4-5")
 SUMMARIZER_TIMEOUT_SECONDS = env_float("SUMMARIZER_TIMEOUT_SECONDS", 60.0, minimum=0.1)
 SUMMARIZER_WINDOW_TOKENS = env_int("SUMMARIZER_WINDOW_TOKENS", 100_000, minimum=2_000)
 MEMORY_FLUSH_WEBHOOK_URL = env_str("MEMORY_FLUSH_WEBHOOK_URL")
-MEMORY_FLUSH_WEBHOOK_TIMEOUT_SECONDS = env_float("MEMORY_FLUSH_WEBHOOK_TIMEOUT_SECONDS", 10.0, minimum=0.1)
+MEMORY_FLUSH_WEBHOOK_TIMEOUT_SECONDS = env_float(
+    "MEMORY_FLUSH_WEBHOOK_TIMEOUT_SECONDS", 10.0, minimum=0.1
+)
 # First retry delay of a compaction after a transient provider error; doubles per attempt.
 COMPACTION_RETRY_BACKOFF_SECONDS = env_float("COMPACTION_RETRY_BACKOFF_SECONDS", 2.0, minimum=0.0)
 

@@ -32,7 +32,10 @@ class PreparedContext:
 def _items(events: list[Event]) -> list[context_window.WindowItem]:
     return [
         context_window.WindowItem(
-            key=str(event.id), type=event.type, cost=event.effective_token_count, tool_call_id=event.tool_call_id
+            key=str(event.id),
+            type=event.type,
+            cost=event.effective_token_count,
+            tool_call_id=event.tool_call_id,
         )
         for event in events
     ]
@@ -62,18 +65,26 @@ def context_prepare(
     events = active_events(session=session)
     tokens = context_window.context_cost([event.effective_token_count for event in events])
     level = context_window.window_level(
-        tokens=tokens, limit=limit, compact_threshold=compact_threshold, hard_threshold=hard_threshold
+        tokens=tokens,
+        limit=limit,
+        compact_threshold=compact_threshold,
+        hard_threshold=hard_threshold,
     )
     compaction: dict[str, Any] | None = None
     if level == "hard" and events:
-        for _receiver, response in context_hard_limit.send(sender=Session, session=session, user=user, limit=limit):
+        for _receiver, response in context_hard_limit.send(
+            sender=Session, session=session, user=user, limit=limit
+        ):
             if isinstance(response, dict):
                 compaction = response
                 break
         events = active_events(session=session)
         tokens = context_window.context_cost([event.effective_token_count for event in events])
         level = context_window.window_level(
-            tokens=tokens, limit=limit, compact_threshold=compact_threshold, hard_threshold=hard_threshold
+            tokens=tokens,
+            limit=limit,
+            compact_threshold=compact_threshold,
+            hard_threshold=hard_threshold,
         )
     pruned = False
     if level != "ok" and events:

@@ -30,7 +30,9 @@ def effective_limit(*, context_limit: int, max_tokens: int | None, reserve_token
     return max(limit - reserve_tokens, 0)
 
 
-def window_level(*, tokens: int, limit: int, compact_threshold: float, hard_threshold: float) -> str:
+def window_level(
+    *, tokens: int, limit: int, compact_threshold: float, hard_threshold: float
+) -> str:
     """'ok' below the compact threshold, 'approaching' between the thresholds, 'hard' at or
     above the hard threshold (an empty budget counts as hard)."""
     if limit <= 0:

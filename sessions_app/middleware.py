@@ -19,7 +19,11 @@ class BodySizeLimitMiddleware:
                 length = int(request.META.get("CONTENT_LENGTH") or 0)
             except ValueError:
                 return JsonResponse(
-                    {"error": "invalid_content_length", "detail": "Content-Length is not a number."}, status=400
+                    {
+                        "error": "invalid_content_length",
+                        "detail": "Content-Length is not a number.",
+                    },
+                    status=400,
                 )
             if length > limit:
                 return JsonResponse(

@@ -16,7 +16,8 @@ from typing import Any
 
 from django.conf import settings as django_settings
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
 
 from sessions_app import tokens
 from sessions_app.errors import Conflict, InvalidInput
@@ -192,6 +193,55 @@ def _content_for_storage(content: Any, where: str) -> tuple[str, bool]:
     return json.dumps(content, ensure_ascii=False, separators=(",", ":")), True
 
 
+# Field types whose Python value needs the backend's adaptation (UUID hex on SQLite, JSON,
+# aware datetimes); every other column of Event is a str, int, bool or None as is.
+_PREPARED_TYPES = frozenset({"UUIDField", "JSONField", "DateTimeField", "ForeignKey"})
+
+
+def _insert_events(events: list[Event]) -> None:
+    """INSERT the new events with one executemany.
+
+    Equivalent to bulk_create for this model (no signals are attached to Event), but prepares
+    only the columns that need it: Django's per-field preparation of every value was the
+    largest cost of a 3,000-event bulk append after tokenizing itself.
+    """
+    now = timezone.now()
+    fields = Event._meta.concrete_fields
+    columns = ", ".join(connection.ops.quote_name(field.column) for field in fields)
+    placeholders = ", ".join(["%s"] * len(fields))
+    # Identifiers come from the model and quote_name, values are parameters.
+    sql = f"INSERT INTO {connection.ops.quote_name(Event._meta.db_table)} ({columns}) VALUES ({placeholders})"  # noqa: S608
+    prepared = [field.get_internal_type() in _PREPARED_TYPES for field in fields]
+    rows = []
+    for event in events:
+        event.created_at = now
+        row = []
+        for model_field, prepare in zip(fields, prepared, strict=True):
+            value = getattr(event, model_field.attname)
+            row.append(
+                model_field.get_db_prep_save(value, connection)
+                if prepare and value is not None
+                else value
+            )
+        rows.append(row)
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            # COPY streams the rows in one round trip; executemany costs one per batch.
+            copy_sql = (
+                f"COPY {connection.ops.quote_name(Event._meta.db_table)} ({columns}) FROM STDIN"
+            )
+            # The raw psycopg cursor: wrap its errors so a unique violation is IntegrityError.
+            with connection.wrap_database_errors, cursor.cursor.copy(copy_sql) as copy:
+                for row in rows:
+                    copy.write_row(row)
+        else:
+            for start in range(0, len(rows), 1000):
+                cursor.executemany(sql, rows[start : start + 1000])
+    for event in events:
+        event._state.adding = False
+        event._state.db = connection.alias
+
+
 def event_append(*, session: Session, events: Sequence[EventInput]) -> AppendResult:
     """Append one or more events atomically.
 
@@ -284,7 +334,7 @@ def event_append(*, session: Session, events: Sequence[EventInput]) -> AppendRes
         if to_create:
             try:
                 with transaction.atomic():
-                    Event.objects.bulk_create(to_create, batch_size=500)
+                    _insert_events(to_create)
             except IntegrityError:
                 if not seen:
                     raise
@@ -319,10 +369,15 @@ def event_append(*, session: Session, events: Sequence[EventInput]) -> AppendRes
                 ]
             )
             created_ids = [event.id for event in to_create]
-            session_id = locked.pk
+            created_types = sorted({event.type for event in to_create})
+            committed = locked
             transaction.on_commit(
                 lambda: events_appended.send(
-                    sender=Session, session_id=session_id, event_ids=created_ids
+                    sender=Session,
+                    session_id=committed.pk,
+                    event_ids=created_ids,
+                    event_types=created_types,
+                    session=committed,
                 )
             )
     return AppendResult(events=result, created=len(to_create))

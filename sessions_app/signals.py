@@ -1,7 +1,8 @@
 """Signals through which sessions_app reaches compaction without importing it.
 
 - `events_appended` fires after an append transaction commits, once per request (bulk
-  included): kwargs `session_id`, `event_ids`.
+  included): kwargs `session_id`, `event_ids`, `event_types` (the distinct types appended) and
+  `session` (the row as committed, counters included), so receivers need not query again.
 - `compaction_command` fires when a client sends a `/compact` user message; a receiver
   returns the serialised compaction it started (the first non-None response is used).
 - `context_hard_limit` fires when `/context` finds the session at its hard limit; a receiver

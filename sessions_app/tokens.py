@@ -219,11 +219,6 @@ class TokenCounter(Protocol):
     def count_batch(self, texts: Sequence[str]) -> list[int]: ...
 
 
-# Below this many texts a thread pool costs more than it saves.
-_BATCH_THREAD_MIN = 16
-_BATCH_THREADS = 2
-
-
 class TiktokenCounter:
     """Exact counts with a loaded tiktoken encoding; special-token text counts as plain text."""
 
@@ -239,12 +234,10 @@ class TiktokenCounter:
         return len(self._enc.encode_ordinary(text))
 
     def count_batch(self, texts: Sequence[str]) -> list[int]:
-        items = list(texts)
-        if len(items) < _BATCH_THREAD_MIN:
-            return [self.count(t) for t in items]
-        return [
-            len(ids) for ids in self._enc.encode_ordinary_batch(items, num_threads=_BATCH_THREADS)
-        ]
+        # A plain loop: on a 2-core machine tiktoken's thread-pool batch (one future per
+        # text, a new pool per call) measured ~1.7x slower than this for a 3,000-event ingest.
+        encode = self._enc.encode_ordinary
+        return [len(encode(text)) if text else 0 for text in texts]
 
     def __repr__(self) -> str:
         return f"TiktokenCounter({self.encoding!r})"

@@ -89,9 +89,12 @@ def celery_worker_thread(django_db_setup, django_db_blocker):
 
     from config.celery import app
 
-    with django_db_blocker.unblock(), start_worker(
-        app, perform_ping_check=False, pool="solo", loglevel="WARNING", shutdown_timeout=10
-    ) as worker:
+    with (
+        django_db_blocker.unblock(),
+        start_worker(
+            app, perform_ping_check=False, pool="solo", loglevel="WARNING", shutdown_timeout=10
+        ) as worker,
+    ):
         yield worker
 
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-import anthropic
-from anthropic.types import Message
+from typing import TYPE_CHECKING
 
 from .base import Summarizer, SummarizerError, SummaryMessage, TokenCounter, register
+
+if TYPE_CHECKING:
+    import anthropic
+
 from .prompts import SYSTEM_PROMPT, is_transient_status, render_messages, short_detail
 
 # A gateway in front of Anthropic may authenticate on its own, but the SDK wants some key.
@@ -37,6 +39,8 @@ class AnthropicSummarizer(Summarizer):
         timeout_seconds: float = 60.0,
         max_retries: int = 0,
     ) -> None:
+        import anthropic  # lazily: the SDK is large and most deployments never call it
+
         super().__init__(count_tokens=count_tokens, input_window_tokens=input_window_tokens)
         if not api_key and not base_url:
             raise SummarizerError("anthropic: no API key configured", permanent=True)
@@ -52,6 +56,8 @@ class AnthropicSummarizer(Summarizer):
     def _summarize_piece(
         self, *, previous_summary: str, messages: Sequence[SummaryMessage], max_tokens: int
     ) -> str:
+        import anthropic  # lazily: the SDK is large and most deployments never call it
+
         user_turn = render_messages(
             previous_summary=previous_summary, messages=messages, max_tokens=max_tokens
         )
@@ -104,6 +110,8 @@ def _error_message(exc: anthropic.APIStatusError) -> str:
 
 
 def _message_text(message: object) -> str:
+    from anthropic.types import Message
+
     # The SDK hands back plain text for a non-JSON content type and does not validate
     # fields by default, so every step is checked rather than trusted.
     if not isinstance(message, Message):

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-
-import openai
-from openai.types.chat import ChatCompletion, ChatCompletionMessageParam
+from typing import TYPE_CHECKING
 
 from .base import Summarizer, SummarizerError, SummaryMessage, TokenCounter, register
+
+if TYPE_CHECKING:
+    import openai
+    from openai.types.chat import ChatCompletionMessageParam
+
 from .prompts import SYSTEM_PROMPT, is_transient_status, render_messages, short_detail
 
 # Local servers (Ollama, LM Studio, vLLM) ignore the key, but the SDK refuses to start without one.
@@ -38,6 +41,8 @@ class OpenAISummarizer(Summarizer):
         timeout_seconds: float = 60.0,
         max_retries: int = 0,
     ) -> None:
+        import openai  # lazily: the SDK is large and most deployments never call it
+
         super().__init__(count_tokens=count_tokens, input_window_tokens=input_window_tokens)
         if not api_key and not base_url:
             raise SummarizerError("openai: no API key configured", permanent=True)
@@ -53,6 +58,8 @@ class OpenAISummarizer(Summarizer):
     def _summarize_piece(
         self, *, previous_summary: str, messages: Sequence[SummaryMessage], max_tokens: int
     ) -> str:
+        import openai  # lazily: the SDK is large and most deployments never call it
+
         user_turn = render_messages(
             previous_summary=previous_summary, messages=messages, max_tokens=max_tokens
         )
@@ -115,6 +122,8 @@ def _error_message(exc: openai.APIStatusError) -> str:
 
 
 def _completion_text(completion: object) -> str:
+    from openai.types.chat import ChatCompletion
+
     # The SDK hands back plain text for a non-JSON content type and does not validate
     # fields by default, so every step is checked rather than trusted.
     if not isinstance(completion, ChatCompletion):

@@ -125,12 +125,7 @@ class SessionEventsView(APIView):
                 limit=settings.API_MAX_EVENTS_PER_REQUEST,
             )
         # A single event validates on its own so field paths read "content", a list's "[2].content".
-        body = (
-            s.EventInSerializer(data=data) if single else s.EventInSerializer(data=items, many=True)
-        )
-        body.is_valid(raise_exception=True)
-        validated = [body.validated_data] if single else body.validated_data
-        inputs = [s.to_event_input(item) for item in validated]
+        inputs = s.parse_events(data, single=single)
         commands = [
             index
             for index, item in enumerate(inputs)
@@ -187,7 +182,7 @@ class EventDetailView(APIView):
 
     @extend_schema(responses=s.EventOutSerializer)
     def get(self, request: Request, session_id: str, event_id: str) -> Response:
-        return Response(s.EventOutSerializer(self._get(request, session_id, event_id)).data)
+        return Response(s.event_out([self._get(request, session_id, event_id)])[0])
 
     @extend_schema(request=s.EventPatchSerializer, responses=s.EventOutSerializer)
     def patch(self, request: Request, session_id: str, event_id: str) -> Response:
@@ -195,7 +190,7 @@ class EventDetailView(APIView):
         body = s.EventPatchSerializer(data=_object(request.data))
         body.is_valid(raise_exception=True)
         event = services.event_set_pinned(event=event, pinned=body.validated_data["pinned"])
-        return Response(s.EventOutSerializer(event).data)
+        return Response(s.event_out([event])[0])
 
 
 class SessionUsageView(APIView):

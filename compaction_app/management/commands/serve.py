@@ -21,10 +21,16 @@ class Command(BaseCommand):
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("--host", default="127.0.0.1")
         parser.add_argument("--port", type=int, default=8000)
-        parser.add_argument("--no-demo-user", action="store_true", help="Do not create the demo user.")
-        parser.add_argument("--check", action="store_true", help="Do the set-up, print it, and exit.")
+        parser.add_argument(
+            "--no-demo-user", action="store_true", help="Do not create the demo user."
+        )
+        parser.add_argument(
+            "--check", action="store_true", help="Do the set-up, print it, and exit."
+        )
 
-    def handle(self, *args: Any, host: str, port: int, no_demo_user: bool, check: bool, **options: Any) -> None:
+    def handle(
+        self, *args: Any, host: str, port: int, no_demo_user: bool, check: bool, **options: Any
+    ) -> None:
         call_command("migrate", interactive=False, verbosity=0)
         self.stdout.write(self.style.SUCCESS("Database migrated."))
         if not no_demo_user:
@@ -49,7 +55,9 @@ class Command(BaseCommand):
             self.stdout.write("Celery worker: embedded thread (in-memory broker).")
         else:
             self.stdout.write("Celery worker: external — run `celery -A config worker`.")
-        self.stdout.write(self.style.SUCCESS(f"Serving on http://{host}:{port}/ (dashboard) and /api/v1/docs/"))
+        self.stdout.write(
+            self.style.SUCCESS(f"Serving on http://{host}:{port}/ (dashboard) and /api/v1/docs/")
+        )
         from daphne.cli import CommandLineInterface
 
         CommandLineInterface().run(["-b", host, "-p", str(port), "config.asgi:application"])
