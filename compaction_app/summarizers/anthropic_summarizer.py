@@ -10,7 +10,8 @@ from .base import Summarizer, SummarizerError, SummaryMessage, TokenCounter, reg
 if TYPE_CHECKING:
     import anthropic
 
-from .prompts import SYSTEM_PROMPT, is_transient_status, render_messages, short_detail
+from .prompts import SYSTEM_PROMPT, render_messages
+from .sdk_errors import sdk_error
 
 # A gateway in front of Anthropic may authenticate on its own, but the SDK wants some key.
 _PLACEHOLDER_KEY = "not-needed"
@@ -68,36 +69,9 @@ class AnthropicSummarizer(Summarizer):
                 system=SYSTEM_PROMPT,
                 messages=[{"role": "user", "content": user_turn}],
             )
-        except anthropic.APITimeoutError as exc:
-            raise SummarizerError("anthropic: request timed out", permanent=False) from exc
-        except anthropic.APIConnectionError as exc:
-            raise SummarizerError(
-                f"anthropic: connection failed: {short_detail(str(exc), secret=self._api_key)}",
-                permanent=False,
-            ) from exc
-        except anthropic.APIStatusError as exc:
-            raise _status_error(exc, secret=self._api_key) from exc
-        except (anthropic.APIResponseValidationError, ValueError, TypeError) as exc:
-            # ValueError covers a body that is not JSON (json.JSONDecodeError).
-            raise SummarizerError(
-                f"anthropic: malformed response: {short_detail(str(exc))}", permanent=True
-            ) from exc
-        except anthropic.AnthropicError as exc:
-            raise SummarizerError(
-                f"anthropic: {short_detail(str(exc), secret=self._api_key)}", permanent=True
-            ) from exc
+        except (anthropic.AnthropicError, ValueError, TypeError) as exc:
+            raise sdk_error(exc, sdk=anthropic, provider="anthropic", secret=self._api_key) from exc
         return _message_text(message)
-
-
-def _status_error(exc: anthropic.APIStatusError, *, secret: str) -> SummarizerError:
-    status = exc.status_code
-    detail = short_detail(_error_message(exc), secret=secret)
-    retry_after = exc.response.headers.get("retry-after")
-    if status == 429 and retry_after:
-        detail += f" (retry after {retry_after}s)"
-    return SummarizerError(
-        f"anthropic: HTTP {status}: {detail}", permanent=not is_transient_status(status)
-    )
 
 
 def _error_message(exc: anthropic.APIStatusError) -> str:

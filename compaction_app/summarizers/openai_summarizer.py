@@ -11,7 +11,8 @@ if TYPE_CHECKING:
     import openai
     from openai.types.chat import ChatCompletionMessageParam
 
-from .prompts import SYSTEM_PROMPT, is_transient_status, render_messages, short_detail
+from .prompts import SYSTEM_PROMPT, render_messages
+from .sdk_errors import sdk_error
 
 # Local servers (Ollama, LM Studio, vLLM) ignore the key, but the SDK refuses to start without one.
 _PLACEHOLDER_KEY = "not-needed"
@@ -80,36 +81,9 @@ class OpenAISummarizer(Summarizer):
                 completion = self._client.chat.completions.create(
                     model=self.model, messages=chat, max_completion_tokens=max_tokens
                 )
-        except openai.APITimeoutError as exc:
-            raise SummarizerError("openai: request timed out", permanent=False) from exc
-        except openai.APIConnectionError as exc:
-            raise SummarizerError(
-                f"openai: connection failed: {short_detail(str(exc), secret=self._api_key)}",
-                permanent=False,
-            ) from exc
-        except openai.APIStatusError as exc:
-            raise _status_error(exc, secret=self._api_key) from exc
-        except (openai.APIResponseValidationError, ValueError, TypeError) as exc:
-            # ValueError covers a body that is not JSON (json.JSONDecodeError).
-            raise SummarizerError(
-                f"openai: malformed response: {short_detail(str(exc))}", permanent=True
-            ) from exc
-        except openai.OpenAIError as exc:
-            raise SummarizerError(
-                f"openai: {short_detail(str(exc), secret=self._api_key)}", permanent=True
-            ) from exc
+        except (openai.OpenAIError, ValueError, TypeError) as exc:
+            raise sdk_error(exc, sdk=openai, provider="openai", secret=self._api_key) from exc
         return _completion_text(completion)
-
-
-def _status_error(exc: openai.APIStatusError, *, secret: str) -> SummarizerError:
-    status = exc.status_code
-    detail = short_detail(_error_message(exc), secret=secret)
-    retry_after = exc.response.headers.get("retry-after")
-    if status == 429 and retry_after:
-        detail += f" (retry after {retry_after}s)"
-    return SummarizerError(
-        f"openai: HTTP {status}: {detail}", permanent=not is_transient_status(status)
-    )
 
 
 def _error_message(exc: openai.APIStatusError) -> str:

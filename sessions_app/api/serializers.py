@@ -404,20 +404,5 @@ def parse_events(data: Any, *, single: bool) -> list[EventInput]:
 
 
 def _fast_input(item: dict[str, Any]) -> EventInput:
-    usage = item.get("tokenUsage")
-    return EventInput(
-        id=uuid.UUID(hex=item["id"]) if "id" in item else None,
-        type=item["type"],
-        content=item["content"],
-        name=item.get("name", ""),
-        tool_call_id=item.get("toolCallId", ""),
-        token_usage=TokenUsage(
-            prompt_tokens=usage.get("promptTokens"),
-            completion_tokens=usage.get("completionTokens"),
-            total_tokens=usage.get("totalTokens"),
-        )
-        if usage
-        else None,
-        pinned=item.get("pinned", False),
-        metadata=item.get("metadata", {}),
-    )
+    # The same shape the serializer validates into, but for the id's parsing.
+    return to_event_input({**item, "id": uuid.UUID(hex=item["id"])} if "id" in item else item)
