@@ -81,6 +81,15 @@ def staff_api(staff):
     return _client_for(staff)
 
 
+@pytest.fixture
+def fake():
+    """A running FakeProvider (local OpenAI and Anthropic wire-format server), closed after."""
+    from tests.fake_providers import FakeProvider
+
+    with FakeProvider() as server:
+        yield server
+
+
 @pytest.fixture(scope="session")
 def celery_worker_thread(django_db_setup, django_db_blocker):
     """A real Celery worker thread on the configured broker (in-memory, or Redis when

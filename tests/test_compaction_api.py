@@ -11,8 +11,14 @@ import pytest
 from django.db import connection
 
 from compaction_app.models import CompactionRun
+from tests.helpers import (
+    all_events,
+    coding_turns,
+    create_session,
+    grown_session,
+    wait_for_run,
+)
 
-SYSTEM = "You are a coding agent."
 # The compaction document of the design (REST API section), field for field.
 DESIGN_FIELDS = {
     "id",
@@ -35,54 +41,6 @@ DESIGN_FIELDS = {
 EXTRA_FIELDS = {"summarizer", "revertedAt"}
 
 
-def _session(api, *, limit: int = 4000, **settings: Any) -> str:
-    response = api.post(
-        "/api/v1/sessions",
-        {
-            "model": "gpt-4o",
-            "contextLimit": limit,
-            "systemPrompt": SYSTEM,
-            "settings": {"autoCompact": False, **settings},
-        },
-        format="json",
-    )
-    assert response.status_code == 201, response.json()
-    return response.json()["id"]
-
-
-def _grow(api, session_id: str, turns: int = 12) -> None:
-    events: list[dict[str, Any]] = []
-    for turn in range(turns):
-        events += [
-            {"type": "USER_MESSAGE", "content": f"Please fix bug {turn} in src/module_{turn}.py"},
-            {
-                "type": "TOOL_CALL",
-                "name": "read_file",
-                "toolCallId": f"c{turn}",
-                "content": f'{{"path": "src/module_{turn}.py"}}',
-            },
-            {
-                "type": "TOOL_RESULT",
-                "toolCallId": f"c{turn}",
-                "name": "read_file",
-                "content": f"def f_{turn}():\n    return {turn}\n" * 20,
-            },
-            {"type": "AGENT_MESSAGE", "content": f"Fixed bug {turn}: KeyError in handler_{turn}."},
-        ]
-    response = api.post(f"/api/v1/sessions/{session_id}/events", events, format="json")
-    assert response.status_code == 201, response.json()
-
-
-def _wait(api, run_id: str, *, timeout: float = 30) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
-        run = api.get(f"/api/v1/compactions/{run_id}").json()
-        if run["status"] in ("completed", "failed"):
-            return run
-        assert time.monotonic() < deadline, f"run {run_id} still {run['status']}"
-        time.sleep(0.05)
-
-
 def _snapshot(api, session_id: str) -> dict[str, Any]:
     return {
         "events": api.get(
@@ -103,8 +61,7 @@ def _parse_time(value: str) -> datetime:
 
 @pytest.mark.django_db
 def test_it_accepts_a_compaction_as_pending_and_refuses_a_second_with_409(alice_api):
-    session_id = _session(alice_api)
-    _grow(alice_api, session_id)
+    session_id = grown_session(alice_api, events=coding_turns(count=12))
     first = alice_api.post(
         f"/api/v1/sessions/{session_id}/compactions", {"strategy": "trim"}, format="json"
     )
@@ -126,8 +83,7 @@ def test_it_accepts_a_compaction_as_pending_and_refuses_a_second_with_409(alice_
 
 @pytest.mark.django_db(transaction=True)
 def test_it_accepts_exactly_one_of_four_concurrent_requests(worker, alice, api_for):
-    session_id = _session(api_for(alice))
-    _grow(api_for(alice), session_id)
+    session_id = grown_session(api_for(alice), events=coding_turns(count=12))
     barrier = threading.Barrier(4)
     statuses: list[int] = []
     errors: list[str] = []
@@ -152,7 +108,7 @@ def test_it_accepts_exactly_one_of_four_concurrent_requests(worker, alice, api_f
     assert errors == ["compaction_in_progress"] * 3
     assert CompactionRun.objects.filter(session_id=session_id).count() == 1
     run = CompactionRun.objects.get(session_id=session_id)
-    assert _wait(api_for(alice), str(run.pk))["status"] == "completed"
+    assert wait_for_run(api_for(alice), run_id=str(run.pk))["status"] == "completed"
 
 
 # --- dry run -------------------------------------------------------------------------------
@@ -161,8 +117,7 @@ def test_it_accepts_exactly_one_of_four_concurrent_requests(worker, alice, api_f
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("strategy", ["summarize", "trim", "clear_tool_results"])
 def test_it_plans_a_dry_run_without_changing_anything(worker, alice_api, strategy):
-    session_id = _session(alice_api, limit=3000)
-    _grow(alice_api, session_id)
+    session_id = grown_session(alice_api, events=coding_turns(count=12), limit=3000)
     before = _snapshot(alice_api, session_id)
 
     response = alice_api.post(
@@ -190,22 +145,20 @@ def test_it_plans_a_dry_run_without_changing_anything(worker, alice_api, strateg
     run = alice_api.post(
         f"/api/v1/sessions/{session_id}/compactions", {"strategy": strategy}, format="json"
     ).json()
-    done = _wait(alice_api, run["id"])
+    done = wait_for_run(alice_api, run_id=run["id"])
     assert done["status"] == "completed"
     if strategy == "trim":
         assert done["tokensAfter"] == plan["tokensAfter"]
     if strategy == "summarize":
         assert done["tokensAfter"] <= plan["tokensAfter"]
-    events = alice_api.get(
-        f"/api/v1/sessions/{session_id}/events?includeCompacted=true&limit=1000"
-    ).json()["results"]
+    events = all_events(alice_api, session_id=session_id)
     folded = sorted(e["id"] for e in events if e["compactedBy"] and e["id"] in stored)
     assert folded == sorted(plan["eventsToFold"])
 
 
 @pytest.mark.django_db
 def test_it_refuses_a_dry_run_with_an_unknown_strategy_or_summarizer(alice_api):
-    session_id = _session(alice_api)
+    session_id = create_session(alice_api)
     for body, field in (
         ({"strategy": "shrink", "dryRun": True}, "strategy"),
         ({"summarizer": "gpt-oracle", "dryRun": True}, "summarizer"),
@@ -220,8 +173,7 @@ def test_it_refuses_a_dry_run_with_an_unknown_strategy_or_summarizer(alice_api):
 
 @pytest.mark.django_db(transaction=True)
 def test_it_lists_and_shows_runs_with_the_documented_fields(worker, alice_api):
-    session_id = _session(alice_api)
-    _grow(alice_api, session_id)
+    session_id = grown_session(alice_api, events=coding_turns(count=12))
     first = alice_api.post(
         f"/api/v1/sessions/{session_id}/compactions",
         {"strategy": "clear_tool_results"},
@@ -229,9 +181,9 @@ def test_it_lists_and_shows_runs_with_the_documented_fields(worker, alice_api):
     ).json()
     assert set(first) >= DESIGN_FIELDS and set(first) - DESIGN_FIELDS <= EXTRA_FIELDS
     assert first["tokensBefore"] is None and first["startedAt"] is None
-    _wait(alice_api, first["id"])
+    wait_for_run(alice_api, run_id=first["id"])
     second = alice_api.post(f"/api/v1/sessions/{session_id}/compactions", {}, format="json").json()
-    done = _wait(alice_api, second["id"])
+    done = wait_for_run(alice_api, run_id=second["id"])
 
     listing = alice_api.get(f"/api/v1/sessions/{session_id}/compactions")
     assert listing.status_code == 200
@@ -269,8 +221,7 @@ def test_it_lists_and_shows_runs_with_the_documented_fields(worker, alice_api):
 
 @pytest.mark.django_db
 def test_it_hides_alices_runs_and_sessions_from_bob(alice_api, bob_api, staff_api):
-    session_id = _session(alice_api)
-    _grow(alice_api, session_id)
+    session_id = grown_session(alice_api, events=coding_turns(count=12))
     run = alice_api.post(f"/api/v1/sessions/{session_id}/compactions", {}, format="json").json()
     CompactionRun.objects.filter(pk=run["id"]).update(status="completed")
     for method, url in (
@@ -304,7 +255,7 @@ def test_it_hides_alices_runs_and_sessions_from_bob(alice_api, bob_api, staff_ap
     ],
 )
 def test_it_refuses_bad_compaction_requests_with_400(alice_api, body, code):
-    session_id = _session(alice_api)
+    session_id = create_session(alice_api)
     response = alice_api.post(f"/api/v1/sessions/{session_id}/compactions", body, format="json")
     assert response.status_code == 400, response.json()
     if code:
@@ -314,6 +265,6 @@ def test_it_refuses_bad_compaction_requests_with_400(alice_api, body, code):
 
 @pytest.mark.django_db
 def test_it_refuses_unauthenticated_compaction_requests(alice_api, client):
-    session_id = _session(alice_api)
+    session_id = create_session(alice_api)
     response = client.post(f"/api/v1/sessions/{session_id}/compactions", {})
     assert response.status_code == 401

@@ -4,77 +4,32 @@ from __future__ import annotations
 
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
-from channels.testing import WebsocketCommunicator
-from rest_framework.authtoken.models import Token
 
-from config.asgi import application
-
-
-def _grow_session(api, *, turns: int = 12, limit: int = 4000) -> str:
-    session = api.post(
-        "/api/v1/sessions",
-        {
-            "model": "gpt-4o",
-            "contextLimit": limit,
-            "systemPrompt": "You are a coding agent.",
-            "settings": {"autoCompact": False},
-        },
-        format="json",
-    ).json()
-    events = []
-    for turn in range(turns):
-        events += [
-            {"type": "USER_MESSAGE", "content": f"Please fix bug {turn} in src/module_{turn}.py"},
-            {
-                "type": "TOOL_CALL",
-                "name": "read_file",
-                "toolCallId": f"c{turn}",
-                "content": f'{{"path": "src/module_{turn}.py"}}',
-            },
-            {
-                "type": "TOOL_RESULT",
-                "toolCallId": f"c{turn}",
-                "name": "read_file",
-                "content": "def f():\n    return 1\n" * 20,
-            },
-            {
-                "type": "AGENT_MESSAGE",
-                "content": f"Fixed bug {turn}: KeyError in handler_{turn}. Decided to use a dict lookup.",
-            },
-        ]
-    response = api.post(f"/api/v1/sessions/{session['id']}/events", events, format="json")
-    assert response.status_code == 201, response.json()
-    return session["id"]
-
-
-async def _receive_until(communicator, wanted: str, *, timeout: float = 20):
-    while True:
-        message = await communicator.receive_json_from(timeout=timeout)
-        if message["type"] == wanted:
-            return message
+from tests.helpers import api_token, coding_turns, grown_session, receive_until, ws_communicator
 
 
 @pytest.mark.django_db(transaction=True)
 def test_it_runs_a_summarize_compaction_and_pushes_start_and_complete(worker, alice, alice_api):
-    session_id = _grow_session(alice_api)
+    session_id = grown_session(
+        alice_api,
+        events=coding_turns(
+            count=12, numbered_results=False, agent_note="Decided to use a dict lookup."
+        ),
+    )
     before = alice_api.get(f"/api/v1/sessions/{session_id}/usage").json()
-    token = Token.objects.get(user=alice).key
+    token = api_token(alice)
 
     async def scenario():
-        communicator = WebsocketCommunicator(
-            application,
-            f"/ws/sessions/{session_id}/?token={token}",
-            headers=[(b"origin", b"http://testserver")],
-        )
+        communicator = ws_communicator(f"/ws/sessions/{session_id}/", token=token)
         connected, _ = await communicator.connect()
         assert connected
         response = await sync_to_async(alice_api.post)(
             f"/api/v1/sessions/{session_id}/compactions", {"strategy": "summarize"}, format="json"
         )
         assert response.status_code == 202, response.json()
-        start = await _receive_until(communicator, "COMPACTION_START")
-        complete = await _receive_until(communicator, "COMPACTION_COMPLETE")
-        usage = await _receive_until(communicator, "USAGE_UPDATED")
+        start = await receive_until(communicator, wanted="COMPACTION_START")
+        complete = await receive_until(communicator, wanted="COMPACTION_COMPLETE")
+        usage = await receive_until(communicator, wanted="USAGE_UPDATED")
         await communicator.disconnect()
         return response.json(), start, complete, usage
 

@@ -3,7 +3,6 @@ wire formats; the Celery worker retries transient failures and fails permanent o
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
@@ -16,6 +15,7 @@ from tests.fake_providers import (
     server_error,
     unauthorized,
 )
+from tests.helpers import all_events, coding_turns, compact_and_wait, grown_session
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -36,37 +36,7 @@ def provider(settings):
 
 
 def _grown_session(api, *, summarizer: str) -> str:
-    session = api.post(
-        "/api/v1/sessions",
-        {
-            "model": "gpt-4o",
-            "contextLimit": 4000,
-            "systemPrompt": "You are a coding agent.",
-            "settings": {"autoCompact": False, "summarizer": summarizer},
-        },
-        format="json",
-    ).json()
-    events: list[dict[str, Any]] = []
-    for turn in range(10):
-        events += [
-            {"type": "USER_MESSAGE", "content": f"Please fix bug {turn} in src/module_{turn}.py"},
-            {
-                "type": "TOOL_CALL",
-                "name": "read_file",
-                "toolCallId": f"c{turn}",
-                "content": f'{{"path": "src/module_{turn}.py"}}',
-            },
-            {
-                "type": "TOOL_RESULT",
-                "toolCallId": f"c{turn}",
-                "name": "read_file",
-                "content": f"def f_{turn}():\n    return {turn}\n" * 20,
-            },
-            {"type": "AGENT_MESSAGE", "content": f"Fixed bug {turn}: KeyError in handler_{turn}."},
-        ]
-    response = api.post(f"/api/v1/sessions/{session['id']}/events", events, format="json")
-    assert response.status_code == 201, response.json()
-    return session["id"]
+    return grown_session(api, events=coding_turns(count=10), summarizer=summarizer)
 
 
 def _state(api, session_id: str) -> dict[str, Any]:
@@ -80,19 +50,6 @@ def _state(api, session_id: str) -> dict[str, Any]:
         "context": api.get(f"/api/v1/sessions/{session_id}/context").json(),
         "summary": api.get(f"/api/v1/sessions/{session_id}/summary").status_code,
     }
-
-
-def _run(api, session_id: str, **body: Any) -> dict[str, Any]:
-    response = api.post(f"/api/v1/sessions/{session_id}/compactions", body, format="json")
-    assert response.status_code == 202, response.json()
-    run_id = response.json()["id"]
-    deadline = time.monotonic() + 30
-    while True:
-        run = api.get(f"/api/v1/compactions/{run_id}").json()
-        if run["status"] in ("completed", "failed"):
-            return run
-        assert time.monotonic() < deadline, f"run still {run['status']}"
-        time.sleep(0.05)
 
 
 def _assert_failed_cleanly(api, session_id: str, run: dict[str, Any], before, fake) -> None:
@@ -114,7 +71,7 @@ def _assert_failed_cleanly(api, session_id: str, run: dict[str, Any], before, fa
 def test_it_stores_the_openai_providers_text_as_the_summary(worker, alice_api, provider):
     provider.script(reply_text("## Status\n- Bugs 0-9 fixed with dict lookups."))
     session_id = _grown_session(alice_api, summarizer="openai")
-    run = _run(alice_api, session_id)
+    run = compact_and_wait(alice_api, session_id=session_id)
     assert run["status"] == "completed", run
     assert run["summarizer"] == "openai"
     summary = alice_api.get(f"/api/v1/sessions/{session_id}/summary").json()
@@ -132,15 +89,13 @@ def test_it_stores_the_openai_providers_text_as_the_summary(worker, alice_api, p
 def test_it_retries_a_transient_openai_error_and_then_succeeds(worker, alice_api, provider):
     provider.script(server_error(500), rate_limited(retry_after=1), reply_text("recovered"))
     session_id = _grown_session(alice_api, summarizer="openai")
-    run = _run(alice_api, session_id)
+    run = compact_and_wait(alice_api, session_id=session_id)
     assert run["status"] == "completed", run
     assert len(provider.requests) == 3
     assert alice_api.get(f"/api/v1/sessions/{session_id}/summary").json()["summary"] == (
         "recovered"
     )
-    events = alice_api.get(
-        f"/api/v1/sessions/{session_id}/events?includeCompacted=true&limit=1000"
-    ).json()["results"]
+    events = all_events(alice_api, session_id=session_id)
     assert [e["type"] for e in events].count("COMPACTION") == 1
 
 
@@ -149,7 +104,7 @@ def test_it_fails_the_run_cleanly_when_openai_keeps_failing(worker, alice_api, p
     provider.default = failure
     session_id = _grown_session(alice_api, summarizer="openai")
     before = _state(alice_api, session_id)
-    run = _run(alice_api, session_id)
+    run = compact_and_wait(alice_api, session_id=session_id)
     _assert_failed_cleanly(alice_api, session_id, run, before, provider)
     assert len(provider.requests) == 4  # the first attempt and three retries
     status = "500" if failure.status == 500 else "429"
@@ -161,7 +116,7 @@ def test_it_fails_at_once_on_a_permanent_openai_error(worker, alice_api, provide
     provider.default = unauthorized()
     session_id = _grown_session(alice_api, summarizer="openai")
     before = _state(alice_api, session_id)
-    run = _run(alice_api, session_id)
+    run = compact_and_wait(alice_api, session_id=session_id)
     _assert_failed_cleanly(alice_api, session_id, run, before, provider)
     assert len(provider.requests) == 1
     assert "HTTP 401" in run["error"]
@@ -171,7 +126,7 @@ def test_it_fails_cleanly_when_no_openai_key_or_endpoint_is_configured(worker, a
     settings.OPENAI_API_KEY = ""
     settings.OPENAI_BASE_URL = ""
     session_id = _grown_session(alice_api, summarizer="openai")
-    run = _run(alice_api, session_id)
+    run = compact_and_wait(alice_api, session_id=session_id)
     assert run["status"] == "failed"
     assert "no API key configured" in run["error"]
     assert alice_api.get(f"/api/v1/sessions/{session_id}/summary").status_code == 404
@@ -183,7 +138,7 @@ def test_it_fails_cleanly_when_no_openai_key_or_endpoint_is_configured(worker, a
 def test_it_stores_the_anthropic_providers_text_as_the_summary(worker, alice_api, provider):
     provider.script(overloaded(), reply_text("## Status\n- Claude summary."))
     session_id = _grown_session(alice_api, summarizer="anthropic")
-    run = _run(alice_api, session_id, summarizer="anthropic")
+    run = compact_and_wait(alice_api, session_id=session_id, summarizer="anthropic")
     assert run["status"] == "completed", run
     assert len(provider.requests) == 2  # the 529 was retried
     assert all(r.path == "/v1/messages" for r in provider.requests)
@@ -199,7 +154,7 @@ def test_it_fails_at_once_on_a_permanent_anthropic_error(worker, alice_api, prov
     provider.default = unauthorized()
     session_id = _grown_session(alice_api, summarizer="local")
     before = _state(alice_api, session_id)
-    run = _run(alice_api, session_id, summarizer="anthropic")
+    run = compact_and_wait(alice_api, session_id=session_id, summarizer="anthropic")
     _assert_failed_cleanly(alice_api, session_id, run, before, provider)
     assert len(provider.requests) == 1
     assert run["summarizer"] == "anthropic"

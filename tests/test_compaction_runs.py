@@ -13,90 +13,25 @@ from compaction_app.models import CompactionRun
 from compaction_app.signals import memory_flush
 from compaction_app.tasks import run_compaction
 from sessions_app.models import Event, Session
-from tests.fake_providers import FakeProvider, reply_text
+from tests.fake_providers import reply_text
+from tests.helpers import (
+    SYSTEM_PROMPT,
+    all_events,
+    append_events,
+    coding_turns,
+    compact_and_wait,
+    compaction_marker,
+    create_session,
+    fake_openai,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-SYSTEM = "You are a coding agent."
-
 
 # --- helpers ---------------------------------------------------------------------------------
 
 
-def _session(api, *, limit: int = 4000, **settings: Any) -> str:
-    response = api.post(
-        "/api/v1/sessions",
-        {
-            "model": "gpt-4o",
-            "contextLimit": limit,
-            "systemPrompt": SYSTEM,
-            "settings": {"autoCompact": False, **settings},
-        },
-        format="json",
-    )
-    assert response.status_code == 201, response.json()
-    return response.json()["id"]
-
-
-def _turns(start: int, count: int, *, result_lines: int = 20) -> list[dict[str, Any]]:
-    events: list[dict[str, Any]] = []
-    for turn in range(start, start + count):
-        events += [
-            {"type": "USER_MESSAGE", "content": f"Please fix bug {turn} in src/module_{turn}.py"},
-            {
-                "type": "TOOL_CALL",
-                "name": "read_file",
-                "toolCallId": f"c{turn}",
-                "content": f'{{"path": "src/module_{turn}.py"}}',
-            },
-            {
-                "type": "TOOL_RESULT",
-                "toolCallId": f"c{turn}",
-                "name": "read_file",
-                "content": f"def f_{turn}():\n    return {turn}\n" * result_lines,
-            },
-            {
-                "type": "AGENT_MESSAGE",
-                "content": f"Fixed bug {turn}: KeyError in handler_{turn}. Decided to use a dict lookup.",
-            },
-        ]
-    return events
-
-
-def _append(api, session_id: str, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    response = api.post(f"/api/v1/sessions/{session_id}/events", events, format="json")
-    assert response.status_code == 201, response.json()
-    return response.json()
-
-
-def _compact(api, session_id: str, **body: Any) -> dict[str, Any]:
-    response = api.post(f"/api/v1/sessions/{session_id}/compactions", body, format="json")
-    assert response.status_code == 202, response.json()
-    return response.json()
-
-
-def _wait(api, run_id: str, *, timeout: float = 30) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
-        run = api.get(f"/api/v1/compactions/{run_id}").json()
-        if run["status"] in ("completed", "failed"):
-            return run
-        assert time.monotonic() < deadline, f"run {run_id} still {run['status']}"
-        time.sleep(0.05)
-
-
-def _all_events(api, session_id: str) -> list[dict[str, Any]]:
-    body = api.get(f"/api/v1/sessions/{session_id}/events?includeCompacted=true&limit=1000").json()
-    assert body["nextAfter"] is None
-    return body["results"]
-
-
-def _marker(events: list[dict[str, Any]], run_id: str) -> dict[str, Any]:
-    return next(
-        e
-        for e in events
-        if e["type"] == "COMPACTION" and e["metadata"].get("compactionId") == run_id
-    )
+def _turns(start: int, count: int) -> list[dict[str, Any]]:
+    return coding_turns(start=start, count=count, agent_note="Decided to use a dict lookup.")
 
 
 def _assert_tool_pairs_intact(messages: list[dict[str, Any]]) -> None:
@@ -128,7 +63,7 @@ def _assert_counters_match_recount(api, session_id: str) -> dict[str, Any]:
 def _check_kept_context(api, session_id: str, *, last_user: str) -> list[dict[str, Any]]:
     context = api.get(f"/api/v1/sessions/{session_id}/context").json()
     messages = context["messages"]
-    assert messages[0] == {"role": "system", "content": SYSTEM}
+    assert messages[0] == {"role": "system", "content": SYSTEM_PROMPT}
     users = [m["content"] for m in messages if m["role"] == "user"]
     assert users[-1] == last_user
     _assert_tool_pairs_intact(messages)
@@ -145,8 +80,8 @@ def _check_kept_context(api, session_id: str, *, last_user: str) -> list[dict[st
 def test_it_runs_each_strategy_end_to_end_keeping_what_must_stay(
     worker, alice_api, strategy, limit
 ):
-    session_id = _session(alice_api, limit=limit)
-    stored = _append(alice_api, session_id, _turns(0, 12))
+    session_id = create_session(alice_api, limit=limit)
+    stored = append_events(alice_api, session_id=session_id, events=_turns(0, 12))
     # Pin an old agent message every strategy would otherwise fold (clear leaves it anyway).
     pinned = stored[3]
     assert pinned["type"] == "AGENT_MESSAGE"
@@ -156,7 +91,7 @@ def test_it_runs_each_strategy_end_to_end_keeping_what_must_stay(
     assert response.status_code == 200 and response.json()["pinned"] is True
     before = alice_api.get(f"/api/v1/sessions/{session_id}/usage").json()
 
-    run = _wait(alice_api, _compact(alice_api, session_id, strategy=strategy)["id"])
+    run = compact_and_wait(alice_api, session_id=session_id, strategy=strategy)
 
     assert run["status"] == "completed", run
     assert run["strategy"] == strategy and run["trigger"] == "manual"
@@ -169,12 +104,12 @@ def test_it_runs_each_strategy_end_to_end_keeping_what_must_stay(
     assert any(m.get("content") == pinned["content"] for m in messages)
 
     # Nothing is ever deleted: every stored event is still listed, folded ones marked.
-    events = _all_events(alice_api, session_id)
+    events = all_events(alice_api, session_id=session_id)
     by_id = {e["id"]: e for e in events}
     assert {e["id"] for e in stored} <= set(by_id)
     assert by_id[pinned["id"]]["compactedBy"] is None
     assert by_id[stored[-4]["id"]]["compactedBy"] is None
-    marker = _marker(events, run["id"])
+    marker = compaction_marker(events, run_id=run["id"])
     folded = [e for e in events if e["compactedBy"] == marker["id"]]
     assert all(e["compactedBy"] in (None, marker["id"]) for e in events)
     if strategy == "clear_tool_results":
@@ -197,9 +132,9 @@ def test_it_runs_each_strategy_end_to_end_keeping_what_must_stay(
 
 def test_it_logs_context_compressed_with_both_token_counts(worker, alice_api, caplog):
     caplog.set_level(logging.INFO, logger="context")
-    session_id = _session(alice_api)
-    _append(alice_api, session_id, _turns(0, 12))
-    run = _wait(alice_api, _compact(alice_api, session_id)["id"])
+    session_id = create_session(alice_api)
+    append_events(alice_api, session_id=session_id, events=_turns(0, 12))
+    run = compact_and_wait(alice_api, session_id=session_id)
     assert run["status"] == "completed"
     deadline = time.monotonic() + 5
     while True:
@@ -220,23 +155,26 @@ def test_it_logs_context_compressed_with_both_token_counts(worker, alice_api, ca
 
 
 def test_it_extends_the_running_summary_incrementally(worker, alice_api):
-    session_id = _session(alice_api)
-    _append(alice_api, session_id, _turns(0, 10))
-    first = _wait(alice_api, _compact(alice_api, session_id)["id"])
+    session_id = create_session(alice_api)
+    append_events(alice_api, session_id=session_id, events=_turns(0, 10))
+    first = compact_and_wait(alice_api, session_id=session_id)
     assert first["status"] == "completed"
     summary1 = alice_api.get(f"/api/v1/sessions/{session_id}/summary").json()
     assert summary1["summarizedMessageIds"]
 
-    new_events = _append(alice_api, session_id, _turns(10, 10))
-    second = _wait(alice_api, _compact(alice_api, session_id)["id"])
+    new_events = append_events(alice_api, session_id=session_id, events=_turns(10, 10))
+    second = compact_and_wait(alice_api, session_id=session_id)
     assert second["status"] == "completed"
     summary2 = alice_api.get(f"/api/v1/sessions/{session_id}/summary").json()
 
     ids1, ids2 = summary1["summarizedMessageIds"], summary2["summarizedMessageIds"]
     assert ids2[: len(ids1)] == ids1 and len(ids2) > len(ids1)
     assert len(set(ids2)) == len(ids2)
-    events = _all_events(alice_api, session_id)
-    marker1, marker2 = _marker(events, first["id"]), _marker(events, second["id"])
+    events = all_events(alice_api, session_id=session_id)
+    marker1, marker2 = (
+        compaction_marker(events, run_id=first["id"]),
+        compaction_marker(events, run_id=second["id"]),
+    )
     # The new ids are exactly the messages the second run folded (its predecessor's
     # COMPACTION event aside), in order.
     folded2 = [
@@ -256,24 +194,25 @@ def test_it_extends_the_running_summary_incrementally(worker, alice_api):
 def test_it_gives_the_summarizer_only_the_previous_summary_and_newly_folded_events(
     worker, alice_api, settings
 ):
-    with FakeProvider() as fake:
-        settings.OPENAI_BASE_URL = fake.openai_base_url
-        settings.OPENAI_API_KEY = "test-key"
+    with fake_openai(settings) as fake:
         fake.script(reply_text("FIRST-SUMMARY bug fixes 0-9"), reply_text("SECOND-SUMMARY"))
-        session_id = _session(alice_api, summarizer="openai")
-        old = _append(alice_api, session_id, _turns(0, 10))
-        first = _wait(alice_api, _compact(alice_api, session_id)["id"])
+        session_id = create_session(alice_api, summarizer="openai")
+        old = append_events(alice_api, session_id=session_id, events=_turns(0, 10))
+        first = compact_and_wait(alice_api, session_id=session_id)
         assert first["status"] == "completed", first
-        new = _append(alice_api, session_id, _turns(10, 10))
-        second = _wait(alice_api, _compact(alice_api, session_id)["id"])
+        new = append_events(alice_api, session_id=session_id, events=_turns(10, 10))
+        second = compact_and_wait(alice_api, session_id=session_id)
         assert second["status"] == "completed", second
     assert len(fake.requests) == 2
     prompt = fake.requests[1].body["messages"][-1]["content"]
     previous = prompt.split("<previous_summary>")[1].split("</previous_summary>")[0]
     assert previous.strip() == "FIRST-SUMMARY bug fixes 0-9"
     messages = prompt.split("<messages>")[1]
-    events = _all_events(alice_api, session_id)
-    marker1, marker2 = _marker(events, first["id"]), _marker(events, second["id"])
+    events = all_events(alice_api, session_id=session_id)
+    marker1, marker2 = (
+        compaction_marker(events, run_id=first["id"]),
+        compaction_marker(events, run_id=second["id"]),
+    )
     folded_first = [e for e in events if e["compactedBy"] == marker1["id"]]
     folded_now = [
         e for e in events if e["compactedBy"] == marker2["id"] and e["type"] != "COMPACTION"
@@ -297,12 +236,10 @@ def test_it_holds_the_stored_summary_to_max_summary_tokens_at_a_word_boundary(
     worker, alice_api, settings
 ):
     words = " ".join(f"word{n} alpha beta" for n in range(200))
-    with FakeProvider(default=reply_text(words)) as fake:
-        settings.OPENAI_BASE_URL = fake.openai_base_url
-        settings.OPENAI_API_KEY = "test-key"
-        session_id = _session(alice_api, summarizer="openai", maxSummaryTokens=16)
-        _append(alice_api, session_id, _turns(0, 10))
-        run = _wait(alice_api, _compact(alice_api, session_id)["id"])
+    with fake_openai(settings, default=reply_text(words)):
+        session_id = create_session(alice_api, summarizer="openai", maxSummaryTokens=16)
+        append_events(alice_api, session_id=session_id, events=_turns(0, 10))
+        run = compact_and_wait(alice_api, session_id=session_id)
     assert run["status"] == "completed", run
     summary = alice_api.get(f"/api/v1/sessions/{session_id}/summary").json()
     assert 0 < summary["tokenCount"] <= 16
@@ -312,9 +249,9 @@ def test_it_holds_the_stored_summary_to_max_summary_tokens_at_a_word_boundary(
 
 
 def test_it_holds_the_local_summary_to_max_summary_tokens(worker, alice_api):
-    session_id = _session(alice_api, maxSummaryTokens=16)
-    _append(alice_api, session_id, _turns(0, 10))
-    run = _wait(alice_api, _compact(alice_api, session_id)["id"])
+    session_id = create_session(alice_api, maxSummaryTokens=16)
+    append_events(alice_api, session_id=session_id, events=_turns(0, 10))
+    run = compact_and_wait(alice_api, session_id=session_id)
     assert run["status"] == "completed", run
     summary = alice_api.get(f"/api/v1/sessions/{session_id}/summary").json()
     assert 0 < summary["tokenCount"] <= 16
@@ -325,7 +262,7 @@ def _state(api, session_id: str) -> dict[str, Any]:
     usage = api.get(f"/api/v1/sessions/{session_id}/usage").json()
     summary = api.get(f"/api/v1/sessions/{session_id}/summary")
     return {
-        "events": _all_events(api, session_id),
+        "events": all_events(api, session_id=session_id),
         "usage": usage,
         "summary": summary.json() if summary.status_code == 200 else None,
         "runs": api.get(f"/api/v1/sessions/{session_id}/compactions").json(),
@@ -334,9 +271,9 @@ def _state(api, session_id: str) -> dict[str, Any]:
 
 
 def test_it_leaves_a_completed_run_alone_when_the_task_runs_again(worker, alice_api):
-    session_id = _session(alice_api)
-    _append(alice_api, session_id, _turns(0, 12))
-    run = _wait(alice_api, _compact(alice_api, session_id)["id"])
+    session_id = create_session(alice_api)
+    append_events(alice_api, session_id=session_id, events=_turns(0, 12))
+    run = compact_and_wait(alice_api, session_id=session_id)
     assert run["status"] == "completed"
     before = _state(alice_api, session_id)
 
@@ -353,8 +290,8 @@ def test_it_applies_a_run_once_when_a_second_delivery_finishes_it_first(worker, 
     """acks_late may deliver a task again while the first delivery is still working. The
     memory_flush signal fires between a delivery's planning and its apply step: there the
     second delivery runs to completion, and the first must then apply nothing."""
-    session_id = _session(alice_api)
-    _append(alice_api, session_id, _turns(0, 12))
+    session_id = create_session(alice_api)
+    append_events(alice_api, session_id=session_id, events=_turns(0, 12))
     session = Session.objects.get(pk=session_id)
     run = services.compaction_request(session=session, user=None, enqueue=False)
     deliveries: list[str] = []
@@ -384,13 +321,13 @@ def test_it_applies_a_run_once_when_a_second_delivery_finishes_it_first(worker, 
 
 
 def test_it_reverts_the_latest_run_restoring_events_and_the_previous_summary(worker, alice_api):
-    session_id = _session(alice_api, limit=8000)
-    _append(alice_api, session_id, _turns(0, 10))
+    session_id = create_session(alice_api, limit=8000)
+    append_events(alice_api, session_id=session_id, events=_turns(0, 10))
     original = alice_api.get(f"/api/v1/sessions/{session_id}/context").json()
-    first = _wait(alice_api, _compact(alice_api, session_id)["id"])
-    _append(alice_api, session_id, _turns(10, 10))
+    first = compact_and_wait(alice_api, session_id=session_id)
+    append_events(alice_api, session_id=session_id, events=_turns(10, 10))
     between = _state(alice_api, session_id)
-    second = _wait(alice_api, _compact(alice_api, session_id)["id"])
+    second = compact_and_wait(alice_api, session_id=session_id)
     assert first["status"] == second["status"] == "completed"
 
     refused = alice_api.post(f"/api/v1/compactions/{first['id']}/revert")
@@ -427,15 +364,13 @@ def test_it_compacts_a_session_over_its_limit_in_summarizer_sized_pieces(
     worker, alice_api, settings
 ):
     settings.SUMMARIZER_WINDOW_TOKENS = 1500
-    with FakeProvider() as fake:
-        settings.OPENAI_BASE_URL = fake.openai_base_url
-        settings.OPENAI_API_KEY = "test-key"
+    with fake_openai(settings) as fake:
         fake.script(*(reply_text(f"PIECE-{n} summary") for n in range(1, 20)))
-        session_id = _session(alice_api, limit=2000, summarizer="openai")
-        _append(alice_api, session_id, _turns(0, 16))
+        session_id = create_session(alice_api, limit=2000, summarizer="openai")
+        append_events(alice_api, session_id=session_id, events=_turns(0, 16))
         before = alice_api.get(f"/api/v1/sessions/{session_id}/usage").json()
         assert before["contextTokens"] > before["contextLimit"]
-        run = _wait(alice_api, _compact(alice_api, session_id)["id"])
+        run = compact_and_wait(alice_api, session_id=session_id)
     assert run["status"] == "completed", run
     assert run["tokensAfter"] <= 2000
     assert len(fake.requests) >= 2

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 import pytest
@@ -14,54 +13,18 @@ from compaction_app.models import CompactionRun
 from compaction_app.signals import memory_flush
 from sessions_app.models import Session
 from sessions_app.signals import session_compaction_requested
-from tests.fake_providers import FakeProvider, unauthorized
+from tests.fake_providers import unauthorized
+from tests.helpers import (
+    SYSTEM_PROMPT,
+    all_events,
+    append_events,
+    coding_turns,
+    create_session,
+    fake_openai,
+    wait_for_run,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-SYSTEM = "You are a coding agent."
-
-
-def _session(api, *, limit: int = 4000, **settings: Any) -> str:
-    response = api.post(
-        "/api/v1/sessions",
-        {
-            "model": "gpt-4o",
-            "contextLimit": limit,
-            "systemPrompt": SYSTEM,
-            "settings": {"autoCompact": False, **settings},
-        },
-        format="json",
-    )
-    assert response.status_code == 201, response.json()
-    return response.json()["id"]
-
-
-def _turns(start: int, count: int) -> list[dict[str, Any]]:
-    events: list[dict[str, Any]] = []
-    for turn in range(start, start + count):
-        events += [
-            {"type": "USER_MESSAGE", "content": f"Please fix bug {turn} in src/module_{turn}.py"},
-            {
-                "type": "TOOL_CALL",
-                "name": "read_file",
-                "toolCallId": f"c{turn}",
-                "content": f'{{"path": "src/module_{turn}.py"}}',
-            },
-            {
-                "type": "TOOL_RESULT",
-                "toolCallId": f"c{turn}",
-                "name": "read_file",
-                "content": f"def f_{turn}():\n    return {turn}\n" * 20,
-            },
-            {"type": "AGENT_MESSAGE", "content": f"Fixed bug {turn}: KeyError in handler_{turn}."},
-        ]
-    return events
-
-
-def _append(api, session_id: str, events: Any, *, expect: int = 201) -> Any:
-    response = api.post(f"/api/v1/sessions/{session_id}/events", events, format="json")
-    assert response.status_code == expect, response.json()
-    return response.json()
 
 
 def _usage(api, session_id: str) -> dict[str, Any]:
@@ -72,30 +35,14 @@ def _runs(api, session_id: str) -> list[dict[str, Any]]:
     return api.get(f"/api/v1/sessions/{session_id}/compactions").json()["results"]
 
 
-def _wait(api, run_id: str, *, timeout: float = 30) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
-        run = api.get(f"/api/v1/compactions/{run_id}").json()
-        if run["status"] in ("completed", "failed"):
-            return run
-        assert time.monotonic() < deadline, f"run {run_id} still {run['status']}"
-        time.sleep(0.05)
-
-
-def _events(api, session_id: str) -> list[dict[str, Any]]:
-    return api.get(f"/api/v1/sessions/{session_id}/events?includeCompacted=true&limit=1000").json()[
-        "results"
-    ]
-
-
 # --- /compact -------------------------------------------------------------------------------
 
 
 def test_it_starts_a_manual_compaction_from_a_compact_message_without_storing_it(worker, alice_api):
-    session_id = _session(alice_api)
-    _append(alice_api, session_id, _turns(0, 12))
+    session_id = create_session(alice_api)
+    append_events(alice_api, session_id=session_id, events=coding_turns(count=12))
     before = _usage(alice_api, session_id)
-    stored_before = _events(alice_api, session_id)
+    stored_before = all_events(alice_api, session_id=session_id)
 
     response = alice_api.post(
         f"/api/v1/sessions/{session_id}/events",
@@ -106,8 +53,8 @@ def test_it_starts_a_manual_compaction_from_a_compact_message_without_storing_it
     run = response.json()
     assert run["status"] == "pending" and run["trigger"] == "manual"
     assert run["strategy"] == "summarize" and run["sessionId"] == session_id
-    assert _wait(alice_api, run["id"])["status"] == "completed"
-    events = _events(alice_api, session_id)
+    assert wait_for_run(alice_api, run_id=run["id"])["status"] == "completed"
+    events = all_events(alice_api, session_id=session_id)
     assert not any(e["content"] == "/compact" for e in events)
     assert [e["type"] for e in events].count("COMPACTION") == 1
     assert len(events) == len(stored_before) + 1  # the run's COMPACTION event only
@@ -121,14 +68,14 @@ def test_it_starts_a_manual_compaction_from_a_compact_message_without_storing_it
     )
     assert trim.status_code == 202, trim.json()
     assert trim.json()["strategy"] == "trim"
-    _wait(alice_api, trim.json()["id"])
+    wait_for_run(alice_api, run_id=trim.json()["id"])
     assert [r["strategy"] for r in _runs(alice_api, session_id)] == ["trim", "summarize"]
 
 
 def test_it_refuses_a_compact_message_inside_a_bulk_list_or_with_a_bad_strategy(worker, alice_api):
-    session_id = _session(alice_api)
-    _append(alice_api, session_id, _turns(0, 2))
-    before = _events(alice_api, session_id)
+    session_id = create_session(alice_api)
+    append_events(alice_api, session_id=session_id, events=coding_turns(count=2))
+    before = all_events(alice_api, session_id=session_id)
     bulk = alice_api.post(
         f"/api/v1/sessions/{session_id}/events",
         [
@@ -145,12 +92,12 @@ def test_it_refuses_a_compact_message_inside_a_bulk_list_or_with_a_bad_strategy(
         format="json",
     )
     assert bad.status_code == 400 and bad.json()["error"] == "unknown_strategy"
-    assert _events(alice_api, session_id) == before
+    assert all_events(alice_api, session_id=session_id) == before
     assert _runs(alice_api, session_id) == []
 
 
 def test_it_answers_409_to_a_compact_message_while_a_run_is_pending(alice, alice_api):
-    session_id = _session(alice_api)
+    session_id = create_session(alice_api)
     CompactionRun.objects.create(
         session_id=session_id, strategy="summarize", trigger="manual", summarizer="local"
     )
@@ -169,38 +116,42 @@ def test_it_answers_409_to_a_compact_message_while_a_run_is_pending(alice, alice
 def test_it_starts_one_auto_run_when_an_append_crosses_the_threshold_then_cools_down(
     worker, alice_api
 ):
-    session_id = _session(alice_api, limit=2000, autoCompact=True, cooldownSeconds=60)
-    _append(alice_api, session_id, _turns(0, 5))
+    session_id = create_session(alice_api, limit=2000, autoCompact=True, cooldownSeconds=60)
+    append_events(alice_api, session_id=session_id, events=coding_turns(count=5))
     assert not _usage(alice_api, session_id)["nearLimit"]
     assert _runs(alice_api, session_id) == []
 
-    _append(alice_api, session_id, _turns(5, 3))  # crosses 80 %
+    append_events(
+        alice_api, session_id=session_id, events=coding_turns(start=5, count=3)
+    )  # crosses 80 %
     runs = _runs(alice_api, session_id)
     assert [(r["trigger"], r["strategy"]) for r in runs] == [("auto", "summarize")]
-    done = _wait(alice_api, runs[0]["id"])
+    done = wait_for_run(alice_api, run_id=runs[0]["id"])
     assert done["status"] == "completed"
     assert not _usage(alice_api, session_id)["nearLimit"]
 
-    _append(alice_api, session_id, _turns(8, 6))  # crosses again, within the cooldown
+    append_events(
+        alice_api, session_id=session_id, events=coding_turns(start=8, count=6)
+    )  # crosses again, within the cooldown
     assert _usage(alice_api, session_id)["nearLimit"]
     assert [r["id"] for r in _runs(alice_api, session_id)] == [runs[0]["id"]]
 
 
 def test_it_starts_another_auto_run_once_the_cooldown_has_passed(worker, alice_api):
-    session_id = _session(alice_api, limit=2000, autoCompact=True, cooldownSeconds=0)
-    _append(alice_api, session_id, _turns(0, 8))
+    session_id = create_session(alice_api, limit=2000, autoCompact=True, cooldownSeconds=0)
+    append_events(alice_api, session_id=session_id, events=coding_turns(count=8))
     first = _runs(alice_api, session_id)
     assert len(first) == 1
-    _wait(alice_api, first[0]["id"])
-    _append(alice_api, session_id, _turns(8, 6))
+    wait_for_run(alice_api, run_id=first[0]["id"])
+    append_events(alice_api, session_id=session_id, events=coding_turns(start=8, count=6))
     runs = _runs(alice_api, session_id)
     assert [r["trigger"] for r in runs] == ["auto", "auto"]
-    _wait(alice_api, runs[0]["id"])
+    wait_for_run(alice_api, run_id=runs[0]["id"])
 
 
 def test_it_never_starts_an_auto_run_when_auto_compact_is_off(worker, alice_api):
-    session_id = _session(alice_api, limit=2000, autoCompact=False)
-    _append(alice_api, session_id, _turns(0, 8))
+    session_id = create_session(alice_api, limit=2000, autoCompact=False)
+    append_events(alice_api, session_id=session_id, events=coding_turns(count=8))
     assert _usage(alice_api, session_id)["nearLimit"]
     assert _runs(alice_api, session_id) == []
 
@@ -208,34 +159,36 @@ def test_it_never_starts_an_auto_run_when_auto_compact_is_off(worker, alice_api)
 def test_it_keeps_auto_compaction_failures_away_from_the_appending_client(
     worker, alice_api, settings
 ):
-    with FakeProvider(default=unauthorized()) as fake:
-        settings.OPENAI_BASE_URL = fake.openai_base_url
-        settings.OPENAI_API_KEY = "test-key"
-        session_id = _session(alice_api, limit=2000, autoCompact=True, summarizer="openai")
-        _append(alice_api, session_id, _turns(0, 5))
-        before = _events(alice_api, session_id)
-        stored = _append(alice_api, session_id, _turns(5, 3))  # crosses: 201 regardless
+    with fake_openai(settings, default=unauthorized()):
+        session_id = create_session(alice_api, limit=2000, autoCompact=True, summarizer="openai")
+        append_events(alice_api, session_id=session_id, events=coding_turns(count=5))
+        before = all_events(alice_api, session_id=session_id)
+        stored = append_events(
+            alice_api, session_id=session_id, events=coding_turns(start=5, count=3)
+        )  # crosses: 201 regardless
         assert len(stored) == 12
-        run = _wait(alice_api, _runs(alice_api, session_id)[0]["id"])
+        run = wait_for_run(alice_api, run_id=_runs(alice_api, session_id)[0]["id"])
     assert run["status"] == "failed" and run["trigger"] == "auto"
     assert "401" in run["error"]
-    events = _events(alice_api, session_id)
+    events = all_events(alice_api, session_id=session_id)
     assert len(events) == len(before) + 12
     assert all(e["compactedBy"] is None for e in events)
     assert alice_api.get(f"/api/v1/sessions/{session_id}/summary").status_code == 404
     # Later appends still succeed (the failed run does not block anything).
-    _append(alice_api, session_id, {"type": "AGENT_MESSAGE", "content": "still here"})
+    append_events(
+        alice_api, session_id=session_id, events={"type": "AGENT_MESSAGE", "content": "still here"}
+    )
 
 
 def test_it_keeps_a_broken_auto_check_away_from_the_appending_client(worker, alice_api):
-    session_id = _session(alice_api, limit=2000, autoCompact=True)
+    session_id = create_session(alice_api, limit=2000, autoCompact=True)
     # Settings damaged behind the API's back (a bad migration, a manual edit): the usage
     # broadcast and the threshold check fail, the append itself must not.
     session = Session.objects.get(pk=session_id)
     Session.objects.filter(pk=session_id).update(
         settings={**session.settings, "compactThreshold": "high", "refreshThresholdTokens": None}
     )
-    stored = _append(alice_api, session_id, _turns(0, 8))
+    stored = append_events(alice_api, session_id=session_id, events=coding_turns(count=8))
     assert len(stored) == 32
     assert Session.objects.get(pk=session_id).event_count == 33
 
@@ -244,8 +197,10 @@ def test_it_keeps_a_broken_auto_check_away_from_the_appending_client(worker, ali
 
 
 def test_it_refreshes_the_context_when_cumulative_tokens_reach_the_threshold(worker, alice_api):
-    session_id = _session(alice_api, limit=8000, refreshThresholdTokens=600, maxSummaryTokens=32)
-    _append(alice_api, session_id, _turns(0, 2))
+    session_id = create_session(
+        alice_api, limit=8000, refreshThresholdTokens=600, maxSummaryTokens=32
+    )
+    append_events(alice_api, session_id=session_id, events=coding_turns(count=2))
     assert _usage(alice_api, session_id)["cumulativeTokens"] < 600
     cumulative_at_flush: list[int] = []
 
@@ -254,18 +209,20 @@ def test_it_refreshes_the_context_when_cumulative_tokens_reach_the_threshold(wor
 
     memory_flush.connect(record, weak=False)
     try:
-        trigger = _append(alice_api, session_id, _turns(2, 1))
+        trigger = append_events(
+            alice_api, session_id=session_id, events=coding_turns(start=2, count=1)
+        )
         # The counter is reset before the run starts (it would be >= 600 otherwise).
         assert _usage(alice_api, session_id)["cumulativeTokens"] < 600
         runs = _runs(alice_api, session_id)
         assert [(r["trigger"], r["strategy"]) for r in runs] == [("refresh", "summarize")]
-        run = _wait(alice_api, runs[0]["id"])
+        run = wait_for_run(alice_api, run_id=runs[0]["id"])
     finally:
         memory_flush.disconnect(record)
     assert run["status"] == "completed", run
     assert cumulative_at_flush == [0]
 
-    events = _events(alice_api, session_id)
+    events = all_events(alice_api, session_id=session_id)
     last_client_seq = trigger[-1]["seq"]
     added = [e for e in events if e["seq"] > last_client_seq]
     assert [e["type"] for e in added] == ["COMPACTION", "CONTEXT_REFRESH"]
@@ -281,20 +238,26 @@ def test_it_refreshes_the_context_when_cumulative_tokens_reach_the_threshold(wor
 
 
 def test_it_postpones_a_refresh_while_another_compaction_is_active(worker, alice_api):
-    session_id = _session(alice_api, limit=8000, refreshThresholdTokens=600, maxSummaryTokens=32)
-    _append(alice_api, session_id, _turns(0, 2))
+    session_id = create_session(
+        alice_api, limit=8000, refreshThresholdTokens=600, maxSummaryTokens=32
+    )
+    append_events(alice_api, session_id=session_id, events=coding_turns(count=2))
     blocker = CompactionRun.objects.create(
         session_id=session_id, strategy="trim", trigger="manual", summarizer="local"
     )
-    _append(alice_api, session_id, _turns(2, 1))  # crosses while the blocker is pending
+    append_events(
+        alice_api, session_id=session_id, events=coding_turns(start=2, count=1)
+    )  # crosses while the blocker is pending
     assert [r["id"] for r in _runs(alice_api, session_id)] == [str(blocker.pk)]
     assert _usage(alice_api, session_id)["cumulativeTokens"] >= 600  # kept for later
 
     CompactionRun.objects.filter(pk=blocker.pk).update(status="failed")
-    _append(alice_api, session_id, {"type": "AGENT_MESSAGE", "content": "ok"})
+    append_events(
+        alice_api, session_id=session_id, events={"type": "AGENT_MESSAGE", "content": "ok"}
+    )
     runs = _runs(alice_api, session_id)
     assert [r["trigger"] for r in runs] == ["refresh", "manual"]
-    assert _wait(alice_api, runs[0]["id"])["status"] == "completed"
+    assert wait_for_run(alice_api, run_id=runs[0]["id"])["status"] == "completed"
     assert _usage(alice_api, session_id)["cumulativeTokens"] == 0
 
 
@@ -302,8 +265,8 @@ def test_it_fires_exactly_one_refresh_for_concurrent_appends_crossing_the_thresh
     worker, alice, api_for
 ):
     api = api_for(alice)
-    session_id = _session(api, limit=20000, refreshThresholdTokens=1000, maxSummaryTokens=16)
-    _append(api, session_id, _turns(0, 3))
+    session_id = create_session(api, limit=20000, refreshThresholdTokens=1000, maxSummaryTokens=16)
+    append_events(api, session_id=session_id, events=coding_turns(count=3))
     start = _usage(api, session_id)["cumulativeTokens"]
     assert 600 < start < 1000
     barrier = threading.Barrier(6)
@@ -330,8 +293,10 @@ def test_it_fires_exactly_one_refresh_for_concurrent_appends_crossing_the_thresh
     assert statuses == [201] * 6
     runs = _runs(api, session_id)
     assert [r["trigger"] for r in runs] == ["refresh"]
-    assert _wait(api, runs[0]["id"])["status"] == "completed"
-    refreshes = [e for e in _events(api, session_id) if e["type"] == "CONTEXT_REFRESH"]
+    assert wait_for_run(api, run_id=runs[0]["id"])["status"] == "completed"
+    refreshes = [
+        e for e in all_events(api, session_id=session_id) if e["type"] == "CONTEXT_REFRESH"
+    ]
     assert len(refreshes) == 1
 
 
@@ -339,8 +304,8 @@ def test_it_fires_exactly_one_refresh_for_concurrent_appends_crossing_the_thresh
 
 
 def test_it_prunes_the_context_between_the_thresholds_without_compacting(worker, alice_api):
-    session_id = _session(alice_api, limit=4000)
-    stored = _append(alice_api, session_id, _turns(0, 13))
+    session_id = create_session(alice_api, limit=4000)
+    stored = append_events(alice_api, session_id=session_id, events=coding_turns(count=13))
     usage = _usage(alice_api, session_id)
     assert usage["nearLimit"] and not usage["atLimit"]
     context = alice_api.get(f"/api/v1/sessions/{session_id}/context")
@@ -348,7 +313,7 @@ def test_it_prunes_the_context_between_the_thresholds_without_compacting(worker,
     body = context.json()
     assert body["pruned"] is True and "compaction" not in body
     assert body["tokenCount"] <= 0.8 * 4000
-    assert body["messages"][0] == {"role": "system", "content": SYSTEM}
+    assert body["messages"][0] == {"role": "system", "content": SYSTEM_PROMPT}
     users = [m for m in body["messages"] if m["role"] == "user"]
     assert users[-1]["content"] == stored[-4]["content"]
     assert _runs(alice_api, session_id) == []
@@ -356,8 +321,8 @@ def test_it_prunes_the_context_between_the_thresholds_without_compacting(worker,
 
 
 def test_it_compacts_synchronously_at_the_hard_limit_then_answers(worker, alice_api):
-    session_id = _session(alice_api, limit=4000)
-    stored = _append(alice_api, session_id, _turns(0, 15))
+    session_id = create_session(alice_api, limit=4000)
+    stored = append_events(alice_api, session_id=session_id, events=coding_turns(count=15))
     usage = _usage(alice_api, session_id)
     assert usage["atLimit"]
     response = alice_api.get(f"/api/v1/sessions/{session_id}/context")
@@ -372,7 +337,7 @@ def test_it_compacts_synchronously_at_the_hard_limit_then_answers(worker, alice_
         == _usage(alice_api, session_id)["contextTokens"]
     )
     assert body["pruned"] is False and body["summary"]
-    assert body["messages"][0] == {"role": "system", "content": SYSTEM}
+    assert body["messages"][0] == {"role": "system", "content": SYSTEM_PROMPT}
     assert [m for m in body["messages"] if m["role"] == "user"][-1]["content"] == stored[-4][
         "content"
     ]
@@ -382,10 +347,14 @@ def test_it_compacts_synchronously_at_the_hard_limit_then_answers(worker, alice_
 
 
 def test_it_answers_422_when_the_must_keep_messages_alone_do_not_fit(worker, alice_api):
-    session_id = _session(alice_api, limit=1000)
-    _append(alice_api, session_id, _turns(0, 1))
-    _append(alice_api, session_id, {"type": "USER_MESSAGE", "content": "lorem ipsum " * 600})
-    events_before = _events(alice_api, session_id)
+    session_id = create_session(alice_api, limit=1000)
+    append_events(alice_api, session_id=session_id, events=coding_turns(count=1))
+    append_events(
+        alice_api,
+        session_id=session_id,
+        events={"type": "USER_MESSAGE", "content": "lorem ipsum " * 600},
+    )
+    events_before = all_events(alice_api, session_id=session_id)
     for _ in range(2):
         response = alice_api.get(f"/api/v1/sessions/{session_id}/context")
         assert response.status_code == 422, response.json()
@@ -394,7 +363,7 @@ def test_it_answers_422_when_the_must_keep_messages_alone_do_not_fit(worker, ali
         assert body["limit"] == 1000 and body["model"] == "gpt-4o"
         assert body["tokenCount"] > 1000
     # The compaction tried first folded what it could; trying again adds nothing to the ledger.
-    events = _events(alice_api, session_id)
+    events = all_events(alice_api, session_id=session_id)
     assert all(e["type"] != "COMPACTION" or e["content"] for e in events)
     assert len(events) <= len(events_before) + 1
     assert {r["trigger"] for r in _runs(alice_api, session_id)} == {"hard_limit"}
@@ -404,10 +373,10 @@ def test_it_answers_422_when_the_must_keep_messages_alone_do_not_fit(worker, ali
 
 
 def test_it_starts_manual_runs_for_the_admin_compaction_signal(worker, alice, alice_api, staff):
-    first = _session(alice_api)
-    second = _session(alice_api)
-    _append(alice_api, first, _turns(0, 6))
-    _append(alice_api, second, _turns(0, 6))
+    first = create_session(alice_api)
+    second = create_session(alice_api)
+    append_events(alice_api, session_id=first, events=coding_turns(count=6))
+    append_events(alice_api, session_id=second, events=coding_turns(count=6))
     CompactionRun.objects.create(
         session_id=second, strategy="summarize", trigger="manual", summarizer="local"
     )  # busy: skipped, not an error
@@ -416,7 +385,7 @@ def test_it_starts_manual_runs_for_the_admin_compaction_signal(worker, alice, al
     )
     started = [run_id for _receiver, ids in responses for run_id in ids or []]
     assert len(started) == 1
-    run = _wait(alice_api, started[0])
+    run = wait_for_run(alice_api, run_id=started[0])
     assert run["sessionId"] == first and run["trigger"] == "manual"
     assert run["status"] == "completed"
     assert CompactionRun.objects.get(pk=started[0]).requested_by == staff
@@ -426,10 +395,10 @@ def test_it_compacts_the_selected_sessions_from_the_django_admin(worker, alice_a
     admin_user = make_user("admin", staff=True)
     admin_user.is_superuser = True
     admin_user.save()
-    idle = _session(alice_api)
-    busy = _session(alice_api)
-    _append(alice_api, idle, _turns(0, 6))
-    _append(alice_api, busy, _turns(0, 6))
+    idle = create_session(alice_api)
+    busy = create_session(alice_api)
+    append_events(alice_api, session_id=idle, events=coding_turns(count=6))
+    append_events(alice_api, session_id=busy, events=coding_turns(count=6))
     pending = CompactionRun.objects.create(
         session_id=busy, strategy="summarize", trigger="manual", summarizer="local"
     )
@@ -445,6 +414,6 @@ def test_it_compacts_the_selected_sessions_from_the_django_admin(worker, alice_a
     assert any("Started 1 compaction(s) for 2 session(s)" in n for n in notices), notices
     runs = _runs(alice_api, idle)
     assert len(runs) == 1 and runs[0]["trigger"] == "manual"
-    assert _wait(alice_api, runs[0]["id"])["status"] == "completed"
+    assert wait_for_run(alice_api, run_id=runs[0]["id"])["status"] == "completed"
     assert CompactionRun.objects.get(pk=runs[0]["id"]).requested_by == admin_user
     assert list(CompactionRun.objects.filter(session_id=busy)) == [pending]

@@ -13,6 +13,13 @@ import pytest
 
 from compaction_app.signals import memory_flush
 from sessions_app.models import Event
+from tests.helpers import (
+    all_events,
+    coding_turns,
+    compact_and_wait,
+    compaction_marker,
+    grown_session,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -101,67 +108,18 @@ def flush_calls() -> Iterator[list[dict[str, Any]]]:
 
 
 def _grown_session(api) -> str:
-    session = api.post(
-        "/api/v1/sessions",
-        {
-            "model": "gpt-4o",
-            "contextLimit": 4000,
-            "systemPrompt": "You are a coding agent.",
-            "settings": {"autoCompact": False},
-        },
-        format="json",
-    ).json()
-    events: list[dict[str, Any]] = []
-    for turn in range(10):
-        events += [
-            {"type": "USER_MESSAGE", "content": f"Please fix bug {turn} in src/module_{turn}.py"},
-            {
-                "type": "TOOL_CALL",
-                "name": "read_file",
-                "toolCallId": f"c{turn}",
-                "content": f'{{"path": "src/module_{turn}.py"}}',
-            },
-            {
-                "type": "TOOL_RESULT",
-                "toolCallId": f"c{turn}",
-                "name": "read_file",
-                "content": f"def f_{turn}():\n    return {turn}\n" * 20,
-            },
-            {"type": "AGENT_MESSAGE", "content": f"Fixed bug {turn}: KeyError in handler_{turn}."},
-        ]
-    response = api.post(f"/api/v1/sessions/{session['id']}/events", events, format="json")
-    assert response.status_code == 201, response.json()
-    return session["id"]
-
-
-def _run(api, session_id: str, *, timeout: float = 10) -> dict[str, Any]:
-    response = api.post(f"/api/v1/sessions/{session_id}/compactions", {}, format="json")
-    assert response.status_code == 202, response.json()
-    run_id = response.json()["id"]
-    deadline = time.monotonic() + timeout
-    while True:
-        run = api.get(f"/api/v1/compactions/{run_id}").json()
-        if run["status"] in ("completed", "failed"):
-            return run
-        assert time.monotonic() < deadline, f"run still {run['status']}"
-        time.sleep(0.05)
+    return grown_session(api, events=coding_turns(count=10))
 
 
 def _folded_ids(api, session_id: str, run_id: str) -> list[str]:
-    events = api.get(
-        f"/api/v1/sessions/{session_id}/events?includeCompacted=true&limit=1000"
-    ).json()["results"]
-    marker = next(
-        e["id"]
-        for e in events
-        if e["type"] == "COMPACTION" and e["metadata"]["compactionId"] == run_id
-    )
-    return [e["id"] for e in events if e["compactedBy"] == marker]
+    events = all_events(api, session_id=session_id)
+    marker = compaction_marker(events, run_id=run_id)
+    return [e["id"] for e in events if e["compactedBy"] == marker["id"]]
 
 
 def test_it_sends_the_signal_with_the_events_before_they_are_folded(worker, alice_api, flush_calls):
     session_id = _grown_session(alice_api)
-    run = _run(alice_api, session_id)
+    run = compact_and_wait(alice_api, session_id=session_id, timeout=10)
     assert run["status"] == "completed"
     assert len(flush_calls) == 1
     call = flush_calls[0]
@@ -181,7 +139,7 @@ def test_it_sends_no_signal_when_a_run_folds_nothing(worker, alice_api, flush_ca
         {"type": "USER_MESSAGE", "content": "hello"},
         format="json",
     )
-    run = _run(alice_api, session["id"])
+    run = compact_and_wait(alice_api, session_id=session["id"], timeout=10)
     assert run["status"] == "completed" and run["tokensAfter"] == run["tokensBefore"]
     assert flush_calls == []
 
@@ -190,7 +148,7 @@ def test_it_posts_the_folded_events_to_the_webhook(worker, alice_api, settings):
     with Webhook() as hook:
         settings.MEMORY_FLUSH_WEBHOOK_URL = hook.url
         session_id = _grown_session(alice_api)
-        run = _run(alice_api, session_id)
+        run = compact_and_wait(alice_api, session_id=session_id, timeout=10)
         assert run["status"] == "completed"
         hook.wait_for(lambda: hook.answered)
     assert len(hook.bodies) == 1
@@ -199,12 +157,7 @@ def test_it_posts_the_folded_events_to_the_webhook(worker, alice_api, settings):
     assert body["compactionId"] == run["id"] and body["sessionId"] == session_id
     folded = _folded_ids(alice_api, session_id, run["id"])
     assert [e["id"] for e in body["events"]] == folded
-    stored = {
-        e["id"]: e
-        for e in alice_api.get(
-            f"/api/v1/sessions/{session_id}/events?includeCompacted=true&limit=1000"
-        ).json()["results"]
-    }
+    stored = {e["id"]: e for e in all_events(alice_api, session_id=session_id)}
     for event in body["events"]:
         assert event["content"] == stored[event["id"]]["content"]
         assert event["type"] == stored[event["id"]]["type"]
@@ -215,7 +168,7 @@ def test_it_retries_the_webhook_after_a_server_error(worker, alice_api, settings
     with Webhook(statuses=(500, 503)) as hook:
         settings.MEMORY_FLUSH_WEBHOOK_URL = hook.url
         session_id = _grown_session(alice_api)
-        run = _run(alice_api, session_id)
+        run = compact_and_wait(alice_api, session_id=session_id, timeout=10)
         assert run["status"] == "completed"
         hook.wait_for(lambda: 200 in hook.answered)
     assert hook.answered == [500, 503, 200]
@@ -231,7 +184,7 @@ def test_it_completes_the_run_while_the_webhook_is_still_blocked(worker, alice_a
     with Webhook(hold=True) as hook:
         settings.MEMORY_FLUSH_WEBHOOK_URL = hook.url
         session_id = _grown_session(alice_api)
-        run = _run(alice_api, session_id, timeout=10)
+        run = compact_and_wait(alice_api, session_id=session_id, timeout=10)
         assert run["status"] == "completed"
         usage = alice_api.get(f"/api/v1/sessions/{session_id}/usage").json()
         assert usage["contextTokens"] == run["tokensAfter"]

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import socket
-from collections.abc import Iterator
-
 import pytest
 
-from compaction_app.summarizers.base import SummarizerError, SummaryMessage, summarizer_class
+from compaction_app.summarizers.base import SummaryMessage, summarizer_class
 from compaction_app.summarizers.openai_summarizer import OpenAISummarizer
 from tests.fake_providers import (
     FakeProvider,
@@ -21,23 +18,14 @@ from tests.fake_providers import (
     slow,
     unauthorized,
 )
+from tests.helpers import closed_port, rough_token_count, summarizer_error
 
 API_KEY = "sk-test-secret-key"
 
 
-def count_tokens(text: str) -> int:
-    return max(1, len(text) // 4)
-
-
-@pytest.fixture
-def fake() -> Iterator[FakeProvider]:
-    with FakeProvider() as server:
-        yield server
-
-
 def make(fake: FakeProvider, **overrides: object) -> OpenAISummarizer:
     options: dict[str, object] = {
-        "count_tokens": count_tokens,
+        "count_tokens": rough_token_count,
         "api_key": API_KEY,
         "base_url": fake.openai_base_url,
         "model": "gpt-4o-mini",
@@ -93,49 +81,43 @@ def test_it_returns_the_stripped_summary_and_sends_model_max_tokens_and_messages
 def test_it_treats_429_as_transient_and_reports_retry_after(fake: FakeProvider) -> None:
     fake.script(rate_limited(retry_after=7))
 
-    with pytest.raises(SummarizerError) as caught:
-        summarize(make(fake))
+    failure = summarizer_error(lambda: summarize(make(fake)))
 
-    assert caught.value.permanent is False
-    assert "429" in str(caught.value) and "retry after 7s" in str(caught.value)
+    assert failure.permanent is False
+    assert "429" in str(failure) and "retry after 7s" in str(failure)
     assert len(fake.requests) == 1  # the SDK does not retry: Celery does
 
 
 def test_it_treats_500_as_transient(fake: FakeProvider) -> None:
     fake.script(server_error(500))
 
-    with pytest.raises(SummarizerError) as caught:
-        summarize(make(fake))
+    failure = summarizer_error(lambda: summarize(make(fake)))
 
-    assert caught.value.permanent is False
+    assert failure.permanent is False
 
 
 def test_it_treats_a_timeout_as_transient(fake: FakeProvider) -> None:
     fake.script(slow(2.0))
 
-    with pytest.raises(SummarizerError) as caught:
-        summarize(make(fake, timeout_seconds=0.5))
+    failure = summarizer_error(lambda: summarize(make(fake, timeout_seconds=0.5)))
 
-    assert caught.value.permanent is False
-    assert "timed out" in str(caught.value)
+    assert failure.permanent is False
+    assert "timed out" in str(failure)
 
 
 def test_it_treats_a_refused_connection_as_transient() -> None:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    port = closed_port()
     summarizer = OpenAISummarizer(
-        count_tokens=count_tokens,
+        count_tokens=rough_token_count,
         api_key=API_KEY,
         base_url=f"http://127.0.0.1:{port}/v1",
         model="m",
         timeout_seconds=1.0,
     )
 
-    with pytest.raises(SummarizerError) as caught:
-        summarize(summarizer)
+    failure = summarizer_error(lambda: summarize(summarizer))
 
-    assert caught.value.permanent is False
+    assert failure.permanent is False
 
 
 @pytest.mark.parametrize(
@@ -171,32 +153,29 @@ def test_it_treats_a_refused_connection_as_transient() -> None:
 def test_it_treats_a_malformed_body_as_permanent(fake: FakeProvider, behaviour: object) -> None:
     fake.script(behaviour)  # type: ignore[arg-type]
 
-    with pytest.raises(SummarizerError) as caught:
-        summarize(make(fake))
+    failure = summarizer_error(lambda: summarize(make(fake)))
 
-    assert caught.value.permanent is True
-    assert "malformed" in str(caught.value)
+    assert failure.permanent is True
+    assert "malformed" in str(failure)
 
 
 @pytest.mark.parametrize("status", [400, 401, 403, 404])
 def test_it_treats_a_rejected_request_as_permanent(fake: FakeProvider, status: int) -> None:
     fake.script(error(status, f"Incorrect API key provided: {API_KEY}"))
 
-    with pytest.raises(SummarizerError) as caught:
-        summarize(make(fake))
+    failure = summarizer_error(lambda: summarize(make(fake)))
 
-    assert caught.value.permanent is True
-    assert str(status) in str(caught.value)
-    assert API_KEY not in str(caught.value)
+    assert failure.permanent is True
+    assert str(status) in str(failure)
+    assert API_KEY not in str(failure)
 
 
 def test_it_treats_401_as_permanent(fake: FakeProvider) -> None:
     fake.script(unauthorized())
 
-    with pytest.raises(SummarizerError) as caught:
-        summarize(make(fake))
+    failure = summarizer_error(lambda: summarize(make(fake)))
 
-    assert caught.value.permanent is True
+    assert failure.permanent is True
 
 
 def test_it_falls_back_to_max_completion_tokens_when_the_model_asks_for_it(
@@ -239,10 +218,11 @@ def test_it_splits_large_input_into_pieces_carrying_the_summary_forward(
 
 
 def test_it_refuses_to_start_without_a_key_for_the_default_endpoint() -> None:
-    with pytest.raises(SummarizerError) as caught:
-        OpenAISummarizer(count_tokens=count_tokens, api_key="", model="gpt-4o")
+    failure = summarizer_error(
+        lambda: OpenAISummarizer(count_tokens=rough_token_count, api_key="", model="gpt-4o")
+    )
 
-    assert caught.value.permanent is True
+    assert failure.permanent is True
 
 
 def test_it_accepts_a_keyless_local_server(fake: FakeProvider) -> None:

@@ -20,79 +20,30 @@ from asgiref.sync import async_to_sync, sync_to_async
 from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.test import Client
-from rest_framework.authtoken.models import Token
 
 from compaction_app.broadcast import user_group
 from compaction_app.layers import ThreadSafeInMemoryChannelLayer
-from config.asgi import application
+from tests.helpers import (
+    api_token,
+    append_events,
+    coding_turns,
+    create_session,
+    grown_session,
+    receive_until,
+    ws_communicator,
+)
 
-ORIGIN = (b"origin", b"http://testserver")
 QUIET_SECONDS = 0.5  # how long "nothing arrives" is watched for
 
 
-def _communicator(path: str, *, token: str | None = None, cookie: str | None = None):
-    if token is not None:
-        path = f"{path}?token={token}"
-    headers = [ORIGIN]
-    if cookie is not None:
-        headers.append((b"cookie", cookie.encode()))
-    return WebsocketCommunicator(application, path, headers=headers)
-
-
-def _token(user) -> str:
-    return Token.objects.get_or_create(user=user)[0].key
-
-
-def _new_session(api, *, limit: int = 100_000) -> str:
-    response = api.post(
-        "/api/v1/sessions",
-        {
-            "model": "gpt-4o",
-            "contextLimit": limit,
-            "systemPrompt": "You are a coding agent.",
-            "settings": {"autoCompact": False},
-        },
-        format="json",
-    )
-    assert response.status_code == 201, response.json()
-    return response.json()["id"]
-
-
-def _turns(count: int) -> list[dict[str, Any]]:
-    events = []
-    for turn in range(count):
-        events += [
-            {"type": "USER_MESSAGE", "content": f"Please fix bug {turn} in src/module_{turn}.py"},
-            {
-                "type": "TOOL_CALL",
-                "name": "read_file",
-                "toolCallId": f"c{turn}",
-                "content": f'{{"path": "src/module_{turn}.py"}}',
-            },
-            {
-                "type": "TOOL_RESULT",
-                "toolCallId": f"c{turn}",
-                "name": "read_file",
-                "content": "def f():\n    return 1\n" * 20,
-            },
-            {
-                "type": "AGENT_MESSAGE",
-                "content": f"Fixed bug {turn}: KeyError in handler_{turn}. Used a dict lookup.",
-            },
-        ]
-    return events
-
-
-def _append(api, session_id: str, events: Any):
-    response = api.post(f"/api/v1/sessions/{session_id}/events", events, format="json")
-    assert response.status_code == 201, response.json()
-    return response.json()
+def _new_session(api) -> str:
+    return create_session(api, limit=100_000)
 
 
 def _grown_session(api) -> str:
-    session_id = _new_session(api, limit=4000)
-    _append(api, session_id, _turns(12))
-    return session_id
+    return grown_session(
+        api, events=coding_turns(count=12, numbered_results=False, agent_note="Used a dict lookup.")
+    )
 
 
 async def _close_code(communicator: WebsocketCommunicator) -> int | None:
@@ -113,13 +64,6 @@ async def _connected(communicator: WebsocketCommunicator) -> bool:
     return await communicator.receive_json_from(timeout=5) == {"type": "pong"}
 
 
-async def _receive_until(communicator, wanted: str, *, session_id: str, timeout: float = 20):
-    while True:
-        message = await communicator.receive_json_from(timeout=timeout)
-        if message["type"] == wanted and message.get("sessionId") == session_id:
-            return message
-
-
 async def _drain(communicator, *, seconds: float = QUIET_SECONDS) -> list[dict[str, Any]]:
     """Every message that arrives within `seconds`. (A timed-out receive would cancel the
     application, so wait with receive_nothing and only read what is already there.)"""
@@ -130,6 +74,20 @@ async def _drain(communicator, *, seconds: float = QUIET_SECONDS) -> list[dict[s
             break
         messages.append(await communicator.receive_json_from(timeout=1))
     return messages
+
+
+def _connects_to_both_feeds(session_id: str, **credentials: str) -> list[bool]:
+    """Whether `/ws/sessions/` and the session's own feed each stay open with `credentials`."""
+
+    async def scenario():
+        results = []
+        for path in ("/ws/sessions/", f"/ws/sessions/{session_id}/"):
+            communicator = ws_communicator(path, **credentials)
+            results.append(await _connected(communicator))
+            await communicator.disconnect()
+        return results
+
+    return async_to_sync(scenario)()
 
 
 def _about(messages: list[dict[str, Any]], *session_ids: str) -> list[dict[str, Any]]:
@@ -145,8 +103,8 @@ def test_it_closes_an_anonymous_connection_with_4401(alice, alice_api):
 
     async def scenario():
         return (
-            await _close_code(_communicator("/ws/sessions/")),
-            await _close_code(_communicator(f"/ws/sessions/{session_id}/")),
+            await _close_code(ws_communicator("/ws/sessions/")),
+            await _close_code(ws_communicator(f"/ws/sessions/{session_id}/")),
         )
 
     assert async_to_sync(scenario)() == (4401, 4401)
@@ -158,8 +116,8 @@ def test_it_closes_a_connection_with_a_bad_token_with_4401(alice, alice_api):
 
     async def scenario():
         return (
-            await _close_code(_communicator("/ws/sessions/", token="not-a-token")),
-            await _close_code(_communicator(f"/ws/sessions/{session_id}/", token="0" * 40)),
+            await _close_code(ws_communicator("/ws/sessions/", token="not-a-token")),
+            await _close_code(ws_communicator(f"/ws/sessions/{session_id}/", token="0" * 40)),
         )
 
     assert async_to_sync(scenario)() == (4401, 4401)
@@ -168,21 +126,21 @@ def test_it_closes_a_connection_with_a_bad_token_with_4401(alice, alice_api):
 @pytest.mark.django_db(transaction=True)
 def test_it_closes_another_users_session_with_4403(alice, bob, alice_api):
     session_id = _new_session(alice_api)
-    bob_token = _token(bob)
+    bob_token = api_token(bob)
 
     async def scenario():
-        return await _close_code(_communicator(f"/ws/sessions/{session_id}/", token=bob_token))
+        return await _close_code(ws_communicator(f"/ws/sessions/{session_id}/", token=bob_token))
 
     assert async_to_sync(scenario)() == 4403
 
 
 @pytest.mark.django_db(transaction=True)
 def test_it_closes_an_unknown_session_with_4403(alice):
-    token = _token(alice)
+    token = api_token(alice)
 
     async def scenario():
         return await _close_code(
-            _communicator("/ws/sessions/00000000-0000-4000-8000-000000000000/", token=token)
+            ws_communicator("/ws/sessions/00000000-0000-4000-8000-000000000000/", token=token)
         )
 
     assert async_to_sync(scenario)() == 4403
@@ -191,17 +149,9 @@ def test_it_closes_an_unknown_session_with_4403(alice):
 @pytest.mark.django_db(transaction=True)
 def test_it_connects_the_owner_with_a_token(alice, alice_api):
     session_id = _new_session(alice_api)
-    token = _token(alice)
+    token = api_token(alice)
 
-    async def scenario():
-        results = []
-        for path in ("/ws/sessions/", f"/ws/sessions/{session_id}/"):
-            communicator = _communicator(path, token=token)
-            results.append(await _connected(communicator))
-            await communicator.disconnect()
-        return results
-
-    assert async_to_sync(scenario)() == [True, True]
+    assert _connects_to_both_feeds(session_id, token=token) == [True, True]
 
 
 @pytest.mark.django_db(transaction=True)
@@ -211,15 +161,7 @@ def test_it_connects_the_owner_with_the_dashboard_session_cookie(alice, alice_ap
     assert browser.login(username="alice", password="pw-alice")
     cookie = f"sessionid={browser.cookies['sessionid'].value}"
 
-    async def scenario():
-        results = []
-        for path in ("/ws/sessions/", f"/ws/sessions/{session_id}/"):
-            communicator = _communicator(path, cookie=cookie)
-            results.append(await _connected(communicator))
-            await communicator.disconnect()
-        return results
-
-    assert async_to_sync(scenario)() == [True, True]
+    assert _connects_to_both_feeds(session_id, cookie=cookie) == [True, True]
 
 
 @pytest.mark.django_db(transaction=True)
@@ -232,7 +174,7 @@ def test_it_prefers_a_bad_token_over_a_good_cookie_and_refuses(alice, alice_api)
 
     async def scenario():
         return await _close_code(
-            _communicator(f"/ws/sessions/{session_id}/", token="wrong", cookie=cookie)
+            ws_communicator(f"/ws/sessions/{session_id}/", token="wrong", cookie=cookie)
         )
 
     assert async_to_sync(scenario)() == 4401
@@ -241,10 +183,10 @@ def test_it_prefers_a_bad_token_over_a_good_cookie_and_refuses(alice, alice_api)
 @pytest.mark.django_db(transaction=True)
 def test_it_connects_staff_to_any_session(alice, staff, alice_api):
     session_id = _new_session(alice_api)
-    token = _token(staff)
+    token = api_token(staff)
 
     async def scenario():
-        communicator = _communicator(f"/ws/sessions/{session_id}/", token=token)
+        communicator = ws_communicator(f"/ws/sessions/{session_id}/", token=token)
         connected = await _connected(communicator)
         await communicator.disconnect()
         return connected
@@ -262,26 +204,32 @@ def test_it_pushes_usage_to_the_owner_and_staff_but_never_to_another_user(
     alice_session = _new_session(alice_api)
     bob_session = _new_session(bob_api)
     tokens = {
-        name: _token(user) for name, user in (("alice", alice), ("bob", bob), ("staff", staff))
+        name: api_token(user) for name, user in (("alice", alice), ("bob", bob), ("staff", staff))
     }
 
     async def scenario():
-        feeds = {name: _communicator("/ws/sessions/", token=key) for name, key in tokens.items()}
+        feeds = {name: ws_communicator("/ws/sessions/", token=key) for name, key in tokens.items()}
         for feed in feeds.values():
             assert await _connected(feed)
 
-        await sync_to_async(_append)(
-            alice_api, alice_session, {"type": "USER_MESSAGE", "content": "hi"}
+        await sync_to_async(append_events)(
+            alice_api, session_id=alice_session, events={"type": "USER_MESSAGE", "content": "hi"}
         )
-        to_alice = await _receive_until(feeds["alice"], "USAGE_UPDATED", session_id=alice_session)
-        to_staff = await _receive_until(feeds["staff"], "USAGE_UPDATED", session_id=alice_session)
+        to_alice = await receive_until(
+            feeds["alice"], wanted="USAGE_UPDATED", session_id=alice_session
+        )
+        to_staff = await receive_until(
+            feeds["staff"], wanted="USAGE_UPDATED", session_id=alice_session
+        )
         bob_saw = _about(await _drain(feeds["bob"]), alice_session)
 
-        await sync_to_async(_append)(
-            bob_api, bob_session, {"type": "USER_MESSAGE", "content": "yo"}
+        await sync_to_async(append_events)(
+            bob_api, session_id=bob_session, events={"type": "USER_MESSAGE", "content": "yo"}
         )
-        to_bob = await _receive_until(feeds["bob"], "USAGE_UPDATED", session_id=bob_session)
-        staff_bob = await _receive_until(feeds["staff"], "USAGE_UPDATED", session_id=bob_session)
+        to_bob = await receive_until(feeds["bob"], wanted="USAGE_UPDATED", session_id=bob_session)
+        staff_bob = await receive_until(
+            feeds["staff"], wanted="USAGE_UPDATED", session_id=bob_session
+        )
         alice_saw = _about(await _drain(feeds["alice"]), bob_session)
 
         for feed in feeds.values():
@@ -298,17 +246,17 @@ def test_it_pushes_usage_to_the_owner_and_staff_but_never_to_another_user(
 @pytest.mark.django_db(transaction=True)
 def test_it_pushes_usage_once_per_append_request_equal_to_the_usage_endpoint(alice, alice_api):
     session_id = _new_session(alice_api)
-    token = _token(alice)
+    token = api_token(alice)
     bulk = [{"type": "USER_MESSAGE", "content": f"message {i}"} for i in range(10)]
 
     async def scenario():
-        communicator = _communicator(f"/ws/sessions/{session_id}/", token=token)
+        communicator = ws_communicator(f"/ws/sessions/{session_id}/", token=token)
         assert await _connected(communicator)
-        stored = await sync_to_async(_append)(alice_api, session_id, bulk)
+        stored = await sync_to_async(append_events)(alice_api, session_id=session_id, events=bulk)
         after_bulk = _about(await _drain(communicator, seconds=1.0), session_id)
         usage = (await sync_to_async(alice_api.get)(f"/api/v1/sessions/{session_id}/usage")).json()
-        await sync_to_async(_append)(
-            alice_api, session_id, {"type": "AGENT_MESSAGE", "content": "ok"}
+        await sync_to_async(append_events)(
+            alice_api, session_id=session_id, events={"type": "AGENT_MESSAGE", "content": "ok"}
         )
         after_single = _about(await _drain(communicator, seconds=1.0), session_id)
         await communicator.disconnect()
@@ -329,10 +277,10 @@ def test_it_pushes_usage_once_per_append_request_equal_to_the_usage_endpoint(ali
 @pytest.mark.django_db(transaction=True)
 def test_it_pushes_compaction_start_then_complete_to_the_session_feed(worker, alice, alice_api):
     session_id = _grown_session(alice_api)
-    token = _token(alice)
+    token = api_token(alice)
 
     async def scenario():
-        feed = _communicator(f"/ws/sessions/{session_id}/", token=token)
+        feed = ws_communicator(f"/ws/sessions/{session_id}/", token=token)
         assert await _connected(feed)
         response = await sync_to_async(alice_api.post)(
             f"/api/v1/sessions/{session_id}/compactions", {"strategy": "summarize"}, format="json"
@@ -370,10 +318,10 @@ def test_it_pushes_a_failed_completion_when_the_summarizer_fails(
     settings.OPENAI_BASE_URL = ""
     session_id = _grown_session(alice_api)
     before = alice_api.get(f"/api/v1/sessions/{session_id}/usage").json()
-    token = _token(alice)
+    token = api_token(alice)
 
     async def scenario():
-        feed = _communicator(f"/ws/sessions/{session_id}/", token=token)
+        feed = ws_communicator(f"/ws/sessions/{session_id}/", token=token)
         assert await _connected(feed)
         response = await sync_to_async(alice_api.post)(
             f"/api/v1/sessions/{session_id}/compactions",
@@ -381,8 +329,8 @@ def test_it_pushes_a_failed_completion_when_the_summarizer_fails(
             format="json",
         )
         assert response.status_code == 202, response.json()
-        start = await _receive_until(feed, "COMPACTION_START", session_id=session_id)
-        complete = await _receive_until(feed, "COMPACTION_COMPLETE", session_id=session_id)
+        start = await receive_until(feed, wanted="COMPACTION_START", session_id=session_id)
+        complete = await receive_until(feed, wanted="COMPACTION_COMPLETE", session_id=session_id)
         await feed.disconnect()
         return response.json(), start, complete
 
@@ -404,7 +352,7 @@ def test_it_delivers_a_group_send_from_another_threads_loop_promptly(alice):
     layer = get_channel_layer()
     if not isinstance(layer, ThreadSafeInMemoryChannelLayer):
         pytest.skip("only the embedded profile's in-memory layer needs to cross event loops")
-    token = _token(alice)
+    token = api_token(alice)
     message = {"type": "ledger.message", "message": {"type": "PING", "sessionId": "x"}}
 
     sent_at: list[float] = []
@@ -418,7 +366,7 @@ def test_it_delivers_a_group_send_from_another_threads_loop_promptly(alice):
         asyncio.run(layer.group_send(user_group(alice.pk), message))
 
     async def scenario():
-        feed = _communicator("/ws/sessions/", token=token)
+        feed = ws_communicator("/ws/sessions/", token=token)
         assert await _connected(feed)  # the consumer now waits on its channel in this loop
         thread = threading.Thread(target=send_from_worker_thread)
         thread.start()
