@@ -267,14 +267,17 @@ def compaction_execute(*, run_id: uuid.UUID | str, final_attempt: bool = True) -
 def _fail(run: CompactionRun, error: str) -> CompactionRun:
     # Only a run still running fails: a duplicate delivery that errors must not turn the
     # other delivery's completed run into a failed one.
-    failed = CompactionRun.objects.filter(pk=run.pk, status=RunStatus.RUNNING).update(
-        status=RunStatus.FAILED, error=error[:2000], finished_at=timezone.now()
-    )
-    run.refresh_from_db()
-    if not failed:
-        return run
+    # The run's status and the session's lastCompaction change together, so a client that
+    # sees the run failed also sees it on the session.
+    with transaction.atomic():
+        failed = CompactionRun.objects.filter(pk=run.pk, status=RunStatus.RUNNING).update(
+            status=RunStatus.FAILED, error=error[:2000], finished_at=timezone.now()
+        )
+        run.refresh_from_db()
+        if not failed:
+            return run
+        session_record_compaction(session_id=run.session_id, snapshot=run_snapshot(run))
     session = run.session
-    session_record_compaction(session_id=session.pk, snapshot=run_snapshot(run))
     broadcast.broadcast(
         session_id=session.pk,
         owner_id=session.owner_id,
