@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import time
 
 import pytest
 
@@ -225,17 +224,15 @@ def test_it_summarizes_huge_input_in_pieces() -> None:
     assert sum(int(tally.group(k)) for k in (2, 3, 4)) < len(messages)
 
 
-def test_it_summarizes_a_million_token_session_quickly() -> None:
+def test_it_summarizes_a_million_token_session() -> None:
+    # Its speed is measured in bench/bench_compaction.py; this checks the result.
     counter = real_counter()
     session = generate_session()
     messages = [
         msg(i, e["type"], e["content"], e.get("name", "")) for i, e in enumerate(session.events[1:])
     ]
     summarizer = LocalSummarizer(count_tokens=counter)
-    started = time.perf_counter()
     summary = summarizer.summarize(previous_summary="", messages=messages, max_tokens=2000)
-    elapsed = time.perf_counter() - started
-    assert elapsed < 3.0
     assert counter(summary) <= 2000
     kept = [fact for fact in session.facts if fact in summary]
     assert len(kept) >= len(session.facts) // 3
@@ -328,11 +325,9 @@ def test_it_ranks_thousands_of_near_identical_sentences() -> None:
         for i in range(3000)
     ]
     messages.append(msg(3000, "AGENT_MESSAGE", "The lookup goes through FooResolver42 now."))
-    started = time.perf_counter()
     summary = LocalSummarizer(count_tokens=words).summarize(
         previous_summary="", messages=messages, max_tokens=300
     )
-    assert time.perf_counter() - started < 3.0
     assert words(summary) <= 300
     assert "FooResolver42" in summary
 
@@ -380,8 +375,6 @@ def test_it_returns_nothing_when_no_word_fits() -> None:
 def test_it_truncates_huge_text_with_a_real_tokenizer() -> None:
     counter = real_counter()
     text = " ".join(f"Sentence {i} mentions FooBar{i} and src/mod_{i}.py." for i in range(200_000))
-    started = time.perf_counter()
     cut = truncate_to_tokens(text, max_tokens=500, count_tokens=counter)
-    assert time.perf_counter() - started < 1.0
     assert 450 <= counter(cut) <= 500
     assert cut.endswith(".py.")

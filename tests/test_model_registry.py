@@ -1,5 +1,4 @@
 import threading
-import time
 from decimal import Decimal
 
 import pytest
@@ -126,12 +125,9 @@ def test_it_includes_overrides_in_the_listing():
 
 
 def test_it_answers_repeated_lookups_from_cache(registry):
-    registry.lookup("claude-3.5-sonnet")
-    start = time.perf_counter()
-    for _ in range(10_000):
-        registry.lookup("claude-3.5-sonnet")
-        registry.lookup("unknown-model-abc")
-    assert time.perf_counter() - start < 0.5
+    first = registry.lookup("claude-3.5-sonnet")
+    assert registry.lookup("claude-3.5-sonnet") is first
+    assert registry.lookup("unknown-model-abc") is None
 
 
 def test_it_is_safe_to_use_from_several_threads():
