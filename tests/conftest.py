@@ -110,3 +110,23 @@ def celery_worker_thread(django_db_setup, django_db_blocker):
 @pytest.fixture
 def worker(celery_worker_thread, transactional_db):
     return celery_worker_thread
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _close_stray_database_sessions(request):
+    """Worker and server threads keep their own PostgreSQL connections; end them before
+    pytest-django drops the test database, or the drop fails and the database is left behind."""
+    if not request.config.pluginmanager.hasplugin("django"):
+        yield
+        return
+    request.getfixturevalue("django_db_setup")
+    yield
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        return
+    with request.getfixturevalue("django_db_blocker").unblock(), connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
