@@ -11,3 +11,6 @@ urlpatterns = [
     path("accounts/", include("django.contrib.auth.urls")),
     path("", include("compaction_app.dashboard.urls")),
 ]
+
+handler404 = "sessions_app.api.errors.not_found"
+handler500 = "sessions_app.api.errors.server_error"

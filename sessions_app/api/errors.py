@@ -5,7 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
-from django.http import Http404
+from django.http import Http404, HttpRequest, JsonResponse
+from django.http.response import HttpResponseBase
+from django.views import defaults
 from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -95,3 +97,23 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
     response.data = _printable({"error": code, "detail": detail, **extra})
     return response
+
+
+def server_error(request: HttpRequest) -> HttpResponseBase:
+    """handler500: API clients get the error format even for a bug; pages keep Django's."""
+    if request.path.startswith("/api/"):
+        return JsonResponse(
+            {
+                "error": "internal_error",
+                "detail": "An unexpected error occurred; it has been logged.",
+            },
+            status=500,
+        )
+    return defaults.server_error(request)
+
+
+def not_found(request: HttpRequest, exception: Exception) -> HttpResponseBase:
+    """handler404: an unknown API path answers in the error format too."""
+    if request.path.startswith("/api/"):
+        return JsonResponse({"error": "not_found", "detail": "No such endpoint."}, status=404)
+    return defaults.page_not_found(request, exception)
