@@ -17,6 +17,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol
 
+# OpenAI's chat accounting; sessions_app.tokens is pure (tiktoken loads lazily), no Django.
+from sessions_app.tokens import MESSAGE_OVERHEAD, REPLY_PRIMER, context_tokens
+
 from .types import (
     COMPACTION,
     CONTEXT_REFRESH,
@@ -48,11 +51,6 @@ __all__ = [
 
 TokenCounter = Callable[[str], int]
 
-# OpenAI's chat accounting, mirrored from sessions_app.tokens (not imported: this module stays
-# free of anything that might pull Django or a tokenizer in).
-MESSAGE_OVERHEAD = 3
-REPLY_PRIMER = 3
-
 # The summary message's cost beyond its text: 3 (message framing) + tokens of its role
 # ("system" is 1 token in cl100k/o200k) plus slack for a name or a short heading the service may
 # add. The service must truncate the summary text so that the *whole* summary message costs at
@@ -78,9 +76,7 @@ class StrategyFn(Protocol):
 
 def context_cost(events: Sequence[PlanEvent]) -> int:
     """Cost of sending `events` as a context: their stored costs plus the reply primer."""
-    if not events:
-        return 0
-    return sum(e.token_count for e in events) + REPLY_PRIMER
+    return context_tokens(e.token_count for e in events)
 
 
 def _cost_of(total: int, count: int) -> int:

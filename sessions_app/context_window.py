@@ -5,7 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-REPLY_PRIMER = 3
+# The context-cost rule (sum of message costs, plus the reply primer when anything is sent) is
+# tokens.py's; window math uses it under its own name.
+from sessions_app.tokens import REPLY_PRIMER
+from sessions_app.tokens import context_tokens as context_cost
+
 ALWAYS_KEPT_TYPES = frozenset({"SYSTEM_PROMPT", "COMPACTION"})
 USER_TYPES = frozenset({"USER_MESSAGE", "CONTEXT_REFRESH"})
 
@@ -16,11 +20,6 @@ class WindowItem:
     type: str
     cost: int
     tool_call_id: str = ""
-
-
-def context_cost(costs: Sequence[int]) -> int:
-    """Sum of message costs plus the reply primer when anything is sent."""
-    return sum(costs) + REPLY_PRIMER if costs else 0
 
 
 def effective_limit(*, context_limit: int, max_tokens: int | None, reserve_tokens: int) -> int:

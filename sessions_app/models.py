@@ -5,6 +5,8 @@ import uuid
 from django.conf import settings
 from django.db import models
 
+from sessions_app.tokens import REPLY_PRIMER
+
 
 class EventType(models.TextChoices):
     SYSTEM_PROMPT = "SYSTEM_PROMPT"
@@ -94,8 +96,8 @@ class Session(models.Model):
 
     @property
     def context_tokens(self) -> int:
-        # 3 tokens prime the reply, counted only when there is something to send.
-        return self.active_tokens + 3 if self.active_event_count else 0
+        # The reply primer is counted only when there is something to send.
+        return self.active_tokens + REPLY_PRIMER if self.active_event_count else 0
 
 
 class Event(models.Model):

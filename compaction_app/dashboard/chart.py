@@ -14,6 +14,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+# A context that holds any message also pays the reply primer.
+from sessions_app.tokens import REPLY_PRIMER
+
 __all__ = [
     "REPLY_PRIMER",
     "ChartCompaction",
@@ -26,9 +29,6 @@ __all__ = [
     "context_series",
     "downsample",
 ]
-
-# A context that holds any message also pays the reply primer (see sessions_app.tokens).
-REPLY_PRIMER = 3
 
 
 @dataclass(frozen=True)
