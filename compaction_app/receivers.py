@@ -11,7 +11,7 @@ from compaction_app import services
 from compaction_app.api.serializers import run_to_dict
 from compaction_app.models import Trigger
 from sessions_app.errors import Conflict
-from sessions_app.models import Event, EventType, Session
+from sessions_app.models import EventType, Session
 from sessions_app.signals import (
     compaction_command,
     context_hard_limit,
@@ -26,26 +26,14 @@ _INTERNAL_TYPES = {EventType.COMPACTION, EventType.CONTEXT_REFRESH}
 
 @receiver(events_appended)
 def on_events_appended(
-    sender: Any,
-    *,
-    session_id: Any,
-    event_ids: list[Any],
-    event_types: list[str] | None = None,
-    session: Session | None = None,
-    **kwargs: Any,
+    sender: Any, *, session_id: Any, event_types: list[str], session: Session, **kwargs: Any
 ) -> None:
+    if set(event_types) <= _INTERNAL_TYPES:
+        return  # appended by a compaction run, which announces its own usage
     # This runs after the append committed, still inside the client's request: whatever
     # goes wrong here is logged, never turned into an error for an append that succeeded.
     try:
-        if event_types is None:
-            event_types = list(
-                Event.objects.filter(pk__in=event_ids).values_list("type", flat=True)
-            )
-        if event_types and set(event_types) <= _INTERNAL_TYPES:
-            return  # appended by a compaction run, which announces its own usage
-        if session is None:
-            session = Session.objects.get(pk=session_id)
-        services._broadcast_usage(session)
+        services.broadcast_usage(session)
     except Exception:
         logger.exception("usage broadcast after an append failed for session %s", session_id)
     services.maybe_auto_compact(session_id=session_id, session=session)

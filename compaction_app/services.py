@@ -176,7 +176,8 @@ def _running_summary(session: Session) -> RunningSummary:
     return summary
 
 
-def _broadcast_usage(session: Session) -> None:
+def broadcast_usage(session: Session) -> None:
+    """Push the session's usage document (USAGE_UPDATED) to everyone watching it."""
     broadcast.broadcast(
         session_id=session.pk,
         owner_id=session.owner_id,
@@ -474,7 +475,7 @@ def _announce_complete(run_id: uuid.UUID) -> None:
     broadcast.broadcast(
         session_id=run.session_id, owner_id=run.session.owner_id, message=complete_message(run)
     )
-    _broadcast_usage(run.session)
+    broadcast_usage(run.session)
 
 
 def complete_message(run: CompactionRun) -> dict[str, Any]:
@@ -566,7 +567,7 @@ def compaction_revert(*, run: CompactionRun) -> CompactionRun:
         session_record_compaction(
             session_id=locked.pk, snapshot={**run_snapshot(run), "reverted": True}
         )
-        transaction.on_commit(lambda: _broadcast_usage(Session.objects.get(pk=locked.pk)))
+        transaction.on_commit(lambda: broadcast_usage(Session.objects.get(pk=locked.pk)))
     return run
 
 

@@ -101,9 +101,6 @@ class EventInSerializer(serializers.Serializer):
             )
         return attrs
 
-    def to_event_input(self) -> EventInput:
-        return to_event_input(self.validated_data)
-
 
 def to_event_input(data: dict[str, Any]) -> EventInput:
     usage = data.get("tokenUsage")
