@@ -38,6 +38,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from child_env import child_env
+
 ROOT = Path(__file__).resolve().parent.parent
 ROW_MARKER = "BENCH_ROWS "
 BENCH_MODEL = "gpt-4.1"  # o200k_base, like the generator's calibration
@@ -291,18 +293,8 @@ def _lost_facts_notes(
 
 
 def _run_child(turns: int, seed: int, summary_tokens: list[int]) -> tuple[list[Row], list[str]]:
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "config.settings",
-        "API_THROTTLE_RATE": "off",
-        "API_MAX_BODY_BYTES": str(512 * 1024 * 1024),
-        "DJANGO_LOG_LEVEL": "WARNING",
-        "EMBEDDED_WORKER": "false",
-    }
-    for name in ("DATABASE_URL", "REDIS_URL", "VAR_DIR"):
-        env.pop(name, None)
     tmp = Path(tempfile.mkdtemp(prefix="bench_compaction_"))
-    env["VAR_DIR"] = str(tmp)
+    env = child_env(var_dir=tmp)
     try:
         command = [
             sys.executable,

@@ -28,6 +28,8 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from child_env import child_env
+
 ROOT = Path(__file__).resolve().parent.parent
 ROW_MARKER = "BENCH_ROWS "
 PG_ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
@@ -464,18 +466,8 @@ def _pg_admin(sql: str) -> None:
 
 
 def _run_profile(profile: str, ingest_runs: int) -> list[Row]:
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "config.settings",
-        "API_THROTTLE_RATE": "off",
-        "API_MAX_BODY_BYTES": str(512 * 1024 * 1024),
-        "DJANGO_LOG_LEVEL": "WARNING",
-        "EMBEDDED_WORKER": "false",
-    }
-    for name in ("DATABASE_URL", "REDIS_URL", "VAR_DIR"):
-        env.pop(name, None)
     tmp = Path(tempfile.mkdtemp(prefix=f"bench_ledger_{profile}_"))
-    env["VAR_DIR"] = str(tmp)  # also harmless for postgres: nothing of the dev var/ is used
+    env = child_env(var_dir=tmp)  # VAR_DIR is harmless for postgres: nothing of var/ is used
     created_db = False
     try:
         if profile == "postgres":
