@@ -6,7 +6,7 @@ from typing import Any
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db.models import QuerySet
 
-from compaction_app.models import CompactionRun, RunningSummary
+from compaction_app.models import CompactionRun, RunningSummary, RunStatus
 from sessions_app.errors import NotFound
 from sessions_app.models import Session
 from sessions_app.selectors import sessions_visible_to
@@ -14,6 +14,21 @@ from sessions_app.selectors import sessions_visible_to
 
 def runs_for_session(*, session: Session) -> QuerySet[CompactionRun]:
     return CompactionRun.objects.filter(session=session).order_by("-created_at")
+
+
+def latest_revertible_run(*, session: Session) -> CompactionRun | None:
+    """The only run of the session a revert may undo: its latest completed, not yet reverted
+    run that folded something (a run with no COMPACTION event has nothing to undo)."""
+    return (
+        CompactionRun.objects.filter(
+            session=session,
+            status=RunStatus.COMPLETED,
+            reverted_at__isnull=True,
+            compaction_event__isnull=False,
+        )
+        .order_by("-finished_at", "-created_at")
+        .first()
+    )
 
 
 def run_get(*, user: AbstractBaseUser | AnonymousUser, run_id: Any) -> CompactionRun:

@@ -22,6 +22,7 @@ from django.utils import timezone
 
 from compaction_app import broadcast
 from compaction_app.models import ACTIVE_STATUSES, CompactionRun, RunningSummary, RunStatus, Trigger
+from compaction_app.selectors import latest_revertible_run
 from compaction_app.signals import memory_flush
 from compaction_app.strategies import SUMMARY_MESSAGE_OVERHEAD, plan_compaction
 from compaction_app.summarizers.base import SummarizerError, SummaryMessage
@@ -521,17 +522,7 @@ def compaction_revert(*, run: CompactionRun) -> CompactionRun:
     with transaction.atomic():
         locked = Session.objects.select_for_update().get(pk=run.session_id)
         run = CompactionRun.objects.select_for_update().get(pk=run.pk)
-        latest = (
-            # A run that folded nothing has no COMPACTION event and nothing to undo.
-            CompactionRun.objects.filter(
-                session=locked,
-                status=RunStatus.COMPLETED,
-                reverted_at__isnull=True,
-                compaction_event__isnull=False,
-            )
-            .order_by("-finished_at", "-created_at")
-            .first()
-        )
+        latest = latest_revertible_run(session=locked)
         if latest is None or latest.pk != run.pk or run.compaction_event_id is None:
             raise Conflict(
                 "only the session's latest completed compaction can be reverted",
@@ -603,9 +594,7 @@ def maybe_auto_compact(
                     return None
         if not settings.get("autoCompact", True) or not session.context_limit:
             return None
-        if session.context_tokens / session.context_limit < float(
-            settings.get("compactThreshold", 0.8)
-        ):
+        if session.usage_ratio < float(settings.get("compactThreshold", 0.8)):
             return None
         cooldown = int(settings.get("cooldownSeconds", 60))
         since = timezone.now() - timedelta(seconds=cooldown)

@@ -99,6 +99,15 @@ class Session(models.Model):
         # The reply primer is counted only when there is something to send.
         return self.active_tokens + REPLY_PRIMER if self.active_event_count else 0
 
+    @property
+    def usage_ratio(self) -> float:
+        return self.context_tokens / self.context_limit if self.context_limit else 0.0
+
+    @property
+    def percent_used(self) -> float:
+        """`percentUsed`: 100 × contextTokens / contextLimit, one decimal."""
+        return round(100 * self.usage_ratio, 1)
+
 
 class Event(models.Model):
     """One immutable ledger entry. Only `pinned`, `compacted_by` and the cleared-content

@@ -45,17 +45,15 @@ def event_get(*, session: Session, event_id: Any) -> Event:
 def usage_for_session(*, session: Session) -> dict[str, Any]:
     """The usage document of the design, from counters only (O(1) in session size)."""
     settings = session.settings
-    context_tokens = session.context_tokens
-    limit = session.context_limit
-    ratio = context_tokens / limit if limit else 0.0
+    ratio = session.usage_ratio
     return {
         "totalPromptTokens": session.reported_prompt_tokens,
         "totalCompletionTokens": session.reported_completion_tokens,
         "totalTokens": session.reported_total_tokens,
         "eventCount": session.reported_event_count,
-        "contextTokens": context_tokens,
-        "contextLimit": limit,
-        "percentUsed": round(100 * ratio, 1),
+        "contextTokens": session.context_tokens,
+        "contextLimit": session.context_limit,
+        "percentUsed": session.percent_used,
         "nearLimit": ratio >= settings.get("compactThreshold", 0.8),
         "atLimit": ratio >= settings.get("hardLimitThreshold", 0.95),
         "model": session.model,

@@ -199,7 +199,7 @@ _PREPARED_TYPES = frozenset({"UUIDField", "JSONField", "DateTimeField", "Foreign
 
 
 def _insert_events(events: list[Event]) -> None:
-    """INSERT the new events with one executemany.
+    """INSERT the new events: executemany on SQLite, one COPY on PostgreSQL.
 
     Equivalent to bulk_create for this model (no signals are attached to Event), but prepares
     only the columns that need it: Django's per-field preparation of every value was the

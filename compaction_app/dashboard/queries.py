@@ -21,11 +21,13 @@ from django.db.models.functions import Cast, Coalesce
 
 from compaction_app.dashboard.chart import ChartCompaction, ChartEvent, Series, context_series
 from compaction_app.models import ACTIVE_STATUSES, CompactionRun, RunningSummary, RunStatus
-from compaction_app.selectors import runs_for_session
+from compaction_app.selectors import latest_revertible_run, runs_for_session
 from sessions_app.model_registry import estimate_cost_usd
 from sessions_app.models import MODEL_INVISIBLE_TYPES, Event, EventType, Session
 from sessions_app.selectors import counter_is_exact, sessions_visible_to, usage_for_session
+from sessions_app.session_settings import DEFAULTS as SETTING_DEFAULTS
 from sessions_app.session_settings import STRATEGY_NAMES
+from sessions_app.tokens import REPLY_PRIMER
 
 PAGE_SIZE = 25
 TIMELINE_LIMIT = 200
@@ -38,7 +40,7 @@ GAUGE_RADIUS = 52
 # ?sort= values → ordering; a leading "-" in the value reverses.
 SORTS: dict[str, tuple[str, ...]] = {
     "updated": ("updated_at",),
-    "usage": ("usage_ratio", "updated_at"),
+    "usage": ("ratio_used", "updated_at"),
     "title": ("title", "updated_at"),
     "model": ("model", "updated_at"),
     "events": ("event_count", "updated_at"),
@@ -91,13 +93,11 @@ class SessionRow:
 
 
 def session_row(*, session: Session, active_run: CompactionRun | None = None) -> SessionRow:
-    tokens = session.context_tokens
-    percent = round(100 * tokens / session.context_limit, 1) if session.context_limit else 0.0
     return SessionRow(
         session=session,
-        percent=percent,
-        level=usage_level(percent),
-        context_tokens=tokens,
+        percent=session.percent_used,
+        level=usage_level(session.percent_used),
+        context_tokens=session.context_tokens,
         cost=_cost(
             session.model, session.reported_prompt_tokens, session.reported_completion_tokens
         ),
@@ -160,11 +160,14 @@ class ListFilters:
 def _with_usage(queryset: QuerySet[Session]) -> QuerySet[Session]:
     # The same arithmetic as Session.context_tokens and usage_for_session, in SQL, so the list
     # can sort and filter on it over every session.
-    context = Case(When(active_event_count=0, then=Value(0)), default=F("active_tokens") + 3)
+    context = Case(
+        When(active_event_count=0, then=Value(0)), default=F("active_tokens") + REPLY_PRIMER
+    )
     return queryset.annotate(
-        usage_ratio=Cast(context, FloatField()) / Cast(F("context_limit"), FloatField()),
+        ratio_used=Cast(context, FloatField()) / Cast(F("context_limit"), FloatField()),
         compact_threshold=Coalesce(
-            Cast(KT("settings__compactThreshold"), FloatField()), Value(0.8)
+            Cast(KT("settings__compactThreshold"), FloatField()),
+            Value(SETTING_DEFAULTS["compactThreshold"]),
         ),
     )
 
@@ -179,7 +182,7 @@ def sessions_page(
         queryset = queryset.filter(model=filters.model)
     if filters.near:
         # "Near its limit" is the session's own compact threshold, as the usage API says.
-        queryset = queryset.filter(Q(usage_ratio__gte=F("compact_threshold")))
+        queryset = queryset.filter(Q(ratio_used__gte=F("compact_threshold")))
     descending = filters.sort.startswith("-")
     ordering = [("-" if descending else "") + name for name in SORTS[filters.sort.lstrip("-")]]
     queryset = queryset.order_by(*ordering, "pk")
@@ -332,16 +335,13 @@ def session_view(*, session: Session) -> SessionView:
             else None
         )
     active = next((run for run in runs if run.status in ACTIVE_STATUSES), None)
-    completed = [
-        run for run in runs if run.status == RunStatus.COMPLETED and run.reverted_at is None
-    ]
-    latest = max(completed, key=lambda run: (run.finished_at, run.created_at), default=None)
+    latest = latest_revertible_run(session=session)
     return SessionView(
         session=session,
         usage=usage_for_session(session=session),
         row=session_row(session=session, active_run=active),
         runs=runs,
-        revertible_id=latest.pk if latest is not None and latest.compaction_event_id else None,
+        revertible_id=latest.pk if latest is not None else None,
         active_run=active,
         summary=RunningSummary.objects.filter(session=session).exclude(summary="").first(),
     )
