@@ -190,6 +190,22 @@ def test_it_shows_a_completed_compaction_and_reverts_it_as_staff(alice, staff):
 
 
 @pytest.mark.django_db
+def test_it_offers_revert_for_the_run_the_service_would_revert(alice, staff):
+    session = make_session(alice, limit=1500)
+    folding = compacted(session)
+    # Nothing is left to fold: this later run completes without a COMPACTION event.
+    no_op = compacted(session)
+    assert no_op.compaction_event_id is None and no_op.finished_at > folding.finished_at
+    html = client_for(staff).get(page(session)).content.decode()
+    assert f"compactions/{folding.pk}/revert/" in html
+    assert f"compactions/{no_op.pk}/revert/" not in html
+    response = client_for(staff).post(f"{page(session)}compactions/{folding.pk}/revert/")
+    assert response.status_code == 302
+    folding.refresh_from_db()
+    assert folding.reverted_at is not None
+
+
+@pytest.mark.django_db
 def test_it_pins_and_unpins_an_event_for_the_owner(alice):
     session = make_session(alice, turns=1)
     event = Event.objects.get(session=session, seq=2)
