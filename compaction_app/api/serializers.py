@@ -5,7 +5,7 @@ from typing import Any
 from rest_framework import serializers
 
 from compaction_app.models import CompactionRun, RunningSummary
-from sessions_app.api.serializers import StrictBooleanField, StrictCharField
+from sessions_app.api.serializers import StrictBooleanField, StrictCharField, iso_datetime
 
 
 class CompactionRequestSerializer(serializers.Serializer):
@@ -37,7 +37,7 @@ class CompactionSerializer(serializers.Serializer):
 
 def run_to_dict(run: CompactionRun) -> dict[str, Any]:
     def iso(value: Any) -> str | None:
-        return value.isoformat().replace("+00:00", "Z") if value else None
+        return iso_datetime(value) if value else None
 
     return {
         "id": str(run.pk),
@@ -82,12 +82,4 @@ class RunningSummarySerializer(serializers.Serializer):
 
 
 def summary_to_dict(summary: RunningSummary) -> dict[str, Any]:
-    return {
-        "summary": summary.summary,
-        "summarizedMessageIds": list(summary.summarized_message_ids),
-        "lastSummarizedMessageId": str(summary.last_summarized_message_id)
-        if summary.last_summarized_message_id
-        else None,
-        "tokenCount": summary.token_count,
-        "updatedAt": summary.updated_at.isoformat().replace("+00:00", "Z"),
-    }
+    return {**summary.snapshot(), "updatedAt": iso_datetime(summary.updated_at)}

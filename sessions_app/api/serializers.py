@@ -306,7 +306,8 @@ def event_out(events: list[Event]) -> list[dict[str, Any]]:
     return [_event_dict(event) for event in events]
 
 
-def _iso(value: Any) -> str:
+def iso_datetime(value: Any) -> str:
+    """A datetime as DRF renders it: ISO 8601, UTC as 'Z'."""
     text = value.isoformat()
     return text[:-6] + "Z" if text.endswith("+00:00") else text
 
@@ -338,7 +339,7 @@ def _event_dict(event: Event) -> dict[str, Any]:
         "metadata": event.metadata,
         "compactedBy": str(event.compacted_by_id) if event.compacted_by_id else None,
         "cleared": event.cleared_content is not None,
-        "createdAt": _iso(event.created_at),
+        "createdAt": iso_datetime(event.created_at),
     }
 
 
