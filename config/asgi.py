@@ -15,12 +15,14 @@ from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: 
 
 from compaction_app.routing import websocket_urlpatterns  # noqa: E402
 from compaction_app.ws_auth import TokenAuthMiddleware  # noqa: E402
+from sessions_app.middleware import StreamingBodyLimit  # noqa: E402
 
 application = ProtocolTypeRouter(
     {
         # Static files are served by the app itself so the embedded profile needs no other
         # server; production deployments may put a CDN or proxy in front instead.
-        "http": ASGIStaticFilesHandler(django_asgi_app),
+        # The body limit is enforced while the body streams in (see StreamingBodyLimit).
+        "http": StreamingBodyLimit(ASGIStaticFilesHandler(django_asgi_app)),
         "websocket": AllowedHostsOriginValidator(
             AuthMiddlewareStack(TokenAuthMiddleware(URLRouter(websocket_urlpatterns)))
         ),

@@ -171,7 +171,7 @@ REST_FRAMEWORK = {
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_PARSER_CLASSES": ["sessions_app.api.parsers.LedgerJSONParser"],
     "DEFAULT_THROTTLE_CLASSES": (
         []
         if API_THROTTLE_RATE.lower() == "off"

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Any
 
@@ -20,13 +20,17 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from sessions_app import tokens
-from sessions_app.errors import Conflict, InvalidInput
+from sessions_app.errors import Conflict, InvalidInput, Unprocessable
 from sessions_app.model_registry import ModelRegistry
 from sessions_app.models import ROLE_FOR_TYPE, Event, EventType, Session, is_model_visible
 from sessions_app.session_settings import validate_settings
 from sessions_app.signals import events_appended
 
 MAX_CONTEXT_LIMIT = 100_000_000
+# Provider-reported usage: one value, and a session's running sum of each kind. Both stay far
+# below PostgreSQL's bigint, and one huge report cannot fill a session's totals on its own.
+MAX_REPORTED_TOKENS = 10**12
+MAX_REPORTED_TOTAL = 10**15
 COMPACT_COMMAND = "/compact"
 
 
@@ -242,12 +246,94 @@ def _insert_events(events: list[Event]) -> None:
         event._state.db = connection.alias
 
 
+def _check_token_usage(usage: TokenUsage | None, index: int) -> TokenUsage | None:
+    """Bound provider-reported usage (the API's serializer does the same for its callers);
+    a usage with no value at all is no usage."""
+    if usage is None:
+        return None
+    values = {
+        "promptTokens": usage.prompt_tokens,
+        "completionTokens": usage.completion_tokens,
+        "totalTokens": usage.total_tokens,
+    }
+    for key, value in values.items():
+        if value is not None and (
+            isinstance(value, bool)
+            or not isinstance(value, int)
+            or not 0 <= value <= MAX_REPORTED_TOKENS
+        ):
+            raise InvalidInput(
+                f"tokenUsage.{key} must be an integer between 0 and {MAX_REPORTED_TOKENS}",
+                code="invalid_request",
+                fields={
+                    f"[{index}].tokenUsage.{key}": f"must be between 0 and {MAX_REPORTED_TOKENS}"
+                },
+            )
+    if all(value is None for value in values.values()):
+        return None
+    return usage
+
+
+def _same_event(stored: Event, item: EventInput, text: str, is_json: bool) -> bool:
+    """Whether a retry's body matches the stored event: type, content, name, toolCallId,
+    tokenUsage and metadata. `pinned` is left out: it may have been changed since by PATCH."""
+    usage = item.token_usage
+    return (
+        stored.type == item.type
+        and stored.content == text
+        and stored.content_is_json == is_json
+        and stored.name == item.name
+        and stored.tool_call_id == item.tool_call_id
+        and stored.prompt_tokens == (usage.prompt_tokens if usage else None)
+        and stored.completion_tokens == (usage.completion_tokens if usage else None)
+        and stored.total_tokens == (usage.total_tokens if usage else None)
+        # Through JSON text: Python's == would take true for 1 and 1.0 for 1.
+        and _canonical_json(stored.metadata) == _canonical_json(item.metadata)
+    )
+
+
+def _canonical_json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+
+
+def _idempotency_conflict() -> Conflict:
+    # One wording whether the id is this session's with another body or someone else's:
+    # the answer must not reveal that another user's event exists.
+    return Conflict(
+        "this event id is already used by a different event; resend the identical event or "
+        "use a new id",
+        code="idempotency_conflict",
+        fields={"id": "already used by a different event"},
+    )
+
+
+def _stored_replays(
+    session: Session,
+    prepared: Sequence[tuple[EventInput, str, bool]],
+    ids: set[uuid.UUID],
+) -> dict[uuid.UUID, Event]:
+    """The stored events these client-supplied ids name, each checked to be an identical
+    retry (else `idempotency_conflict`)."""
+    if not ids:
+        return {}
+    stored = {event.id: event for event in Event.objects.filter(id__in=ids)}
+    if not stored:
+        return stored
+    for item, text, is_json in prepared:
+        if item.id is None or item.id not in stored:
+            continue
+        event = stored[item.id]
+        if event.session_id != session.pk or not _same_event(event, item, text, is_json):
+            raise _idempotency_conflict()
+    return stored
+
+
 def event_append(*, session: Session, events: Sequence[EventInput]) -> AppendResult:
     """Append one or more events atomically.
 
-    Events whose client-supplied id is already stored in this session are returned as stored
-    (a retry changes nothing); an id stored in another session is a conflict. Either every new
-    event is stored or none is.
+    An event whose client-supplied id is already stored is returned as stored when the body is
+    the same (a retry changes nothing); a different body, or an id stored in another session,
+    is a 409 `idempotency_conflict`. Either every new event is stored or none is.
     """
     if not events:
         raise InvalidInput(
@@ -269,35 +355,40 @@ def event_append(*, session: Session, events: Sequence[EventInput]) -> AppendRes
         check_text(item.tool_call_id, f"[{index}].toolCallId")
         # Metadata is stored as JSON too; PostgreSQL's jsonb refuses NUL and lone surrogates.
         _check_json_text(dict(item.metadata), f"[{index}].metadata")
+        usage = _check_token_usage(item.token_usage, index)
+        if usage is not item.token_usage:
+            item = replace(item, token_usage=usage)
         prepared.append((item, text, is_json))
 
+    # Stored events never change their body, so replays found now need no token count; ids
+    # stored by a concurrent writer meanwhile are caught again under the lock below.
+    replayed = _stored_replays(session, prepared, seen)
+    fresh = [index for index, entry in enumerate(prepared) if entry[0].id not in replayed]
     counter = tokens.counter_for_model(session.model)
-    counts = tokens.messages_batch_tokens(
-        counter, [(ROLE_FOR_TYPE[item.type], item.content, item.name) for item in events]
+    fresh_counts = tokens.messages_batch_tokens(
+        counter,
+        [
+            (ROLE_FOR_TYPE[prepared[i][0].type], prepared[i][0].content, prepared[i][0].name)
+            for i in fresh
+        ],
     )
+    counts = dict(zip(fresh, fresh_counts, strict=True))
 
     with transaction.atomic():
         locked = Session.objects.select_for_update().get(pk=session.pk)
-        existing: dict[uuid.UUID, Event] = {}
-        if seen:
-            for stored in Event.objects.filter(id__in=seen):
-                if stored.session_id != locked.pk:
-                    raise Conflict(
-                        "an event with this id belongs to another session",
-                        code="event_id_conflict",
-                        fields={"id": str(stored.id)},
-                    )
-                existing[stored.id] = stored
+        existing = dict(replayed)
+        existing.update(_stored_replays(locked, [prepared[i] for i in fresh], seen - set(replayed)))
 
         to_create: list[Event] = []
         result: list[Event] = []
         seq = locked.last_seq
         added_active = added_active_tokens = added_ledger = added_cumulative = 0
         added_prompt = added_completion = added_total = added_reported = 0
-        for (item, text, is_json), count in zip(prepared, counts, strict=True):
+        for index, (item, text, is_json) in enumerate(prepared):
             if item.id is not None and item.id in existing:
                 result.append(existing[item.id])
                 continue
+            count = counts[index]
             seq += 1
             usage = item.token_usage
             event = Event(
@@ -332,6 +423,9 @@ def event_append(*, session: Session, events: Sequence[EventInput]) -> AppendRes
                 added_total += usage.total_tokens or 0
 
         if to_create:
+            _check_reported_totals(
+                locked, prompt=added_prompt, completion=added_completion, total=added_total
+            )
             try:
                 with transaction.atomic():
                     _insert_events(to_create)
@@ -340,9 +434,7 @@ def event_append(*, session: Session, events: Sequence[EventInput]) -> AppendRes
                     raise
                 # Another session's append stored one of these ids after our check above
                 # (its lock is not ours): the same conflict, found late.
-                raise Conflict(
-                    "an event with this id belongs to another session", code="event_id_conflict"
-                ) from None
+                raise _idempotency_conflict() from None
             locked.last_seq = seq
             locked.event_count += len(to_create)
             locked.active_event_count += added_active
@@ -381,6 +473,20 @@ def event_append(*, session: Session, events: Sequence[EventInput]) -> AppendRes
                 )
             )
     return AppendResult(events=result, created=len(to_create))
+
+
+def _check_reported_totals(session: Session, *, prompt: int, completion: int, total: int) -> None:
+    for key, current, added in (
+        ("totalPromptTokens", session.reported_prompt_tokens, prompt),
+        ("totalCompletionTokens", session.reported_completion_tokens, completion),
+        ("totalTokens", session.reported_total_tokens, total),
+    ):
+        if current + added > MAX_REPORTED_TOTAL:
+            raise Unprocessable(
+                f"this append would take the session's {key} past {MAX_REPORTED_TOTAL}",
+                code="token_usage_total_exceeded",
+                limit=MAX_REPORTED_TOTAL,
+            )
 
 
 def event_set_pinned(*, event: Event, pinned: bool) -> Event:

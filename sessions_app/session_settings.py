@@ -45,12 +45,22 @@ def _check_ratio(key: str, value: Any) -> float:
     return float(value)
 
 
+# Upper bounds keep every setting usable downstream (a timedelta, a token budget) and storable.
+MAXIMUMS: dict[str, int] = {
+    "cooldownSeconds": 10**9,
+    "maxSummaryTokens": 100_000_000,
+    "keepRecentEvents": 1_000_000,
+    "refreshThresholdTokens": 10**15,
+}
+
+
 def _check_int(key: str, value: Any, minimum: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    maximum = MAXIMUMS[key]
+    if isinstance(value, bool) or not isinstance(value, int) or not minimum <= value <= maximum:
         raise InvalidInput(
-            f"must be an integer >= {minimum}",
+            f"must be an integer between {minimum} and {maximum}",
             code="invalid_settings",
-            fields={f"settings.{key}": f"must be an integer >= {minimum}"},
+            fields={f"settings.{key}": f"must be an integer between {minimum} and {maximum}"},
         )
     return value
 

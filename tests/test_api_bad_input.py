@@ -337,3 +337,153 @@ def test_it_refuses_bad_context_parameters(alice_api, session, params):
     assert response.status_code == 400
     assert response.json()["error"] in ("invalid_parameter", "invalid_request")
     assert next(iter(params)) in response.json()["fields"]
+
+
+# --- nesting, huge numbers, non-string types ---------------------------------------------------
+
+
+def nested(depth: int) -> str:
+    """A JSON array nested `depth` levels deep."""
+    return "[" * depth + "]" * depth
+
+
+@pytest.mark.parametrize("depth", [1_000, 100_000])
+@pytest.mark.parametrize(
+    "template",
+    [
+        '{"type":"USER_MESSAGE","content":DEEP}',
+        '{"type":"USER_MESSAGE","content":"x","metadata":{"deep":DEEP}}',
+        '[{"type":"USER_MESSAGE","content":"fine"},{"type":"USER_MESSAGE","content":DEEP}]',
+    ],
+    ids=["content", "metadata", "bulk"],
+)
+def test_it_refuses_deeply_nested_event_json(append, template, depth):
+    body = assert_refused(
+        append(raw=template.replace("DEEP", nested(depth))), 400, "nesting_too_deep"
+    )
+    assert body["limit"] == 64
+
+
+def test_it_accepts_structured_content_nested_within_the_limit(alice_api, session):
+    raw = '{"type":"USER_MESSAGE","content":DEEP}'.replace("DEEP", nested(60))
+    response = post_raw(alice_api, f"{SESSIONS}/{session['id']}/events", raw)
+    assert response.status_code == 201, response.content
+
+
+@pytest.mark.parametrize("depth", [1_000, 100_000])
+def test_it_refuses_deeply_nested_session_settings(alice_api, depth):
+    raw = '{"model":"gpt-4o","settings":{"autoCompact":DEEP}}'.replace("DEEP", nested(depth))
+    assert_refused(post_raw(alice_api, SESSIONS, raw), 400, "nesting_too_deep")
+    assert not Session.objects.exists()
+
+
+@pytest.mark.parametrize("depth", [1_000, 100_000])
+def test_it_refuses_deeply_nested_settings_in_a_patch(alice_api, session, depth):
+    before = state(session["id"])
+    raw = '{"settings":{"autoCompact":DEEP}}'.replace("DEEP", nested(depth))
+    response = alice_api.generic(
+        "PATCH", f"{SESSIONS}/{session['id']}", raw, content_type="application/json"
+    )
+    assert_refused(response, 400, "nesting_too_deep")
+    assert state(session["id"]) == before
+
+
+@pytest.mark.parametrize("depth", [1_000, 100_000])
+def test_it_refuses_deeply_nested_token_count_messages(alice_api, depth):
+    raw = '{"model":"gpt-4o","messages":[{"role":"user","content":DEEP}]}'.replace(
+        "DEEP", nested(depth)
+    )
+    assert_refused(post_raw(alice_api, "/api/v1/tokens/count", raw), 400, "nesting_too_deep")
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("promptTokens", 2**63),
+        ("completionTokens", 2**64 + 5),
+        ("totalTokens", 2**63 - 1),
+        ("totalTokens", 10**12 + 1),
+    ],
+)
+def test_it_refuses_a_token_usage_value_past_the_bound(append, key, value):
+    payload = {"type": "AGENT_MESSAGE", "content": "x", "tokenUsage": {key: value}}
+    assert_refused(append(payload), 400, "invalid_request", f"tokenUsage.{key}")
+    assert_refused(append([payload]), 400, "invalid_request", f"[0].tokenUsage.{key}")
+
+
+def test_it_keeps_a_session_usable_after_a_maximal_token_usage(alice_api, session):
+    url = f"{SESSIONS}/{session['id']}/events"
+    biggest = {"promptTokens": 10**12, "completionTokens": 10**12, "totalTokens": 10**12}
+    first = alice_api.post(
+        url, {"type": "AGENT_MESSAGE", "content": "a", "tokenUsage": biggest}, format="json"
+    )
+    assert first.status_code == 201, first.content
+    later = alice_api.post(
+        url,
+        {"type": "AGENT_MESSAGE", "content": "b", "tokenUsage": {"totalTokens": 5}},
+        format="json",
+    )
+    assert later.status_code == 201, later.content
+    usage = alice_api.get(f"{SESSIONS}/{session['id']}/usage").json()
+    assert usage["totalTokens"] == 10**12 + 4 + 5
+    assert usage["eventCount"] == 3
+
+
+def test_it_refuses_an_append_that_would_push_a_running_total_past_the_bound(
+    alice_api, session, append
+):
+    # The fixture's event reported 4 total tokens; 999 reports of 10^12 bring the total to
+    # 10^15 − 10^12 + 4, and one more of 10^12 would pass 10^15.
+    url = f"{SESSIONS}/{session['id']}/events"
+    bulk = [{"type": "AGENT_MESSAGE", "content": "r", "tokenUsage": {"totalTokens": 10**12}}] * 999
+    assert alice_api.post(url, bulk, format="json").status_code == 201
+    body = assert_refused(
+        append({"type": "AGENT_MESSAGE", "content": "s", "tokenUsage": {"totalTokens": 10**12}}),
+        422,
+        "token_usage_total_exceeded",
+    )
+    assert body["limit"] == 10**15
+    # Only usage that would overflow is refused: the session still takes events.
+    assert (
+        alice_api.post(
+            url,
+            {"type": "AGENT_MESSAGE", "content": "t", "tokenUsage": {"totalTokens": 1}},
+            format="json",
+        ).status_code
+        == 201
+    )
+    assert alice_api.get(f"{SESSIONS}/{session['id']}/usage").json()["totalTokens"] == (
+        10**15 - 10**12 + 5
+    )
+
+
+@pytest.mark.parametrize("kind", [["USER_MESSAGE"], {"a": 1}, 1.5, True])
+def test_it_refuses_a_non_string_event_type(append, kind):
+    assert_refused(append({"type": kind, "content": "x"}), 400, "invalid_request", "type")
+    assert_refused(
+        append([{"type": "USER_MESSAGE", "content": "x"}, {"type": kind, "content": "x"}]),
+        400,
+        "invalid_request",
+        "[1].type",
+    )
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("cooldownSeconds", 10**30),
+        ("maxSummaryTokens", 2**63),
+        ("keepRecentEvents", 10**20),
+        ("refreshThresholdTokens", 2**70),
+    ],
+)
+def test_it_refuses_a_settings_integer_past_its_bound(alice_api, session, key, value):
+    created = alice_api.post(SESSIONS, {"model": "gpt-4o", "settings": {key: value}}, format="json")
+    assert_refused(created, 400, "invalid_settings", f"settings.{key}")
+    before = state(session["id"])
+    patched = alice_api.patch(
+        f"{SESSIONS}/{session['id']}", {"settings": {key: value}}, format="json"
+    )
+    assert_refused(patched, 400, "invalid_settings", f"settings.{key}")
+    assert state(session["id"]) == before
+    assert Session.objects.count() == 1

@@ -208,8 +208,8 @@ def test_it_reports_a_conflict_for_one_id_raced_into_two_sessions():
     assert not errors, errors
     owner = Event.objects.get(pk=event_id).session_id
     assert sorted(code for code, _ in outcomes) == [
-        "event_id_conflict",
-        "event_id_conflict",
+        "idempotency_conflict",
+        "idempotency_conflict",
         "ok",
         "ok",
     ]

@@ -11,7 +11,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from sessions_app.models import Event, EventType, Session
-from sessions_app.services import EventInput, TokenUsage
+from sessions_app.services import MAX_REPORTED_TOKENS, EventInput, TokenUsage
 
 CLIENT_EVENT_TYPES = [t for t in EventType.values if t != EventType.COMPACTION]
 
@@ -70,9 +70,15 @@ class ContentField(serializers.Field):
 
 
 class TokenUsageSerializer(serializers.Serializer):
-    promptTokens = StrictIntegerField(min_value=0, required=False, allow_null=True)
-    completionTokens = StrictIntegerField(min_value=0, required=False, allow_null=True)
-    totalTokens = StrictIntegerField(min_value=0, required=False, allow_null=True)
+    promptTokens = StrictIntegerField(
+        min_value=0, max_value=MAX_REPORTED_TOKENS, required=False, allow_null=True
+    )
+    completionTokens = StrictIntegerField(
+        min_value=0, max_value=MAX_REPORTED_TOKENS, required=False, allow_null=True
+    )
+    totalTokens = StrictIntegerField(
+        min_value=0, max_value=MAX_REPORTED_TOKENS, required=False, allow_null=True
+    )
 
 
 class EventInSerializer(serializers.Serializer):
@@ -355,7 +361,7 @@ def _plainly_valid(item: Any) -> bool:
         return False
     kind = item.get("type")
     content = item.get("content")
-    if kind not in _CLIENT_TYPES or not isinstance(content, str):
+    if not isinstance(kind, str) or kind not in _CLIENT_TYPES or not isinstance(content, str):
         return False
     for key in ("name", "toolCallId"):
         value = item.get(key, "")
@@ -378,7 +384,9 @@ def _plainly_valid(item: Any) -> bool:
             return False
         for value in usage.values():
             if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int) or value < 0
+                isinstance(value, bool)
+                or not isinstance(value, int)
+                or not 0 <= value <= MAX_REPORTED_TOKENS
             ):
                 return False
     if kind == EventType.TOOL_CALL and not (item.get("name") and item.get("toolCallId")):
