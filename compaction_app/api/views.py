@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from drf_spectacular.utils import extend_schema
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -11,12 +11,19 @@ from rest_framework.views import APIView
 from compaction_app import selectors, services
 from compaction_app.api import serializers as s
 from compaction_app.models import Trigger
+from sessions_app.api.openapi import BODY, PAGE_PARAMETERS, errors, page_of
 from sessions_app.api.views import SessionPagination, _object
 from sessions_app.selectors import session_get
 
+CompactionPage = page_of("CompactionPage", s.CompactionSerializer)
+
 
 class SessionCompactionsView(APIView):
-    @extend_schema(responses=s.CompactionSerializer(many=True))
+    @extend_schema(
+        operation_id="sessions_compactions_list",
+        parameters=PAGE_PARAMETERS,
+        responses={200: CompactionPage, **errors(400, 404)},
+    )
     def get(self, request: Request, session_id: str) -> Response:
         session = session_get(user=request.user, session_id=session_id)
         paginator = SessionPagination()
@@ -27,7 +34,11 @@ class SessionCompactionsView(APIView):
 
     @extend_schema(
         request=s.CompactionRequestSerializer,
-        responses={202: s.CompactionSerializer, 200: s.PlanSerializer},
+        responses={
+            202: OpenApiResponse(s.CompactionSerializer, description="The run, pending."),
+            200: OpenApiResponse(s.PlanSerializer, description="dryRun: the plan, nothing done."),
+            **errors(*BODY, 404, 409, 503),
+        },
     )
     def post(self, request: Request, session_id: str) -> Response:
         session = session_get(user=request.user, session_id=session_id)
@@ -68,20 +79,20 @@ class SessionCompactionsView(APIView):
 
 
 class CompactionDetailView(APIView):
-    @extend_schema(responses=s.CompactionSerializer)
+    @extend_schema(responses={200: s.CompactionSerializer, **errors(404)})
     def get(self, request: Request, compaction_id: str) -> Response:
         return Response(s.run_to_dict(selectors.run_get(user=request.user, run_id=compaction_id)))
 
 
 class CompactionRevertView(APIView):
-    @extend_schema(request=None, responses=s.CompactionSerializer)
+    @extend_schema(request=None, responses={200: s.CompactionSerializer, **errors(404, 409)})
     def post(self, request: Request, compaction_id: str) -> Response:
         run = selectors.run_get(user=request.user, run_id=compaction_id)
         return Response(s.run_to_dict(services.compaction_revert(run=run)))
 
 
 class SessionSummaryView(APIView):
-    @extend_schema(responses=s.RunningSummarySerializer)
+    @extend_schema(responses={200: s.RunningSummarySerializer, **errors(404)})
     def get(self, request: Request, session_id: str) -> Response:
         session = session_get(user=request.user, session_id=session_id)
         return Response(s.summary_to_dict(selectors.running_summary_get(session=session)))

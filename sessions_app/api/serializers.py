@@ -187,6 +187,13 @@ class EventOutSerializer(serializers.ModelSerializer):
         return event.cleared_content is not None
 
 
+class EventPageSerializer(serializers.Serializer):
+    """A cursor page of events: pass nextAfter as ?after= for the next one (null at the end)."""
+
+    results = EventOutSerializer(many=True)
+    nextAfter = serializers.IntegerField(allow_null=True)
+
+
 class SessionCreateSerializer(serializers.Serializer):
     model = StrictCharField(max_length=200, allow_blank=False)
     title = StrictCharField(required=False, max_length=200)
@@ -266,6 +273,9 @@ class ContextSerializer(serializers.Serializer):
     limit = serializers.IntegerField()
     pruned = serializers.BooleanField()
     summary = serializers.CharField(allow_null=True)
+    compaction = serializers.JSONField(
+        required=False, help_text="The run /context made first, at the hard limit."
+    )
 
 
 class TokenCountInSerializer(serializers.Serializer):

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django.conf import settings
-from drf_spectacular.utils import OpenApiParameter, extend_schema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    PolymorphicProxySerializer,
+    extend_schema,
+)
 from rest_framework import status
 from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.pagination import PageNumberPagination
@@ -16,6 +23,7 @@ from rest_framework.views import APIView
 
 from sessions_app import selectors, services, tokens
 from sessions_app.api import serializers as s
+from sessions_app.api.openapi import BODY, PAGE_PARAMETERS, errors, page_of
 from sessions_app.context import context_prepare
 from sessions_app.errors import InvalidInput, LedgerError
 from sessions_app.models import Event, EventType
@@ -30,16 +38,47 @@ class SessionPagination(PageNumberPagination):
         self.page_size = settings.API_PAGE_SIZE
         return super().get_page_size(request)
 
+    def paginate_queryset(self, queryset: Any, request: Request, view: Any = None) -> Any:
+        # DRF ignores a malformed pageSize and answers 404 for a malformed page: both are bad
+        # input, answered like any other query parameter.
+        _int_param(request, "page", 1, minimum=1)
+        _int_param(request, "pageSize", 1, minimum=1)
+        return super().paginate_queryset(queryset, request, view)
+
+
+SessionPage = page_of("SessionPage", s.SessionOutSerializer)
+
+# One event object or a list of them, in and out.
+EVENT_OR_LIST_IN = PolymorphicProxySerializer(
+    component_name="EventAppend",
+    serializers=[s.EventInSerializer, s.EventInSerializer(many=True)],
+    resource_type_field_name=None,
+    many=False,
+)
+EVENT_OR_LIST_OUT = PolymorphicProxySerializer(
+    component_name="EventAppended",
+    serializers=[s.EventOutSerializer, s.EventOutSerializer(many=True)],
+    resource_type_field_name=None,
+    many=False,
+)
+
 
 class SessionListView(APIView):
-    @extend_schema(responses=s.SessionOutSerializer(many=True))
+    @extend_schema(
+        operation_id="sessions_list",
+        parameters=PAGE_PARAMETERS,
+        responses={200: SessionPage, **errors(400, 404)},
+    )
     def get(self, request: Request) -> Response:
         queryset = selectors.sessions_visible_to(user=request.user).select_related("owner")
         paginator = SessionPagination()
         page = paginator.paginate_queryset(queryset, request, view=self)
         return paginator.get_paginated_response(s.SessionOutSerializer(page, many=True).data)
 
-    @extend_schema(request=s.SessionCreateSerializer, responses={201: s.SessionOutSerializer})
+    @extend_schema(
+        request=s.SessionCreateSerializer,
+        responses={201: s.SessionOutSerializer, **errors(*BODY)},
+    )
     def post(self, request: Request) -> Response:
         body = s.SessionCreateSerializer(data=_object(request.data))
         body.is_valid(raise_exception=True)
@@ -56,12 +95,15 @@ class SessionListView(APIView):
 
 
 class SessionDetailView(APIView):
-    @extend_schema(responses=s.SessionOutSerializer)
+    @extend_schema(responses={200: s.SessionOutSerializer, **errors(404)})
     def get(self, request: Request, session_id: str) -> Response:
         session = selectors.session_get(user=request.user, session_id=session_id)
         return Response(s.SessionOutSerializer(session).data)
 
-    @extend_schema(request=s.SessionPatchSerializer, responses=s.SessionOutSerializer)
+    @extend_schema(
+        request=s.SessionPatchSerializer,
+        responses={200: s.SessionOutSerializer, **errors(*BODY, 404)},
+    )
     def patch(self, request: Request, session_id: str) -> Response:
         session = selectors.session_get(user=request.user, session_id=session_id)
         body = s.SessionPatchSerializer(data=_object(request.data))
@@ -75,7 +117,7 @@ class SessionDetailView(APIView):
         )
         return Response(s.SessionOutSerializer(session).data)
 
-    @extend_schema(responses={204: None})
+    @extend_schema(responses={204: None, **errors(404)})
     def delete(self, request: Request, session_id: str) -> Response:
         session = selectors.session_get(user=request.user, session_id=session_id)
         services.session_delete(session=session)
@@ -91,7 +133,8 @@ class SessionEventsView(APIView):
                 "includeCompacted", bool, description="Include events folded by compaction."
             ),
         ],
-        responses=s.EventOutSerializer(many=True),
+        responses={200: s.EventPageSerializer, **errors(400, 404)},
+        operation_id="sessions_events_list",
     )
     def get(self, request: Request, session_id: str) -> Response:
         session = selectors.session_get(user=request.user, session_id=session_id)
@@ -104,10 +147,23 @@ class SessionEventsView(APIView):
         return Response({"results": s.event_out(events), "nextAfter": next_after})
 
     @extend_schema(
-        request=s.EventInSerializer(many=True),
-        responses={201: s.EventOutSerializer(many=True), 202: None},
+        request=EVENT_OR_LIST_IN,
+        responses={
+            201: OpenApiResponse(
+                EVENT_OR_LIST_OUT, description="Stored: the event, or the list, as sent."
+            ),
+            200: OpenApiResponse(
+                EVENT_OR_LIST_OUT,
+                description="Every event was an identical retry of a stored one.",
+            ),
+            202: OpenApiResponse(
+                OpenApiTypes.OBJECT, description="/compact: the compaction run that started."
+            ),
+            **errors(*BODY, 404, 409, 422, 503),
+        },
         description="One event object or a list (bulk, atomic). A USER_MESSAGE starting with "
-        "/compact starts a manual compaction instead (202).",
+        "/compact starts a manual compaction instead (202). A client-supplied id makes a "
+        "retry idempotent; the same id with a different body is 409 idempotency_conflict.",
     )
     def post(self, request: Request, session_id: str) -> Response:
         session = selectors.session_get(user=request.user, session_id=session_id)
@@ -180,11 +236,14 @@ class EventDetailView(APIView):
         session = selectors.session_get(user=request.user, session_id=session_id)
         return selectors.event_get(session=session, event_id=event_id)
 
-    @extend_schema(responses=s.EventOutSerializer)
+    @extend_schema(responses={200: s.EventOutSerializer, **errors(404)})
     def get(self, request: Request, session_id: str, event_id: str) -> Response:
         return Response(s.event_out([self._get(request, session_id, event_id)])[0])
 
-    @extend_schema(request=s.EventPatchSerializer, responses=s.EventOutSerializer)
+    @extend_schema(
+        request=s.EventPatchSerializer,
+        responses={200: s.EventOutSerializer, **errors(*BODY, 404)},
+    )
     def patch(self, request: Request, session_id: str, event_id: str) -> Response:
         event = self._get(request, session_id, event_id)
         body = s.EventPatchSerializer(data=_object(request.data))
@@ -194,7 +253,7 @@ class EventDetailView(APIView):
 
 
 class SessionUsageView(APIView):
-    @extend_schema(responses=s.UsageSerializer)
+    @extend_schema(responses={200: s.UsageSerializer, **errors(404)})
     def get(self, request: Request, session_id: str) -> Response:
         session = selectors.session_get(user=request.user, session_id=session_id)
         return Response(selectors.usage_for_session(session=session))
@@ -216,7 +275,7 @@ class SessionContextView(APIView):
             OpenApiParameter("reserveTokens", int),
             OpenApiParameter("format", str, enum=["openai", "anthropic"]),
         ],
-        responses=s.ContextSerializer,
+        responses={200: s.ContextSerializer, **errors(400, 404, 409, 422)},
     )
     def get(self, request: Request, session_id: str) -> Response:
         session = selectors.session_get(user=request.user, session_id=session_id)
@@ -249,7 +308,10 @@ class SessionContextView(APIView):
 
 
 class TokenCountView(APIView):
-    @extend_schema(request=s.TokenCountInSerializer, responses=s.TokenCountOutSerializer)
+    @extend_schema(
+        request=s.TokenCountInSerializer,
+        responses={200: s.TokenCountOutSerializer, **errors(*BODY)},
+    )
     def post(self, request: Request) -> Response:
         body = s.TokenCountInSerializer(data=_object(request.data))
         body.is_valid(raise_exception=True)
@@ -279,7 +341,7 @@ class TokenCountView(APIView):
 
 
 class ModelListView(APIView):
-    @extend_schema(responses=s.ModelOutSerializer(many=True))
+    @extend_schema(responses={200: s.ModelOutSerializer(many=True), **errors()})
     def get(self, request: Request) -> Response:
         return Response(
             [
@@ -299,22 +361,29 @@ def _object(data: Any) -> Any:
     return data
 
 
+_INTEGER = re.compile(r"-?[0-9]{1,30}")
+_MAX_PARAM = 2**63 - 1
+
+
 def _int_param(
     request: Request, name: str, default: int, *, minimum: int, maximum: int | None = None
 ) -> int:
     raw = request.query_params.get(name)
-    if raw is None or raw == "":
+    if raw is None:
         return default
-    try:
-        value = int(raw)
-    except ValueError:
+    # ASCII digits only (int() would also take " 5", "1_0" and other scripts' digits), and
+    # within a database integer.
+    if not _INTEGER.fullmatch(raw):
         raise InvalidInput(
             f"{name} must be an integer",
             code="invalid_parameter",
             fields={name: "must be an integer"},
-        ) from None
-    if value < minimum or (maximum is not None and value > maximum):
-        bound = f">= {minimum}" if maximum is None else f"between {minimum} and {maximum}"
+        )
+    value = int(raw)
+    if maximum is None:
+        maximum = _MAX_PARAM
+    if not minimum <= value <= maximum:
+        bound = f"between {minimum} and {maximum}"
         raise InvalidInput(
             f"{name} must be {bound}", code="invalid_parameter", fields={name: f"must be {bound}"}
         )
