@@ -1,0 +1,46 @@
+"""sessions_app's own signal receivers (connected in SessionsAppConfig.ready)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.db import connection
+from django.db.models.signals import post_migrate
+from django.dispatch import receiver
+
+from sessions_app.search_schema import ensure_search_schema
+from sessions_app.signals import events_appended
+
+logger = logging.getLogger("sessions_app")
+
+
+@receiver(events_appended, dispatch_uid="sessions_app.search_index")
+def index_appended_events(sender: Any, *, session_id: Any, **kwargs: Any) -> None:
+    """PostgreSQL only: queue the search vectors of the new events (search_schema explains
+    why this is not done inside the append). A broker outage must not fail an append that
+    has committed, and search covers unindexed rows meanwhile, so it is only logged."""
+    if connection.vendor != "postgresql":
+        return
+    from sessions_app.tasks import search_index_session
+
+    try:
+        search_index_session.delay_on_commit(str(session_id))
+    except Exception:
+        logger.warning("could not queue search indexing for session %s", session_id, exc_info=True)
+
+
+@receiver(post_migrate, dispatch_uid="sessions_app.search_schema")
+def repair_search_schema(sender: Any, *, app_config: Any, using: str, **kwargs: Any) -> None:
+    """Re-create the search index's triggers if a later migration rebuilt the SQLite event
+    table (which drops them), and index what was stored meanwhile."""
+    if app_config.label != "sessions_app":
+        return
+    from django.db import connections
+    from django.db.migrations.recorder import MigrationRecorder
+
+    target = connections[using]
+    applied = MigrationRecorder(target).applied_migrations()
+    # Only while the search migration is applied (not after a migrate back before it).
+    if any(app == "sessions_app" and name.endswith("_search") for app, name in applied):
+        ensure_search_schema(target)

@@ -1,0 +1,113 @@
+"""The full-text index of events, per database vendor (raw SQL: neither index is a Django field).
+
+SQLite (embedded profile): an FTS5 table kept current by triggers on the event table, so every
+insert path (bulk `executemany`, compaction, admin) is indexed in the same transaction. FTS5
+needs an integer rowid that never changes, which the event table (UUID primary key) does not
+have, so `sessions_app_event_search` maps each event id to its FTS rowid.
+
+PostgreSQL (production profile): a `search_vector tsvector` column with a GIN index. Computing
+a tsvector costs about 0.15 s per MB of text in PostgreSQL (20× FTS5), which would double the
+time of a large bulk append, so the column is filled after the append commits by a Celery task
+(`sessions_app.tasks.search_index_session`). Until then a row's vector is NULL and search
+computes it on the fly for those rows only (a partial index finds them), so a search never
+misses an event, indexed or not.
+
+Both sides split text the same way: on every character that is not a letter or a digit,
+underscores included, so `ERR_RATE_LIMITED` indexes as `err rate limited` and is found as that
+phrase, and `src/billing/models.py` is found by `models.py` or `billing`. Case is folded;
+accents are kept (PostgreSQL's `simple` configuration has no accent folding, and FTS5 is set to
+match it).
+"""
+
+# Every statement here is DDL built from the constants below; nothing comes from input.
+# ruff: noqa: S608
+
+from __future__ import annotations
+
+from typing import Any
+
+EVENT_TABLE = "sessions_app_event"
+FTS_TABLE = "sessions_app_event_fts"
+MAP_TABLE = "sessions_app_event_search"
+VECTOR_COLUMN = "search_vector"
+DOCUMENT_FUNCTION = "ledger_search_document"
+# PostgreSQL refuses a tsvector over 1 MB; 250,000 characters of the shortest distinct words
+# stay well under it. FTS5 has no such limit and indexes everything.
+PG_MAX_INDEXED_CHARS = 250_000
+
+SQLITE_CREATE = [
+    f"CREATE TABLE IF NOT EXISTS {MAP_TABLE} ("
+    "id INTEGER PRIMARY KEY, event_id char(32) NOT NULL UNIQUE)",
+    f"CREATE VIRTUAL TABLE IF NOT EXISTS {FTS_TABLE} USING fts5("
+    "sid, body, tokenize = 'unicode61 remove_diacritics 0')",
+    # last_insert_rowid() inside a trigger is the row the trigger itself just inserted.
+    f"CREATE TRIGGER IF NOT EXISTS {FTS_TABLE}_insert AFTER INSERT ON {EVENT_TABLE} BEGIN "
+    f"INSERT INTO {MAP_TABLE} (event_id) VALUES (new.id); "
+    f"INSERT INTO {FTS_TABLE} (rowid, sid, body) "
+    "VALUES (last_insert_rowid(), new.session_id, new.content || char(10) || new.name); END",
+    f"CREATE TRIGGER IF NOT EXISTS {FTS_TABLE}_delete AFTER DELETE ON {EVENT_TABLE} BEGIN "
+    f"DELETE FROM {FTS_TABLE} WHERE rowid = "
+    f"(SELECT id FROM {MAP_TABLE} WHERE event_id = old.id); "
+    f"DELETE FROM {MAP_TABLE} WHERE event_id = old.id; END",
+]
+# Events stored while the triggers were missing (before this migration, or after a later
+# migration rebuilt the event table: SQLite drops a table's triggers with it).
+SQLITE_BACKFILL = [
+    f"INSERT INTO {MAP_TABLE} (event_id) SELECT e.id FROM {EVENT_TABLE} e "
+    f"WHERE NOT EXISTS (SELECT 1 FROM {MAP_TABLE} m WHERE m.event_id = e.id) ORDER BY e.rowid",
+    f"INSERT INTO {FTS_TABLE} (rowid, sid, body) "
+    "SELECT m.id, e.session_id, e.content || char(10) || e.name "
+    f"FROM {MAP_TABLE} m JOIN {EVENT_TABLE} e ON e.id = m.event_id "
+    f"WHERE m.id > (SELECT coalesce(max(rowid), 0) FROM {FTS_TABLE})",
+]
+SQLITE_DROP = [
+    f"DROP TRIGGER IF EXISTS {FTS_TABLE}_insert",
+    f"DROP TRIGGER IF EXISTS {FTS_TABLE}_delete",
+    f"DROP TABLE IF EXISTS {FTS_TABLE}",
+    f"DROP TABLE IF EXISTS {MAP_TABLE}",
+]
+
+# The ASCII punctuation ranges, written out so the split does not depend on the locale.
+_PG_PUNCTUATION = "[!-/:-@[-`{-~]+"
+PG_CREATE = [
+    f"CREATE OR REPLACE FUNCTION {DOCUMENT_FUNCTION}(content text, name text) "
+    "RETURNS tsvector LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$ "
+    "SELECT to_tsvector('simple'::regconfig, regexp_replace("
+    f"left(content, {PG_MAX_INDEXED_CHARS}) || ' ' || name, '{_PG_PUNCTUATION}', ' ', 'g')) $$",
+    f"ALTER TABLE {EVENT_TABLE} ADD COLUMN IF NOT EXISTS {VECTOR_COLUMN} tsvector NULL",
+    f"CREATE INDEX IF NOT EXISTS event_search_gin ON {EVENT_TABLE} USING gin ({VECTOR_COLUMN})",
+    f"CREATE INDEX IF NOT EXISTS event_search_pending ON {EVENT_TABLE} (session_id) "
+    f"WHERE {VECTOR_COLUMN} IS NULL",
+]
+PG_BACKFILL = [
+    f"UPDATE {EVENT_TABLE} SET {VECTOR_COLUMN} = {DOCUMENT_FUNCTION}(content, name) "
+    f"WHERE {VECTOR_COLUMN} IS NULL",
+]
+PG_DROP = [
+    "DROP INDEX IF EXISTS event_search_pending",
+    "DROP INDEX IF EXISTS event_search_gin",
+    f"ALTER TABLE {EVENT_TABLE} DROP COLUMN IF EXISTS {VECTOR_COLUMN}",
+    f"DROP FUNCTION IF EXISTS {DOCUMENT_FUNCTION}(text, text)",
+]
+
+
+def ensure_search_schema(connection: Any, *, backfill: bool = True) -> None:
+    """Create the vendor's search index if missing and index any event it lacks. Idempotent:
+    the migration calls it, and so does every `post_migrate` (a later migration that rebuilds
+    the SQLite event table drops its triggers with it)."""
+    if connection.vendor == "sqlite":
+        statements = SQLITE_CREATE + (SQLITE_BACKFILL if backfill else [])
+    elif connection.vendor == "postgresql":
+        statements = PG_CREATE + (PG_BACKFILL if backfill else [])
+    else:
+        return
+    with connection.cursor() as cursor:
+        for statement in statements:
+            cursor.execute(statement)
+
+
+def drop_search_schema(connection: Any) -> None:
+    statements = {"sqlite": SQLITE_DROP, "postgresql": PG_DROP}.get(connection.vendor, [])
+    with connection.cursor() as cursor:
+        for statement in statements:
+            cursor.execute(statement)

@@ -1,0 +1,14 @@
+"""Celery tasks of sessions_app: ids in, re-fetch, call a service."""
+
+from __future__ import annotations
+
+from celery import shared_task
+
+from sessions_app.search import search_index_pending
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def search_index_session(session_id: str) -> int:
+    """Write the PostgreSQL search vectors of the session's new events (idempotent: only
+    rows still without one are touched; a deleted session has none)."""
+    return search_index_pending(session_id=session_id)
