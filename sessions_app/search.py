@@ -375,8 +375,8 @@ def recall(
 ) -> Recalled:
     """Original events of `session` as messages ready to send, within `max_tokens`.
 
-    Candidates are the events matching `text` in relevance order (ties: newest first), or the
-    events with the given `seqs`, newest first. Each candidate is taken with its tool partners
+    Candidates are the RECALL_CANDIDATES best-ranked events matching `text`, or the events
+    with the given `seqs`; they fill the budget newest first. Each candidate is taken with its tool partners
     (a TOOL_CALL and its TOOL_RESULTs are never split) if the whole unit still fits the
     budget; a candidate that does not fit is listed in `omitted`, and the next ones are tried.
     The chosen events are sent in seq order, with their original content (a cleared tool
@@ -391,8 +391,9 @@ def recall(
             if query is not None
             else []
         )
-        by_id = {event.pk: event for event in Event.objects.filter(pk__in=ids)}
-        candidates = [by_id[pk] for pk in ids if pk in by_id]
+        # Every hit holds every word of the query; of the best-ranked ones, the newest win
+        # the budget, as in /context's newest-first fill.
+        candidates = sorted(Event.objects.filter(pk__in=ids), key=lambda event: -event.seq)
     else:
         wanted = list(dict.fromkeys(seqs or []))
         found = {e.seq: e for e in Event.objects.filter(session=session, seq__in=wanted)}

@@ -107,9 +107,7 @@ class RecallInSerializer(serializers.Serializer):
         min_length=1,
         max_length=search.RECALL_MAX_SEQS,
     )
-    maxTokens = serializers.IntegerField(  # noqa: N815 - the API's field name
-        required=False, min_value=1, default=search.RECALL_DEFAULT_TOKENS
-    )
+    maxTokens = serializers.IntegerField(required=False, min_value=1)  # noqa: N815 - API name
     format = serializers.ChoiceField(choices=["openai", "anthropic"], default="openai")
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
@@ -136,7 +134,8 @@ class RecallView(APIView):
         body = RecallInSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         data = body.validated_data
-        if data["maxTokens"] > session.context_limit:
+        max_tokens = data.get("maxTokens", min(search.RECALL_DEFAULT_TOKENS, session.context_limit))
+        if max_tokens > session.context_limit:
             raise InvalidInput(
                 "maxTokens must not exceed the session's contextLimit",
                 code="invalid_request",
@@ -146,7 +145,7 @@ class RecallView(APIView):
             session=session,
             text=data.get("query"),
             seqs=data.get("seqs"),
-            max_tokens=data["maxTokens"],
+            max_tokens=max_tokens,
             fmt=data["format"],
         )
         payload: dict[str, Any] = {
