@@ -120,15 +120,23 @@ def check_query(text: Any) -> str:
 # --- ranking ---------------------------------------------------------------------------------
 
 
-def _ranked_ids(
+# The columns a hit needs (one query: ranking, event and session title together).
+_HIT_COLUMNS = (
+    "e.id, e.session_id, e.seq, e.type, e.name, e.content, e.compacted_by_id, "
+    "s.title AS session_title"
+)
+
+
+def _ranked_events(
     query: ParsedQuery,
     *,
     session_id: uuid.UUID | None,
     owner_id: Any | None,
     limit: int,
-) -> list[uuid.UUID]:
-    """Event ids matching `query`, best first (ties: newest first). Scope: one session, or
-    the sessions of `owner_id`, or (both None) everything."""
+) -> list[Event]:
+    """Events matching `query`, best first (ties: newest first), with only the hit columns
+    loaded and `session_title` set. Scope: one session, or the sessions of `owner_id`, or
+    (both None) everything."""
     params: list[Any] | dict[str, Any]
     if connection.vendor == "sqlite":
         sql, params = _sqlite_sql(query, session_id=session_id, owner_id=owner_id, limit=limit)
@@ -137,15 +145,12 @@ def _ranked_ids(
     else:  # pragma: no cover - the two supported profiles
         raise NotImplementedError(connection.vendor)
     try:
-        with connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            rows = cursor.fetchall()
+        return list(Event.objects.raw(sql, params))
     except DatabaseError as exc:
         # The expression is built from letters and digits only; if an engine still refuses
         # it, that is a query we cannot run, not a server failure.
         logger.warning("search query %r failed: %s", query, exc)
         raise InvalidInput("this query cannot be searched", code="invalid_query") from None
-    return [row[0] if isinstance(row[0], uuid.UUID) else uuid.UUID(row[0]) for row in rows]
 
 
 def _sqlite_sql(
@@ -159,13 +164,14 @@ def _sqlite_sql(
         # terms itself instead of ranking every user's matches first.
         match = '{sid} : "' + session_id.hex + '" AND ' + match
     elif owner_id is not None:
-        scope = f"AND e.session_id IN (SELECT id FROM {_SESSION_TABLE} WHERE owner_id = %s)"  # noqa: S608
+        scope = "AND s.owner_id = %s"
         params.append(owner_id)
     # Identifiers come from constants; the MATCH expression and values are parameters.
     sql = (
-        f"SELECT e.id FROM {FTS_TABLE} f "  # noqa: S608
+        f"SELECT {_HIT_COLUMNS} FROM {FTS_TABLE} f "  # noqa: S608
         f"JOIN {MAP_TABLE} m ON m.id = f.rowid "
         f"JOIN {_EVENT_TABLE} e ON e.id = m.event_id "
+        f"JOIN {_SESSION_TABLE} s ON s.id = e.session_id "
         f"WHERE {FTS_TABLE} MATCH %s {scope} "
         f"ORDER BY bm25({FTS_TABLE}, 0.0, 1.0), e.seq DESC LIMIT %s"
     )
@@ -188,15 +194,19 @@ def _postgres_sql(
     # written yet (a partial index finds them) get it computed here, so nothing is missed.
     sql = (
         "WITH query AS (SELECT to_tsquery('simple'::regconfig, %(q)s) AS q) "  # noqa: S608
-        "SELECT hits.id FROM ("
-        f"  SELECT e.id, e.seq, ts_rank_cd(e.{VECTOR_COLUMN}, query.q, 1) AS rank "
-        f"  FROM {_EVENT_TABLE} e, query WHERE {scope} AND e.{VECTOR_COLUMN} @@ query.q "
-        "  UNION ALL "
-        "  SELECT p.id, p.seq, ts_rank_cd(p.document, query.q, 1) FROM ("
-        f"    SELECT id, seq, {DOCUMENT_FUNCTION}(content, name) AS document FROM {_EVENT_TABLE} "
-        f"    WHERE {scope} AND {VECTOR_COLUMN} IS NULL"
-        "  ) p, query WHERE p.document @@ query.q"
-        ") hits ORDER BY hits.rank DESC, hits.seq DESC LIMIT %(limit)s"
+        f"SELECT {_HIT_COLUMNS} FROM ("
+        "  SELECT ranked.id, ranked.seq, ranked.rank FROM ("
+        f"    SELECT id, seq, ts_rank_cd({VECTOR_COLUMN}, query.q, 1) AS rank "
+        f"    FROM {_EVENT_TABLE}, query WHERE {scope} AND {VECTOR_COLUMN} @@ query.q "
+        "    UNION ALL "
+        "    SELECT p.id, p.seq, ts_rank_cd(p.document, query.q, 1) FROM ("
+        f"      SELECT id, seq, {DOCUMENT_FUNCTION}(content, name) AS document "
+        f"      FROM {_EVENT_TABLE} WHERE {scope} AND {VECTOR_COLUMN} IS NULL"
+        "    ) p, query WHERE p.document @@ query.q"
+        "  ) ranked ORDER BY ranked.rank DESC, ranked.seq DESC LIMIT %(limit)s"
+        f") hits JOIN {_EVENT_TABLE} e ON e.id = hits.id "
+        f"JOIN {_SESSION_TABLE} s ON s.id = e.session_id "
+        "ORDER BY hits.rank DESC, hits.seq DESC"
     )
     return sql, params
 
@@ -241,18 +251,14 @@ class SearchHit:
     def folded(self) -> bool:
         return self.event.compacted_by_id is not None
 
+    @property
+    def session_title(self) -> str:
+        return str(getattr(self.event, "session_title", ""))
 
-def _hits(ids: list[uuid.UUID], query: ParsedQuery, *, with_session: bool) -> list[SearchHit]:
-    queryset = Event.objects.filter(pk__in=ids)
-    if with_session:
-        queryset = queryset.select_related("session")
-    by_id = {event.pk: event for event in queryset}
+
+def _hits(events: list[Event], query: ParsedQuery) -> list[SearchHit]:
     pattern = query.pattern()
-    return [
-        SearchHit(event=by_id[pk], snippet=snippet(by_id[pk].content, pattern))
-        for pk in ids
-        if pk in by_id
-    ]
+    return [SearchHit(event=event, snippet=snippet(event.content, pattern)) for event in events]
 
 
 def search_session(*, session: Session, text: str, limit: int = DEFAULT_LIMIT) -> list[SearchHit]:
@@ -261,8 +267,7 @@ def search_session(*, session: Session, text: str, limit: int = DEFAULT_LIMIT) -
     query = parse_query(text)
     if query is None:
         return []
-    ids = _ranked_ids(query, session_id=session.pk, owner_id=None, limit=limit)
-    return _hits(ids, query, with_session=False)
+    return _hits(_ranked_events(query, session_id=session.pk, owner_id=None, limit=limit), query)
 
 
 def search_sessions(
@@ -273,8 +278,7 @@ def search_sessions(
     if query is None:
         return []
     owner = None if getattr(user, "is_staff", False) else user.pk
-    ids = _ranked_ids(query, session_id=None, owner_id=owner, limit=limit)
-    return _hits(ids, query, with_session=True)
+    return _hits(_ranked_events(query, session_id=None, owner_id=owner, limit=limit), query)
 
 
 def sessions_matching_content(*, text: str) -> Q | None:
@@ -386,11 +390,12 @@ def recall(
     missing: list[int] = []
     if text is not None:
         query = parse_query(text)
-        ids = (
-            _ranked_ids(query, session_id=session.pk, owner_id=None, limit=RECALL_CANDIDATES)
+        ranked = (
+            _ranked_events(query, session_id=session.pk, owner_id=None, limit=RECALL_CANDIDATES)
             if query is not None
             else []
         )
+        ids = [event.pk for event in ranked]
         # Every hit holds every word of the query; of the best-ranked ones, the newest win
         # the budget, as in /context's newest-first fill.
         candidates = sorted(Event.objects.filter(pk__in=ids), key=lambda event: -event.seq)

@@ -54,7 +54,7 @@ def hit_out(hit: search.SearchHit, *, with_session: bool = False) -> dict[str, A
     }
     if with_session:
         out["sessionId"] = str(event.session_id)
-        out["sessionTitle"] = event.session.title
+        out["sessionTitle"] = hit.session_title
     return out
 
 
