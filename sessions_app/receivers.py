@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from django.db import connection
 from django.db.models.signals import post_migrate
 from django.dispatch import receiver
 
@@ -17,11 +16,9 @@ logger = logging.getLogger("sessions_app")
 
 @receiver(events_appended, dispatch_uid="sessions_app.search_index")
 def index_appended_events(sender: Any, *, session_id: Any, **kwargs: Any) -> None:
-    """PostgreSQL only: queue the search vectors of the new events (search_schema explains
-    why this is not done inside the append). A broker outage must not fail an append that
-    has committed, and search covers unindexed rows meanwhile, so it is only logged."""
-    if connection.vendor != "postgresql":
-        return
+    """Queue the indexing of the new events for search (search_schema explains why it is not
+    done inside the append). A broker outage must not fail an append that has committed, and
+    search covers unindexed events meanwhile, so it is only logged."""
     from sessions_app.tasks import search_index_session
 
     try:

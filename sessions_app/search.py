@@ -23,12 +23,18 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, connection, transaction
 from django.db.models import Q
 
 from sessions_app.errors import InvalidInput
 from sessions_app.models import Event, EventType, Session, is_model_visible
-from sessions_app.search_schema import DOCUMENT_FUNCTION, FTS_TABLE, MAP_TABLE, VECTOR_COLUMN
+from sessions_app.search_schema import (
+    DOCUMENT_FUNCTION,
+    FTS_TABLE,
+    MAP_TABLE,
+    STATE_TABLE,
+    VECTOR_COLUMN,
+)
 from sessions_app.selectors import render_messages
 
 logger = logging.getLogger("sessions_app.search")
@@ -267,6 +273,7 @@ def search_session(*, session: Session, text: str, limit: int = DEFAULT_LIMIT) -
     query = parse_query(text)
     if query is None:
         return []
+    _index_scope(session_id=session.pk)
     return _hits(_ranked_events(query, session_id=session.pk, owner_id=None, limit=limit), query)
 
 
@@ -278,6 +285,7 @@ def search_sessions(
     if query is None:
         return []
     owner = None if getattr(user, "is_staff", False) else user.pk
+    _index_scope(owner_id=owner)
     return _hits(_ranked_events(query, session_id=None, owner_id=owner, limit=limit), query)
 
 
@@ -287,6 +295,7 @@ def sessions_matching_content(*, text: str) -> Q | None:
     query = parse_query(text)
     if query is None:
         return None
+    _index_scope()
     if connection.vendor == "sqlite":
         sql = (
             f"SELECT e.session_id FROM {FTS_TABLE} f "  # noqa: S608
@@ -309,9 +318,16 @@ def sessions_matching_content(*, text: str) -> Q | None:
 
 
 def search_index_pending(*, session_id: Any, batch: int = 500) -> int:
-    """Write the search vector of the session's events that lack one (PostgreSQL; SQLite's
-    triggers index on insert). Idempotent; rows another transaction holds are skipped and
-    left to the next call (search computes their vector meanwhile). Returns rows indexed."""
+    """Index the session's events the search index lacks; returns how many were indexed.
+    Idempotent (the Celery task after an append and a search may both call it).
+
+    SQLite: the events above the session's indexed seq, in one IMMEDIATE transaction (the
+    write lock is taken at BEGIN, so two callers never index the same events). PostgreSQL:
+    rows without a vector, in batches; rows another transaction holds are skipped and left to
+    the next call (search computes their vector meanwhile)."""
+    key = uuid.UUID(str(session_id))
+    if connection.vendor == "sqlite":
+        return _sqlite_index(key)
     if connection.vendor != "postgresql":
         return 0
     done = 0
@@ -322,11 +338,68 @@ def search_index_pending(*, session_id: Any, batch: int = 500) -> int:
     )
     while True:
         with connection.cursor() as cursor:
-            cursor.execute(sql, [uuid.UUID(str(session_id)), batch])
+            cursor.execute(sql, [key, batch])
             count = cursor.rowcount
         done += count
         if count < batch:
             return done
+
+
+def _sqlite_index(session_id: uuid.UUID) -> int:
+    sid = session_id.hex
+    # Identifiers come from constants; values are parameters.
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT coalesce((SELECT indexed_seq FROM {STATE_TABLE} WHERE session_id = %s), 0), "  # noqa: S608
+            f"coalesce((SELECT last_seq FROM {_SESSION_TABLE} WHERE id = %s), 0), "
+            f"(SELECT coalesce(max(id), 0) FROM {MAP_TABLE})",
+            [sid, sid],
+        )
+        indexed, last, top = cursor.fetchone()
+        if last <= indexed:
+            return 0
+        cursor.execute(
+            f"INSERT INTO {MAP_TABLE} (event_id) SELECT id FROM {_EVENT_TABLE} "  # noqa: S608
+            "WHERE session_id = %s AND seq > %s ORDER BY seq",
+            [sid, indexed],
+        )
+        count = cursor.rowcount
+        cursor.execute(
+            f"INSERT INTO {FTS_TABLE} (rowid, sid, body) "  # noqa: S608
+            "SELECT m.id, e.session_id, e.content || char(10) || e.name "
+            f"FROM {MAP_TABLE} m JOIN {_EVENT_TABLE} e ON e.id = m.event_id WHERE m.id > %s",
+            [top],
+        )
+        cursor.execute(
+            f"INSERT INTO {STATE_TABLE} (session_id, indexed_seq) VALUES (%s, %s) "  # noqa: S608
+            "ON CONFLICT (session_id) DO UPDATE SET indexed_seq = excluded.indexed_seq",
+            [sid, last],
+        )
+    return count
+
+
+def _index_scope(*, session_id: uuid.UUID | None = None, owner_id: Any | None = None) -> None:
+    """Before an SQLite search: index what the background task has not reached yet in the
+    scope (one session, an owner's sessions, or all). PostgreSQL covers such rows in the query
+    itself."""
+    if connection.vendor != "sqlite":
+        return
+    if session_id is not None:
+        _sqlite_index(session_id)
+        return
+    sql = (
+        f"SELECT s.id FROM {_SESSION_TABLE} s LEFT JOIN {STATE_TABLE} st "  # noqa: S608
+        "ON st.session_id = s.id WHERE s.last_seq > coalesce(st.indexed_seq, 0)"
+    )
+    params: list[Any] = []
+    if owner_id is not None:
+        sql += " AND s.owner_id = %s"
+        params.append(owner_id)
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        pending = [row[0] for row in cursor.fetchall()]
+    for pk in pending:
+        _sqlite_index(pk if isinstance(pk, uuid.UUID) else uuid.UUID(pk))
 
 
 # --- recall ----------------------------------------------------------------------------------
@@ -390,6 +463,7 @@ def recall(
     missing: list[int] = []
     if text is not None:
         query = parse_query(text)
+        _index_scope(session_id=session.pk)
         ranked = (
             _ranked_events(query, session_id=session.pk, owner_id=None, limit=RECALL_CANDIDATES)
             if query is not None

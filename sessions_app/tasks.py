@@ -9,6 +9,6 @@ from sessions_app.search import search_index_pending
 
 @shared_task(acks_late=True, ignore_result=True)
 def search_index_session(session_id: str) -> int:
-    """Write the PostgreSQL search vectors of the session's new events (idempotent: only
-    rows still without one are touched; a deleted session has none)."""
+    """Index the session's new events for search (idempotent: only events not yet indexed
+    are touched; a deleted session has none)."""
     return search_index_pending(session_id=session_id)

@@ -267,26 +267,37 @@ def test_it_forgets_the_events_of_a_deleted_session(alice_api):
             assert cursor.fetchone()[0] == 0
             cursor.execute(f"SELECT count(*) FROM {search.FTS_TABLE}")
             assert cursor.fetchone()[0] == 0
+            cursor.execute(f"SELECT count(*) FROM {search.STATE_TABLE}")
+            assert cursor.fetchone()[0] == 0
 
 
 @pytest.mark.django_db
-@pytest.mark.skipif("connection.vendor != 'sqlite'", reason="SQLite triggers")
-def test_it_restores_sqlite_triggers_after_the_event_table_is_rebuilt(alice_api):
+@pytest.mark.skipif("connection.vendor != 'sqlite'", reason="SQLite index")
+def test_it_indexes_sqlite_events_once_and_restores_dropped_triggers(alice_api):
     from django.apps import apps
 
-    session_id = session_with(alice_api, IDENTIFIER_EVENTS[:1])
-    with connection.cursor() as cursor:
-        # What a later migration's table rebuild does to them.
-        cursor.execute(f"DROP TRIGGER {search.FTS_TABLE}_insert")
-        cursor.execute(f"DROP TRIGGER {search.FTS_TABLE}_delete")
-    append_events(alice_api, session_id=session_id, events=IDENTIFIER_EVENTS[1:])
-    assert hits(alice_api, session_id, "4be1f07") == []
-    repair_search_schema(None, app_config=apps.get_app_config("sessions_app"), using="default")
-    assert seqs(hits(alice_api, session_id, "4be1f07")) == [4]
+    session_id = session_with(alice_api, IDENTIFIER_EVENTS)
+    assert search.search_index_pending(session_id=session_id) == len(IDENTIFIER_EVENTS) + 1
+    assert search.search_index_pending(session_id=session_id) == 0
     append_events(
         alice_api, session_id=session_id, events=[{"type": "USER_MESSAGE", "content": "zq9"}]
     )
+    # Not indexed yet (no worker here): the search indexes it first.
     assert seqs(hits(alice_api, session_id, "zq9")) == [7]
+    assert search.search_index_pending(session_id=session_id) == 0
+
+    def triggers() -> set[str]:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT name FROM sqlite_master WHERE type = 'trigger'")
+            return {row[0] for row in cursor.fetchall()}
+
+    before = triggers()
+    assert f"{search.FTS_TABLE}_delete" in before
+    with connection.cursor() as cursor:
+        # What a later migration's rebuild of the event table does to them.
+        cursor.execute(f"DROP TRIGGER {search.FTS_TABLE}_delete")
+    repair_search_schema(None, app_config=apps.get_app_config("sessions_app"), using="default")
+    assert triggers() == before
 
 
 @pytest.mark.django_db
@@ -307,22 +318,30 @@ def test_it_finds_events_before_and_after_postgres_writes_their_vectors(alice_ap
     assert seqs(hits(alice_api, session_id, "models.py")) == [5]
 
 
-@pytest.mark.skipif("connection.vendor != 'postgresql'", reason="PostgreSQL's background index")
-def test_it_indexes_appended_events_in_a_celery_task_on_postgres(worker, alice_api):
-    session_id = session_with(alice_api, IDENTIFIER_EVENTS)
-    deadline = time.monotonic() + 20
-    while True:
-        with connection.cursor() as cursor:
+def _unindexed(session_id) -> int:
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
             cursor.execute(
                 f"SELECT count(*) FROM sessions_app_event WHERE session_id = %s "
                 f"AND {search.VECTOR_COLUMN} IS NULL",
                 [session_id],
             )
-            pending = cursor.fetchone()[0]
-        if pending == 0:
-            break
+        else:
+            cursor.execute(
+                f"SELECT s.last_seq - coalesce(st.indexed_seq, 0) FROM sessions_app_session s "
+                f"LEFT JOIN {search.STATE_TABLE} st ON st.session_id = s.id WHERE s.id = %s",
+                [Session.objects.get(pk=session_id).pk.hex],
+            )
+        return cursor.fetchone()[0]
+
+
+def test_it_indexes_appended_events_in_a_celery_task(worker, alice_api):
+    session_id = session_with(alice_api, IDENTIFIER_EVENTS)
+    deadline = time.monotonic() + 20
+    while (pending := _unindexed(session_id)) != 0:
         assert time.monotonic() < deadline, f"{pending} events still unindexed"
         time.sleep(0.05)
+    assert search.search_index_pending(session_id=session_id) == 0
     assert seqs(hits(alice_api, session_id, "ERR_RATE_LIMITED")) == [2]
 
 
