@@ -379,9 +379,21 @@ def _sqlite_index(session_id: uuid.UUID) -> int:
 
 
 def _index_scope(*, session_id: uuid.UUID | None = None, owner_id: Any | None = None) -> None:
-    """Before an SQLite search: index what the background task has not reached yet in the
-    scope (one session, an owner's sessions, or all). PostgreSQL covers such rows in the query
-    itself."""
+    """Before a search: index what the background task has not reached yet in the scope (one
+    session, an owner's sessions, or all), so the query runs on the index. PostgreSQL does it
+    for one session only (a cross-session query covers unindexed rows itself), and skips rows
+    the task holds at that moment (the query covers those too)."""
+    if connection.vendor == "postgresql" and session_id is not None:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT 1 FROM {_EVENT_TABLE} WHERE session_id = %s "  # noqa: S608
+                f"AND {VECTOR_COLUMN} IS NULL LIMIT 1",
+                [session_id],
+            )
+            pending = cursor.fetchone() is not None
+        if pending:
+            search_index_pending(session_id=session_id)
+        return
     if connection.vendor != "sqlite":
         return
     if session_id is not None:

@@ -311,8 +311,15 @@ def test_it_finds_events_before_and_after_postgres_writes_their_vectors(alice_ap
             [session_id],
         )
         assert cursor.fetchone()[0] == len(IDENTIFIER_EVENTS) + 1  # not indexed yet
+    # A cross-session search computes the missing vectors in the query...
+    cross = alice_api.get("/api/v1/search", {"q": "orders_archive_2025"}).json()["results"]
+    assert [hit["seq"] for hit in cross] == [5]
+    assert _unindexed(session_id) == len(IDENTIFIER_EVENTS) + 1
+    # ...and a session search first writes them.
     assert seqs(hits(alice_api, session_id, "orders_archive_2025")) == [5]
-    assert search.search_index_pending(session_id=session_id) == len(IDENTIFIER_EVENTS) + 1
+    assert _unindexed(session_id) == 0
+    append_events(alice_api, session_id=session_id, events=IDENTIFIER_EVENTS[:1])
+    assert search.search_index_pending(session_id=session_id) == 1
     assert search.search_index_pending(session_id=session_id) == 0
     assert seqs(hits(alice_api, session_id, "orders_archive_2025")) == [5]
     assert seqs(hits(alice_api, session_id, "models.py")) == [5]
