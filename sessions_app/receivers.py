@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any
 
 from django.db.models.signals import post_migrate
@@ -14,17 +15,36 @@ from sessions_app.signals import events_appended
 logger = logging.getLogger("sessions_app")
 
 
+# After the broker refused a message, appends stop trying for a while: indexing is optional
+# (search covers unindexed events), and each attempt against a dead broker costs its timeout.
+BROKER_BACKOFF_SECONDS = 30.0
+_broker_failed_at: float | None = None
+
+
 @receiver(events_appended, dispatch_uid="sessions_app.search_index")
 def index_appended_events(sender: Any, *, session_id: Any, **kwargs: Any) -> None:
     """Queue the indexing of the new events for search (search_schema explains why it is not
-    done inside the append). A broker outage must not fail an append that has committed, and
-    search covers unindexed events meanwhile, so it is only logged."""
+    done inside the append). The signal fires after the append committed; a broker outage must
+    not fail or slow it, so the message is sent once, without publish retries, and a failure
+    is only logged."""
+    global _broker_failed_at
+    if _broker_failed_at is not None:
+        if time.monotonic() - _broker_failed_at < BROKER_BACKOFF_SECONDS:
+            return
+        _broker_failed_at = None
     from sessions_app.tasks import search_index_session
 
     try:
-        search_index_session.delay_on_commit(str(session_id))
-    except Exception:
-        logger.warning("could not queue search indexing for session %s", session_id, exc_info=True)
+        search_index_session.apply_async(args=[str(session_id)], retry=False)
+    except Exception as exc:
+        _broker_failed_at = time.monotonic()
+        logger.warning(
+            "could not queue search indexing for session %s (search indexes on read "
+            "meanwhile): %s: %s",
+            session_id,
+            type(exc).__name__,
+            exc,
+        )
 
 
 @receiver(post_migrate, dispatch_uid="sessions_app.search_schema")

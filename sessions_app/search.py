@@ -390,8 +390,8 @@ def _index_scope(*, session_id: uuid.UUID | None = None, owner_id: Any | None = 
                 f"AND {VECTOR_COLUMN} IS NULL LIMIT 1",
                 [session_id],
             )
-            pending = cursor.fetchone() is not None
-        if pending:
+            stale = cursor.fetchone() is not None
+        if stale:
             search_index_pending(session_id=session_id)
         return
     if connection.vendor != "sqlite":

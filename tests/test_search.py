@@ -392,3 +392,24 @@ def test_it_matches_event_content_in_the_sessions_list_search(alice, alice_api, 
     html = client.get("/", {"q": "orders_archive_2025"}).content.decode()
     assert f"row-{found}" in html and f"row-{other}" not in html
     assert html.count('id="row-') == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_appends_and_searches_while_the_broker_is_down(alice_api, monkeypatch):
+    from kombu.exceptions import OperationalError
+
+    from sessions_app import receivers
+    from sessions_app.tasks import search_index_session
+
+    attempts = []
+
+    def refuse(*args, **kwargs):  # the broker's side of the wire: connection refused
+        attempts.append(args)
+        raise OperationalError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
+
+    monkeypatch.setattr(search_index_session, "apply_async", refuse)
+    monkeypatch.setattr(receivers, "_broker_failed_at", None)
+    session_id = session_with(alice_api, IDENTIFIER_EVENTS)
+    append_events(alice_api, session_id=session_id, events=IDENTIFIER_EVENTS[:1])
+    assert len(attempts) == 1  # the first append (the system prompt) tried; later ones back off
+    assert seqs(hits(alice_api, session_id, "4be1f07")) == [4]
