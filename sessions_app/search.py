@@ -93,7 +93,8 @@ class ParsedQuery:
         for index, word in enumerate(self.words):
             body = r"[\W_]+".join(re.escape(token) for token in word)
             last = self.prefix and index == len(self.words) - 1
-            alternatives.append(rf"(?<![^\W_]){body}" + ("" if last else r"(?![^\W_])"))
+            # A prefix highlights the whole word it starts.
+            alternatives.append(rf"(?<![^\W_]){body}" + (r"[^\W_]*" if last else r"(?![^\W_])"))
         return re.compile("|".join(alternatives), re.IGNORECASE)
 
 

@@ -413,3 +413,64 @@ def test_it_appends_and_searches_while_the_broker_is_down(alice_api, monkeypatch
     append_events(alice_api, session_id=session_id, events=IDENTIFIER_EVENTS[:1])
     assert len(attempts) == 1  # the first append (the system prompt) tried; later ones back off
     assert seqs(hits(alice_api, session_id, "4be1f07")) == [4]
+
+
+@pytest.mark.skipif(
+    not __import__("pathlib").Path("/usr/bin/chromium").exists(), reason="no /usr/bin/chromium"
+)
+def test_it_jumps_from_a_search_hit_to_its_folded_event_in_a_browser(
+    live_server, alice, monkeypatch
+):
+    from playwright.sync_api import sync_playwright
+
+    # Playwright's sync API keeps an asyncio loop on this thread; the ORM calls below are
+    # plain synchronous test code.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    from sessions_app.services import EventInput, event_append, session_create
+
+    session = session_create(
+        owner=alice, model="gpt-4o", context_limit=3000, settings={"autoCompact": False}
+    )
+    event_append(
+        session=session,
+        events=[EventInput(type="USER_MESSAGE", content="Remember needle_7731 for later.")]
+        + [EventInput(type="AGENT_MESSAGE", content=f"step {n} " * 150) for n in range(10)]
+        + [EventInput(type="USER_MESSAGE", content="Now write the fix.")],
+    )
+    compact(session.pk)
+    assert Event.objects.get(session=session, seq=1).compacted_by_id is not None
+
+    client = Client()
+    client.force_login(alice)
+    cookie = client.cookies["sessionid"].value
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path="/usr/bin/chromium",
+            args=[
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+            ],
+        )
+        try:
+            context = browser.new_context()
+            context.set_default_timeout(20_000)
+            context.add_cookies([{"name": "sessionid", "value": cookie, "url": live_server.url}])
+            page = context.new_page()
+            page.goto(f"{live_server.url}/sessions/{session.pk}/")
+            folded = page.locator("#event-1")
+            assert not folded.is_visible()  # inside a closed fold
+            page.locator("#event-search").press_sequentially("needle_77", delay=20)
+            hit = page.locator("a.search-hit[data-seq='1']")
+            hit.wait_for()
+            assert page.locator("#search-results mark").first.inner_text() == "needle_7731"
+            hit.click()
+            folded.wait_for(state="visible")
+            assert page.evaluate("location.hash") == "#event-1"
+            assert "search-target" in (folded.get_attribute("class") or "")
+            assert page.evaluate("document.getElementById('event-1').closest('details').open")
+        finally:
+            browser.close()
