@@ -60,4 +60,4 @@ def repair_search_schema(sender: Any, *, app_config: Any, using: str, **kwargs: 
     applied = MigrationRecorder(target).applied_migrations()
     # Only while the search migration is applied (not after a migrate back before it).
     if any(app == "sessions_app" and name.endswith("_search") for app, name in applied):
-        ensure_search_schema(target)
+        ensure_search_schema(target, backfill=False)

@@ -90,18 +90,33 @@ PG_DROP = [
 
 
 def ensure_search_schema(connection: Any, *, backfill: bool = True) -> None:
-    """Create the vendor's search index if missing (and, on PostgreSQL, index the events that
-    lack a vector). Idempotent: the migration calls it, and so does every `post_migrate` (a
-    later migration that rebuilds the SQLite event table drops its triggers with it)."""
+    """Create the vendor's search index where missing; with `backfill`, PostgreSQL also writes
+    the vectors of existing events. Idempotent: the migration calls it, and so does every
+    `post_migrate` (a later migration that rebuilds the SQLite event table drops its triggers
+    with it)."""
     if connection.vendor == "sqlite":
-        statements = SQLITE_CREATE  # SQLite indexes lazily (search_index_pending)
+        statements = SQLITE_CREATE  # SQLite indexes lazily (search.search_index_pending)
     elif connection.vendor == "postgresql":
+        if not backfill and _postgres_complete(connection):
+            return  # ALTER TABLE would take an exclusive lock for nothing
         statements = PG_CREATE + (PG_BACKFILL if backfill else [])
     else:
         return
     with connection.cursor() as cursor:
         for statement in statements:
             cursor.execute(statement)
+
+
+def _postgres_complete(connection: Any) -> bool:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT to_regprocedure('{DOCUMENT_FUNCTION}(text, text)') IS NOT NULL "
+            "AND to_regclass('event_search_gin') IS NOT NULL "
+            "AND to_regclass('event_search_pending') IS NOT NULL "
+            "AND EXISTS (SELECT 1 FROM information_schema.columns "
+            f"WHERE table_name = '{EVENT_TABLE}' AND column_name = '{VECTOR_COLUMN}')"
+        )
+        return bool(cursor.fetchone()[0])
 
 
 def drop_search_schema(connection: Any) -> None:
