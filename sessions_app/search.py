@@ -349,13 +349,20 @@ def search_index_pending(*, session_id: Any, batch: int = 500) -> int:
 def _sqlite_index(session_id: uuid.UUID) -> int:
     sid = session_id.hex
     # Identifiers come from constants; values are parameters.
+    watermark = (
+        f"SELECT coalesce((SELECT indexed_seq FROM {STATE_TABLE} WHERE session_id = %s), 0), "  # noqa: S608
+        f"coalesce((SELECT last_seq FROM {_SESSION_TABLE} WHERE id = %s), 0), "
+        f"(SELECT coalesce(max(id), 0) FROM {MAP_TABLE})"
+    )
+    with connection.cursor() as cursor:
+        # A plain read first: the usual answer is "nothing to do", and it must not queue
+        # every search behind the database's single write lock.
+        cursor.execute(watermark, [sid, sid])
+        indexed, last, _top = cursor.fetchone()
+    if last <= indexed:
+        return 0
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT coalesce((SELECT indexed_seq FROM {STATE_TABLE} WHERE session_id = %s), 0), "  # noqa: S608
-            f"coalesce((SELECT last_seq FROM {_SESSION_TABLE} WHERE id = %s), 0), "
-            f"(SELECT coalesce(max(id), 0) FROM {MAP_TABLE})",
-            [sid, sid],
-        )
+        cursor.execute(watermark, [sid, sid])  # again, under the write lock
         indexed, last, top = cursor.fetchone()
         if last <= indexed:
             return 0
