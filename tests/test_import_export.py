@@ -215,13 +215,14 @@ def test_it_exports_only_active_events_unless_asked(alice, tmp_path):
     )
 
     active = [json.loads(line) for line in run_export(session_id)[0].splitlines()]
+    # The order /context sends: system prompt, summary, kept events.
     assert active == [
         MESSAGES[0],
+        {"role": "system", "content": "Summary: bug fixed."},
         MESSAGES[5],
         MESSAGES[6],
         MESSAGES[7],
         MESSAGES[8],
-        {"role": "system", "content": "Summary: bug fixed."},
     ]
     everything = [
         json.loads(line) for line in run_export(session_id, "--include-compacted")[0].splitlines()
