@@ -58,7 +58,8 @@ def on_context_hard_limit(
         run = services.compaction_run_sync(session=session, user=user, trigger=Trigger.HARD_LIMIT)
     except Conflict:
         return None  # a run is already under way; the ladder prunes meanwhile
-    return run_to_dict(run)
+    # None: the plan folds nothing, so no run was made and the ladder prunes.
+    return run_to_dict(run) if run is not None else None
 
 
 @receiver(session_compaction_requested)

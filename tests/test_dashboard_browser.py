@@ -234,7 +234,7 @@ def test_it_previews_runs_and_reverts_a_compaction_live_as_staff(
     page.evaluate("window.__stayed = true")  # gone if the page reloads
     page.get_by_role("button", name="Compact now (summarize)").click()
     page.wait_for_function(
-        "document.getElementById('notice').textContent.startsWith('Compaction complete! Reduced from')"
+        "document.getElementById('notice').textContent.startsWith('Compaction complete! ')"
     )
     frames = page.evaluate("window.__frames")
     assert any("Compacting conversation to reduce size…" in frame for frame in frames)
@@ -242,8 +242,9 @@ def test_it_previews_runs_and_reverts_a_compaction_live_as_staff(
     run = CompactionRun.objects.get(session=session)
     assert run.status == RunStatus.COMPLETED
     assert notice == (
-        f"Compaction complete! Reduced from {run.events_before} to {run.events_after} events "
-        f"({run.event_reduction_percent}% reduction)"
+        f"Compaction complete! {run.tokens_before:,} → {run.tokens_after:,} tokens "
+        f"({round(100 * (run.tokens_before - run.tokens_after) / run.tokens_before)}% reduction), "
+        f"{run.folded_count} events folded"
     )
     page.wait_for_function(
         f"document.getElementById('ctx-tokens').textContent === '{run.tokens_after:,}'"

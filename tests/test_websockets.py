@@ -306,7 +306,11 @@ def test_it_pushes_compaction_start_then_complete_to_the_session_feed(worker, al
     assert complete["success"] is True and complete["error"] is None
     assert complete["tokensAfter"] < complete["tokensBefore"]
     assert complete["eventsAfter"] < complete["eventsBefore"]
-    assert complete["message"].startswith("Compaction complete! Reduced from ")
+    assert complete["message"] == (
+        f"Compaction complete! {complete['tokensBefore']:,} → {complete['tokensAfter']:,} tokens "
+        f"({round(100 * (1 - complete['tokensAfter'] / complete['tokensBefore']))}% reduction), "
+        f"{complete['eventsBefore'] - complete['eventsAfter'] + 1} events folded"
+    )
     assert usage["usage"]["contextTokens"] == complete["tokensAfter"]
 
 

@@ -87,6 +87,16 @@ def session_frame(
             )
         )
         parts = ["notice", "controls", *SESSION_PARTS]
+    elif kind == "COMPACTION_REVERTED":
+        extra.update(
+            notice_context(
+                "Compaction reverted: the folded events are active again "
+                f"({message.get('tokensBefore') or 0:,} → {message.get('tokensAfter') or 0:,} "
+                "tokens).",
+                level="success",
+            )
+        )
+        parts = ["notice", "controls", *SESSION_PARTS]
     context = session_context(session=session, user=user, **extra)
     return render_parts(SESSION_TEMPLATE, parts, context)
 

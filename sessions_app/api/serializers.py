@@ -154,6 +154,7 @@ class EventOutSerializer(serializers.ModelSerializer):
             "metadata",
             "compactedBy",
             "cleared",
+            "reverted",
             "createdAt",
         ]
         read_only_fields = fields
@@ -339,6 +340,7 @@ def _event_dict(event: Event) -> dict[str, Any]:
         "metadata": event.metadata,
         "compactedBy": str(event.compacted_by_id) if event.compacted_by_id else None,
         "cleared": event.cleared_content is not None,
+        "reverted": event.reverted,
         "createdAt": iso_datetime(event.created_at),
     }
 
