@@ -166,9 +166,11 @@ def live_url(django_db_setup, django_db_blocker):
         thread.join(timeout=10)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser():
-    """Debian's Chromium through Playwright (never a downloaded browser)."""
+    """Debian's Chromium through Playwright (never a downloaded browser). Per module: while
+    Playwright runs, its asyncio loop is registered on the main thread, which would make
+    Django refuse the ORM in every later test of the process."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:

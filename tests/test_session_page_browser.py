@@ -199,6 +199,10 @@ def test_it_fits_a_phone(worker, alice, live_url, browser, width, height):
     # No staff controls for a user, even on a phone.
     assert page.locator("#auto-toggle").count() == 0
     if os.environ.get("UPDATE_SCREENSHOTS") == "1":
-        page.screenshot(path=str(PHONE_SHOT), full_page=True)
+        page.screenshot(
+            path=str(PHONE_SHOT),
+            full_page=True,
+            clip={"x": 0, "y": 0, "width": width, "height": 1700},
+        )
     shot(page, "session-trace-phone.png")
     page.context.close()
