@@ -372,10 +372,8 @@ def _compaction_body(
 
 
 def _hits(data: Any) -> list[SearchHit]:
-    items: list[Any] = (
-        data.get("results", data.get("hits", [])) if isinstance(data, dict) else data or []
-    )
-    return [SearchHit.from_api(item) for item in items]
+    items = data.get("results", data.get("hits")) if isinstance(data, dict) else data
+    return [SearchHit.from_api(item) for item in items or []]
 
 
 class _Base:
