@@ -4,6 +4,7 @@ thread replacing the local counts after the append answered."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 
@@ -56,7 +57,7 @@ def counting(settings, fake):
     return fake
 
 
-def claude_session(api, *, turns=TURNS, before_append=None) -> str:
+def claude_session(api, *, turns=TURNS, before_append=None, on_created=None) -> str:
     response = api.post(
         "/api/v1/sessions",
         {"model": "claude-3.5-sonnet", "systemPrompt": SYSTEM, "settings": {"autoCompact": False}},
@@ -64,6 +65,8 @@ def claude_session(api, *, turns=TURNS, before_append=None) -> str:
     )
     assert response.status_code == 201, response.json()
     session_id = response.json()["id"]
+    if on_created is not None:
+        on_created(session_id)
     if before_append is not None:
         before_append()
     response = api.post(f"/api/v1/sessions/{session_id}/events", turns, format="json")
@@ -99,15 +102,23 @@ def count_requests(fake) -> int:
 
 
 def test_it_stores_the_local_count_at_once_and_the_apis_exact_count_after(
-    counting, worker, alice_api
+    counting, worker, alice_api, settings
 ):
     counting.script(slow(0.3))  # the first count call is slow: the append does not wait
     layer = get_channel_layer()
     channel = async_to_sync(layer.new_channel)()
+
+    def subscribe_and_switch_on() -> None:
+        async_to_sync(layer.group_add)(session_group(session_ids[0]), channel)
+        settings.LEDGER_ANTHROPIC_COUNT_TOKENS = True
+
+    session_ids: list[str] = []
+    settings.LEDGER_ANTHROPIC_COUNT_TOKENS = False
     started = time.monotonic()
-    session_id = claude_session(alice_api)
+    session_id = claude_session(
+        alice_api, before_append=subscribe_and_switch_on, on_created=session_ids.append
+    )
     assert time.monotonic() - started < 5
-    async_to_sync(layer.group_add)(session_group(session_id), channel)
     local = alice_api.get(f"/api/v1/sessions/{session_id}/usage").json()
     assert local["exact"] is False
     assert all(
@@ -135,11 +146,16 @@ def test_it_stores_the_local_count_at_once_and_the_apis_exact_count_after(
     assert "sk-ant-test" in str(request.headers), request.headers
     assert request.body["model"] == "claude-3.5-sonnet"
 
-    def usage_updated_exact():
-        message = async_to_sync(layer.receive)(channel)["message"]
-        return message["type"] == "USAGE_UPDATED" and message["usage"]["exact"]
+    async def usage_updates() -> list[dict]:
+        seen: list[dict] = []
+        while not (seen and seen[-1]["usage"]["exact"]):
+            message = (await asyncio.wait_for(layer.receive(channel), 10))["message"]
+            if message["type"] == "USAGE_UPDATED":
+                seen.append(message)
+        return seen
 
-    wait_until(usage_updated_exact, timeout=10)
+    updates = async_to_sync(usage_updates)()
+    assert updates[-1]["usage"]["contextTokens"] == whole_request_count() + 3
 
 
 def test_it_caches_the_system_prompt_count_by_its_content(counting, worker, alice_api):
@@ -157,10 +173,17 @@ def test_it_caches_the_system_prompt_count_by_its_content(counting, worker, alic
     [rate_limited(retry_after=1), server_error(500), slow(2.0)],
     ids=["429-retry-after", "500", "timeout"],
 )
-def test_it_retries_rate_limits_outages_and_timeouts(counting, worker, alice_api, failure):
+def test_it_retries_rate_limits_outages_and_timeouts(
+    counting, worker, alice_api, settings, failure
+):
     counting.script(failure)
+
+    def switch_on() -> None:
+        settings.LEDGER_ANTHROPIC_COUNT_TOKENS = True
+
+    settings.LEDGER_ANTHROPIC_COUNT_TOKENS = False  # one task: the turns' append
     started = time.monotonic()
-    session_id = claude_session(alice_api)
+    session_id = claude_session(alice_api, before_append=switch_on)
     wait_until(lambda: all_exact(session_id))
     assert (
         sum(e.token_count for e in Event.objects.filter(session_id=session_id))
