@@ -130,6 +130,9 @@ def test_it_starts_waits_for_and_reverts_a_compaction(alice_client):
     session = _session(alice_client)
     alice_client.append_many(session.id, TURNS)
     before = alice_client.usage(session.id).context_tokens
+    plan = alice_client.plan_compaction(session.id, strategy="summarize")
+    assert plan["dryRun"] is True and plan["tokensBefore"] == before
+    assert alice_client.compactions(session.id) == []  # a dry run changes nothing
     started = alice_client.start_compaction(session.id, strategy="summarize")
     assert isinstance(started, Compaction) and started.status == "pending"
     run = alice_client.wait_compaction(started.id, timeout=60)

@@ -573,6 +573,16 @@ class Client(_Base):
             self._request("POST", f"sessions/{session_id}/compactions", json=body)
         )
 
+    def plan_compaction(
+        self, session_id: str, *, strategy: str | None = None, **extra: Any
+    ) -> dict[str, Any]:
+        """A dry run: the plan (events to fold, projected tokensAfter…), nothing changed."""
+        body = _compaction_body(strategy, None, {**extra, "dry_run": True})
+        result: dict[str, Any] = self._request(
+            "POST", f"sessions/{session_id}/compactions", json=body
+        )
+        return result
+
     def compaction(self, compaction_id: str) -> Compaction:
         return Compaction.from_api(self._request("GET", f"compactions/{compaction_id}"))
 
@@ -747,6 +757,15 @@ class AsyncClient(_Base):
         return Compaction.from_api(
             await self._request("POST", f"sessions/{session_id}/compactions", json=body)
         )
+
+    async def plan_compaction(
+        self, session_id: str, *, strategy: str | None = None, **extra: Any
+    ) -> dict[str, Any]:
+        body = _compaction_body(strategy, None, {**extra, "dry_run": True})
+        result: dict[str, Any] = await self._request(
+            "POST", f"sessions/{session_id}/compactions", json=body
+        )
+        return result
 
     async def compaction(self, compaction_id: str) -> Compaction:
         return Compaction.from_api(await self._request("GET", f"compactions/{compaction_id}"))

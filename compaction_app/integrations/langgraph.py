@@ -570,6 +570,10 @@ class LedgerSink:
         running: RunningSummary | None,
     ) -> None:
         """Append the messages not recorded yet (and a note of a new summary), synchronously."""
+        if inspect.iscoroutinefunction(getattr(self.client, "append_many", None)):
+            # An AsyncClient is bound to its event loop: it can only serve `ainvoke`.
+            logger.warning("ledger=: an AsyncClient records under ainvoke only; use Client")
+            return
         try:
             with self._lock:
                 events, ids = self.events_for(
