@@ -135,6 +135,8 @@ def test_it_stores_the_local_count_at_once_and_the_apis_exact_count_after(
     assert events[-1].exact_cumulative_count == whole_request_count()
     usage = alice_api.get(f"/api/v1/sessions/{session_id}/usage").json()
     assert usage["exact"] is True
+    listed = alice_api.get(f"/api/v1/sessions/{session_id}/events").json()["results"]
+    assert {e["tokenProvenance"] for e in listed} == {"anthropic-api"}
     assert usage["contextTokens"] == whole_request_count() + 3  # plus the reply primer
     assert usage["contextTokens"] != local["contextTokens"]
     session = Session.objects.get(pk=session_id)

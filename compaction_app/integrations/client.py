@@ -104,6 +104,7 @@ class Event:
     token_count: int
     token_usage: dict[str, Any] | None
     pinned: bool
+    token_provenance: str
     metadata: dict[str, Any]
     compacted_by: str | None
     cleared: bool
@@ -123,6 +124,7 @@ class Event:
             token_count=data.get("tokenCount", 0),
             token_usage=data.get("tokenUsage"),
             pinned=bool(data.get("pinned", False)),
+            token_provenance=data.get("tokenProvenance", "local"),
             metadata=dict(data.get("metadata") or {}),
             compacted_by=data.get("compactedBy"),
             cleared=bool(data.get("cleared", False)),
