@@ -163,6 +163,7 @@ def test_it_async_client_covers_the_same_calls(live):
             assert finished.status == "completed"
             await client.revert_compaction(run.id)
             assert session.id in [s.id for s in await client.list_sessions()]
+            assert (await client.update_session(session.id, title="async")).title == "async"
             await client.delete_session(session.id)
             with pytest.raises(LedgerError) as caught:
                 await client.get_session(session.id)

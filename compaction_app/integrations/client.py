@@ -698,6 +698,23 @@ class AsyncClient(_Base):
                 return sessions
             page += 1
 
+    async def update_session(
+        self,
+        session_id: str,
+        *,
+        title: str | None = None,
+        context_limit: int | None = None,
+        settings: Mapping[str, Any] | None = None,
+    ) -> Session:
+        body: dict[str, Any] = {}
+        if title is not None:
+            body["title"] = title
+        if context_limit is not None:
+            body["contextLimit"] = context_limit
+        if settings is not None:
+            body["settings"] = dict(settings)
+        return Session.from_api(await self._request("PATCH", f"sessions/{session_id}", json=body))
+
     async def delete_session(self, session_id: str) -> None:
         await self._request("DELETE", f"sessions/{session_id}")
 
