@@ -17,6 +17,7 @@ from sessions_app.signals import (
     context_hard_limit,
     events_appended,
     session_compaction_requested,
+    token_counts_updated,
 )
 
 logger = logging.getLogger("compaction_app")
@@ -79,3 +80,12 @@ def on_admin_compaction(
         except Conflict:
             continue
     return started
+
+
+@receiver(token_counts_updated)
+def on_token_counts_updated(sender: Any, *, session: Session, **kwargs: Any) -> None:
+    # Exact counts replaced local ones: the totals moved, so watchers get the new usage.
+    try:
+        services.broadcast_usage(session)
+    except Exception:
+        logger.exception("usage broadcast after exact counts failed for session %s", session.pk)

@@ -132,6 +132,7 @@ class EventOutSerializer(serializers.ModelSerializer):
     content = serializers.SerializerMethodField()
     toolCallId = serializers.CharField(source="tool_call_id", read_only=True)
     tokenCount = serializers.IntegerField(source="token_count", read_only=True)
+    tokenProvenance = serializers.CharField(source="token_provenance", read_only=True)
     tokenUsage = serializers.SerializerMethodField()
     compactedBy = serializers.UUIDField(source="compacted_by_id", read_only=True, allow_null=True)
     cleared = serializers.SerializerMethodField()
@@ -149,6 +150,7 @@ class EventOutSerializer(serializers.ModelSerializer):
             "name",
             "toolCallId",
             "tokenCount",
+            "tokenProvenance",
             "tokenUsage",
             "pinned",
             "metadata",
@@ -335,6 +337,7 @@ def _event_dict(event: Event) -> dict[str, Any]:
         "name": event.name,
         "toolCallId": event.tool_call_id,
         "tokenCount": event.token_count,
+        "tokenProvenance": event.token_provenance,
         "tokenUsage": usage,
         "pinned": event.pinned,
         "metadata": event.metadata,
