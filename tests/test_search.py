@@ -372,6 +372,10 @@ def test_it_offers_search_as_you_type_on_the_session_page(alice, alice_api, bob)
     assert '?all=1#event-4"' in html and 'data-seq="4"' in html
     assert "<mark>4be1f07</mark>" in html
 
+    # Without JavaScript the form's GET answers the whole page, results included.
+    full = client.get(f"/sessions/{session_id}/search/", {"q": "4be1f07"}).content.decode()
+    assert "<html" in full and "<mark>4be1f07</mark>" in full and 'id="timeline"' in full
+
     empty = client.get(f"/sessions/{session_id}/search/", {"q": '"'}).content.decode()
     assert "No events match" in empty or empty.strip() == ""
 
