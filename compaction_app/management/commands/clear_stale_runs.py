@@ -67,10 +67,10 @@ class Command(BaseCommand):
         if older_than is not None and older_than < 0:
             raise CommandError("--older-than must be >= 0")
         result = sweep_stale_runs(stale_seconds=older_than)
-        for pk in result.failed:
-            self.stdout.write(f"{pk}: failed (stale)")
-        for pk in result.requeued:
-            self.stdout.write(f"{pk}: queued again")
+        for failed_id in result.failed:
+            self.stdout.write(f"{failed_id}: failed (stale)")
+        for requeued_id in result.requeued:
+            self.stdout.write(f"{requeued_id}: queued again")
         self.stdout.write(
             f"Swept: {len(result.failed)} failed, {len(result.requeued)} queued again."
         )
