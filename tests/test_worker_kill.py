@@ -117,8 +117,15 @@ def provider() -> Iterator[FakeProvider]:
 def workers(transactional_db, settings, tmp_path, provider) -> Iterator[Workers]:
     from django.db import connection
 
-    # The subprocesses must use the database this test runs on, and this process's queue
-    # and channel prefix (both carry a per-process suffix under pytest).
+    from config.celery import app
+
+    # A queue of their own: the session's in-process worker thread (other test modules'
+    # `worker` fixture) consumes the default queue and must not take these tasks.
+    queue = f"{settings.CELERY_TASK_DEFAULT_QUEUE}-kill"
+    default_queue = app.conf.task_default_queue
+    app.conf.task_default_queue = queue
+    # The subprocesses must use the database this test runs on, and this process's channel
+    # prefix (it carries a per-process suffix under pytest).
     database_url = (
         urlsplit(os.environ["DATABASE_URL"])
         ._replace(path="/" + connection.settings_dict["NAME"])
@@ -129,7 +136,7 @@ def workers(transactional_db, settings, tmp_path, provider) -> Iterator[Workers]
         "DATABASE_URL": database_url,
         "DJANGO_SETTINGS_MODULE": "config.settings",
         "PYTHONPATH": str(ROOT),
-        "CELERY_QUEUE": settings.CELERY_TASK_DEFAULT_QUEUE,
+        "CELERY_QUEUE": queue,
         "CHANNELS_PREFIX": settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"],
         "COMPACTION_STALE_SECONDS": str(STALE_SECONDS),
         "COMPACTION_SWEEP_SECONDS": str(SWEEP_SECONDS),
@@ -138,8 +145,11 @@ def workers(transactional_db, settings, tmp_path, provider) -> Iterator[Workers]
         "SUMMARIZER_TIMEOUT_SECONDS": "120",
     }
     pool = Workers(tmp_path=tmp_path, env=env)
-    yield pool
-    pool.stop_all()
+    try:
+        yield pool
+    finally:
+        pool.stop_all()
+        app.conf.task_default_queue = default_queue
 
 
 def _wait_for(condition: Callable[[], Any], *, timeout: float, what: str, logs: Callable[[], str]):
