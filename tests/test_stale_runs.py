@@ -69,12 +69,13 @@ def stale_after_one_second(settings):
 
 
 def test_it_requeues_a_pending_run_whose_task_was_lost_from_the_embedded_timer(
-    worker, alice_api, stale_after_one_second
+    worker, alice_api, settings
 ):
+    settings.COMPACTION_STALE_SECONDS = 5.0
     session_id = grown_session(alice_api, events=coding_turns(count=12))
     # A run whose task died with the in-memory broker of another process (an import, a
     # restarted server): nothing will ever deliver it.
-    lost = _orphan(session_id, status="pending", age=5)
+    lost = _orphan(session_id, status="pending", age=10)
     busy = alice_api.post(f"/api/v1/sessions/{session_id}/compactions", {}, format="json")
     assert busy.status_code == 409
 
@@ -84,7 +85,7 @@ def test_it_requeues_a_pending_run_whose_task_was_lost_from_the_embedded_timer(
     finally:
         sweeper.stop()
     assert run["status"] == "completed"
-    assert CompactionRun.objects.get(pk=lost.pk).requeues == 1
+    assert CompactionRun.objects.get(pk=lost.pk).requeues >= 1
     assert compact_and_wait(alice_api, session_id=session_id)["status"] == "completed"
 
 
@@ -157,20 +158,19 @@ def test_it_fails_a_pending_run_whose_task_was_lost_too_often(alice_api, stale_a
     request_compaction(alice_api, session_id=session_id)
 
 
-def test_it_leaves_runs_with_a_recent_heartbeat_alone(
-    alice_api, alice, bob, stale_after_one_second
-):
+def test_it_leaves_runs_with_a_recent_heartbeat_alone(alice_api, settings):
+    settings.COMPACTION_STALE_SECONDS = 60.0
     running_id = grown_session(alice_api, events=coding_turns(count=3))
     pending_id = grown_session(alice_api, events=coding_turns(count=3))
-    running = _orphan(running_id, status="running", age=0.2)
-    pending = _orphan(pending_id, status="pending", age=0.2)
+    running = _orphan(running_id, status="running", age=1)
+    pending = _orphan(pending_id, status="pending", age=1)
     assert sweep_stale_runs().failed == [] == sweep_stale_runs().requeued
     assert CompactionRun.objects.get(pk=running.pk).status == "running"
     assert CompactionRun.objects.get(pk=pending.pk).status == "pending"
     # The same runs an hour later are stale.
     later = timezone.now() + timedelta(hours=1)
     result = sweep_stale_runs(now=later)
-    assert result.failed == [str(running.pk)]
+    assert result.failed == [str(running.pk)] and result.requeued == [str(pending.pk)]
 
 
 def test_it_ignores_a_duplicate_delivery_of_a_started_run(alice_api):
