@@ -37,9 +37,8 @@ def beat(run_id: uuid.UUID | str) -> bool:
 
 @contextmanager
 def beating(run_id: uuid.UUID | str) -> Iterator[None]:
-    """Beat on a background thread for as long as the block runs, and once more on the way
-    out (a run that leaves the block still running waits for a retry: its countdown starts
-    from a fresh beat)."""
+    """Beat on a background thread for as long as the block runs, and once more when it
+    raises (the run may be left running, waiting for a retry)."""
     stop = threading.Event()
     interval = beat_interval()
 
@@ -57,14 +56,20 @@ def beating(run_id: uuid.UUID | str) -> Iterator[None]:
 
     thread = threading.Thread(target=loop, name=f"heartbeat-{run_id}", daemon=True)
     thread.start()
+    raised = False
     try:
         yield
+    except BaseException:
+        raised = True
+        raise
     finally:
         stop.set()
         # A beat stuck on a lock must not hold up the run's caller; once it gets through it
         # changes nothing (the run is no longer running) and the thread ends.
         thread.join(timeout=5)
-        try:
-            beat(run_id)
-        except Exception:
-            logger.warning("heartbeat of compaction %s failed", run_id, exc_info=True)
+        if raised:
+            # The run may now wait for a retry: its countdown starts from a fresh beat.
+            try:
+                beat(run_id)
+            except Exception:
+                logger.warning("heartbeat of compaction %s failed", run_id, exc_info=True)
