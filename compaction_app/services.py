@@ -21,6 +21,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from compaction_app import broadcast
+from compaction_app.heartbeat import beating
 from compaction_app.models import ACTIVE_STATUSES, CompactionRun, RunningSummary, RunStatus, Trigger
 from compaction_app.selectors import latest_revertible_run
 from compaction_app.signals import memory_flush
@@ -227,19 +228,31 @@ def _summary_messages(events: Sequence[Event]) -> list[SummaryMessage]:
     return messages
 
 
-def compaction_execute(*, run_id: uuid.UUID | str, final_attempt: bool = True) -> CompactionRun:
+def compaction_execute(
+    *, run_id: uuid.UUID | str, final_attempt: bool = True, attempt: int | None = None
+) -> CompactionRun:
     """Execute a pending run (the Celery task's body). Idempotent: a finished run is returned
     unchanged. A transient provider error raises TransientCompactionError unless this is the
-    final attempt, in which case the run fails cleanly like a permanent error."""
+    final attempt, in which case the run fails cleanly like a permanent error.
+
+    `attempt` is the number of earlier attempts this delivery follows (the task's retry
+    count). A delivery that finds more attempts recorded is a duplicate — the broker
+    redelivered the task after its visibility timeout, or the sweeper re-queued a run whose
+    task was only late — and leaves the run to the delivery that started it (or, if that one
+    died, to the sweeper)."""
     with transaction.atomic():
         run = CompactionRun.objects.select_for_update().select_related("session").get(pk=run_id)
         if run.status in (RunStatus.COMPLETED, RunStatus.FAILED):
             return run
+        if attempt is not None and run.attempts > attempt:
+            logger.info("compaction %s: duplicate delivery ignored", run_id)
+            return run
         first_start = run.status == RunStatus.PENDING
         run.status = RunStatus.RUNNING
         run.started_at = run.started_at or timezone.now()
+        run.heartbeat_at = timezone.now()
         run.attempts += 1
-        run.save(update_fields=["status", "started_at", "attempts"])
+        run.save(update_fields=["status", "started_at", "heartbeat_at", "attempts"])
     session = run.session
     if first_start:
         broadcast.broadcast(
@@ -255,7 +268,8 @@ def compaction_execute(*, run_id: uuid.UUID | str, final_attempt: bool = True) -
             },
         )
     try:
-        run = _execute(run)
+        with beating(run.pk):
+            run = _execute(run)
     except SummarizerError as exc:
         if not exc.permanent and not final_attempt:
             raise TransientCompactionError(str(exc)) from exc
@@ -481,13 +495,7 @@ def _announce_complete(run_id: uuid.UUID) -> None:
 
 def complete_message(run: CompactionRun) -> dict[str, Any]:
     success = run.status == RunStatus.COMPLETED
-    if success:
-        text = (
-            f"Compaction complete! Reduced from {run.events_before} to {run.events_after} events "
-            f"({run.event_reduction_percent or 0}% reduction)"
-        )
-    else:
-        text = f"Compaction failed: {run.error}"
+    text = completion_text(run) if success else f"Compaction failed: {run.error}"
     return {
         "type": "COMPACTION_COMPLETE",
         "sessionId": str(run.session_id),
@@ -501,6 +509,21 @@ def complete_message(run: CompactionRun) -> dict[str, Any]:
         "error": run.error or None,
         "message": text,
     }
+
+
+def completion_text(run: CompactionRun) -> str:
+    """The human line for a completed run, tokens first (what a run is for), e.g.
+    "Compaction complete! 11,319 → 3,495 tokens (69% reduction), 21 events folded"."""
+    before, after = run.tokens_before or 0, run.tokens_after or 0
+    change = round(100 * (before - after) / before) if before else 0
+    effect = f"{change}% reduction" if change >= 0 else f"{-change}% increase"
+    count = run.folded_count
+    # clear_tool_results folds nothing: what it counts are the results it cleared.
+    if run.strategy == "clear_tool_results":
+        what = "tool result cleared" if count == 1 else "tool results cleared"
+    else:
+        what = "event folded" if count == 1 else "events folded"
+    return f"Compaction complete! {before:,} → {after:,} tokens ({effect}), {count:,} {what}"
 
 
 def run_snapshot(run: CompactionRun) -> dict[str, Any]:
@@ -525,9 +548,12 @@ def compaction_revert(*, run: CompactionRun) -> CompactionRun:
         latest = latest_revertible_run(session=locked)
         if latest is None or latest.pk != run.pk or run.compaction_event_id is None:
             raise Conflict(
-                "only the session's latest completed compaction can be reverted",
+                "only the session's latest completed compaction can be reverted"
+                + (f": that is {latest.pk}" if latest is not None else "; there is none"),
                 code="not_revertible",
+                revertibleCompactionId=str(latest.pk) if latest is not None else None,
             )
+        tokens_before = locked.context_tokens
         if CompactionRun.objects.filter(session=locked, status__in=ACTIVE_STATUSES).exists():
             raise Conflict("a compaction is pending or running", code="compaction_in_progress")
         marker_id = run.compaction_event_id
@@ -558,7 +584,20 @@ def compaction_revert(*, run: CompactionRun) -> CompactionRun:
         session_record_compaction(
             session_id=locked.pk, snapshot={**run_snapshot(run), "reverted": True}
         )
-        transaction.on_commit(lambda: broadcast_usage(Session.objects.get(pk=locked.pk)))
+        reverted_message = {
+            "type": "COMPACTION_REVERTED",
+            "sessionId": str(locked.pk),
+            "compactionId": str(run.pk),
+            "tokensBefore": tokens_before,
+            "tokensAfter": locked.context_tokens,
+        }
+        session_id, owner_id = locked.pk, locked.owner_id
+
+        def announce() -> None:
+            broadcast.broadcast(session_id=session_id, owner_id=owner_id, message=reverted_message)
+            broadcast_usage(Session.objects.get(pk=session_id))
+
+        transaction.on_commit(announce)
     return run
 
 
@@ -567,7 +606,8 @@ def maybe_auto_compact(
 ) -> CompactionRun | None:
     """After an append: start a refresh when the cumulative counter crossed its threshold, or
     an auto compaction when the context crossed the compact threshold (at most once per
-    cooldown). `session` is the row as the append committed it, when the caller has it.
+    cooldown), or, within the cooldown, a `hard_limit` one when it crossed the hard limit.
+    `session` is the row as the append committed it, when the caller has it.
     Never raises: a failure here must not reach the appending client."""
     try:
         if session is None:
@@ -598,14 +638,21 @@ def maybe_auto_compact(
             return None
         cooldown = int(settings.get("cooldownSeconds", 60))
         since = timezone.now() - timedelta(seconds=cooldown)
+        trigger = Trigger.AUTO
         if CompactionRun.objects.filter(
             Q(created_at__gte=since) | Q(status__in=ACTIVE_STATUSES),
             session=session,
             trigger=Trigger.AUTO,
         ).exists():
-            return None
+            # The cooldown only spaces threshold-triggered runs. Past the hard limit the
+            # context no longer fits: compact now, unless there is nothing left to fold.
+            if session.usage_ratio < float(settings.get("hardLimitThreshold", 0.95)):
+                return None
+            if compaction_plan(session=session).plan.is_empty:
+                return None
+            trigger = Trigger.HARD_LIMIT
         try:
-            return compaction_request(session=session, user=None, trigger=Trigger.AUTO)
+            return compaction_request(session=session, user=None, trigger=trigger)
         except Conflict:
             return None
     except Exception:
@@ -618,7 +665,13 @@ def compaction_run_sync(
     session: Session,
     user: AbstractBaseUser | AnonymousUser | None,
     trigger: str = Trigger.HARD_LIMIT,
-) -> CompactionRun:
-    """Request and execute a run in this thread (the /context hard-limit path)."""
+) -> CompactionRun | None:
+    """Request and execute a run in this thread (the /context hard-limit path).
+
+    Plans first: when the session's strategy would fold and clear nothing, no run is created
+    and None is returned, so a read that reaches the hard limit writes (and broadcasts)
+    nothing needlessly; the caller prunes instead."""
+    if compaction_plan(session=session).plan.is_empty:
+        return None
     run = compaction_request(session=session, user=user, trigger=trigger, enqueue=False)
     return compaction_execute(run_id=run.pk, final_attempt=True)

@@ -215,13 +215,14 @@ def test_it_exports_only_active_events_unless_asked(alice, tmp_path):
     )
 
     active = [json.loads(line) for line in run_export(session_id)[0].splitlines()]
+    # The order /context sends: system prompt, summary, kept events.
     assert active == [
         MESSAGES[0],
+        {"role": "system", "content": "Summary: bug fixed."},
         MESSAGES[5],
         MESSAGES[6],
         MESSAGES[7],
         MESSAGES[8],
-        {"role": "system", "content": "Summary: bug fixed."},
     ]
     everything = [
         json.loads(line) for line in run_export(session_id, "--include-compacted")[0].splitlines()
@@ -234,3 +235,60 @@ def test_it_refuses_an_unknown_session(db):
         run_export("00000000-0000-0000-0000-000000000000")
     with pytest.raises(CommandError, match="no session"):
         run_export("nope")
+
+
+def test_it_exports_the_active_context_in_the_order_context_sends_it(alice_api):
+    from compaction_app import services
+    from tests.helpers import SYSTEM_PROMPT, append_events, coding_turns, create_session
+
+    session_id = create_session(alice_api, limit=8000)
+    append_events(alice_api, session_id=session_id, events=coding_turns(count=8))
+    run = services.compaction_request(
+        session=Session.objects.get(pk=session_id), user=None, strategy="summarize", enqueue=False
+    )
+    assert services.compaction_execute(run_id=run.pk).status == "completed"
+
+    sent = alice_api.get(f"/api/v1/sessions/{session_id}/context").json()
+    exported = [json.loads(line) for line in run_export(session_id)[0].splitlines()]
+    # The export keeps each tool message's name (import reads it back); the API has no such field.
+    assert [{k: v for k, v in m.items() if k != "name"} for m in exported] == sent["messages"]
+    # System prompt, summary, kept events.
+    assert exported[0] == {"role": "system", "content": SYSTEM_PROMPT}
+    assert exported[1] == {"role": "system", "content": sent["summary"]}
+    assert all(m["role"] != "system" for m in exported[2:])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_leaves_no_compaction_pending_after_an_import_past_the_threshold(
+    alice, alice_api, tmp_path, settings, request
+):
+    from tests.helpers import request_compaction, wait_for_run
+
+    in_memory_broker = settings.CELERY_BROKER_URL.startswith("memory://")
+    if not in_memory_broker:
+        request.getfixturevalue("worker")  # production: the server's workers take the run
+    messages = [{"role": "system", "content": "You are a coding agent."}]
+    for turn in range(40):
+        messages += [
+            {"role": "user", "content": f"Please fix bug {turn} in src/module_{turn}.py"},
+            {"role": "assistant", "content": f"Fixed bug {turn}: KeyError in handler_{turn}."},
+        ]
+    counter = tokens.counter_for_model("gpt-4o")
+    context_tokens = 3 + sum(
+        tokens.message_tokens(counter, role=m["role"], content=m["content"]) for m in messages
+    )
+    path = write_jsonl(tmp_path / "chat.jsonl", messages)
+    # Lands at 84 %: above the compact threshold, below the hard limit.
+    limit = int(context_tokens / 0.84)
+    session_id, err = run_import(path, user="alice", model="gpt-4o", context_limit=limit)
+
+    runs = alice_api.get(f"/api/v1/sessions/{session_id}/compactions").json()["results"]
+    assert [r["trigger"] for r in runs] == ["auto"]
+    # The command's in-memory broker dies with it: the run happened in the command.
+    run = runs[0] if in_memory_broker else wait_for_run(alice_api, run_id=runs[0]["id"])
+    assert run["status"] == "completed", run
+    assert run["tokensBefore"] == context_tokens
+    if in_memory_broker:
+        assert "Compaction (auto, summarize) ran in this process: completed" in err
+    # Nothing is left pending, so the next compaction is accepted.
+    request_compaction(alice_api, session_id=session_id, strategy="trim")
