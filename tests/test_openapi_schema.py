@@ -319,6 +319,15 @@ def test_it_documents_every_response_of_every_operation(api_schema, alice, setti
     )
     walk("GET", S + "/context", 422, ids={"session_id": tiny["id"]})
 
+    # Search and recall.
+    walk("GET", S + "/search", 200, ids=full_ids, query={"q": "turn"})
+    walk("GET", S + "/search", 400, ids=full_ids, query={"q": "turn", "limit": "0"})
+    walk("GET", V + "/search", 200, query={"q": "turn"})
+    walk("GET", V + "/search", 400, query={})
+    walk("POST", S + "/recall", 200, ids=full_ids, body={"query": "turn", "maxTokens": 200})
+    walk("POST", S + "/recall", 400, ids=full_ids, body={"query": "turn", "seqs": [1]})
+    walk("POST", S + "/recall", 404, ids={"session_id": str(uuid.uuid4())}, body={"seqs": [1]})
+
     walk("POST", V + "/tokens/count", 200, body={"model": "gpt-4o", "text": "hello"})
     walk("POST", V + "/tokens/count", 400, body={"model": "gpt-4o"})
     walk("GET", V + "/models", 200)

@@ -11,6 +11,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from sessions_app import search, selectors
+from sessions_app.api.openapi import BODY, errors
 from sessions_app.errors import InvalidInput
 
 _HIT_FIELDS: dict[str, serializers.Field] = {
@@ -61,10 +62,13 @@ def hit_out(hit: search.SearchHit, *, with_session: bool = False) -> dict[str, A
 class SessionSearchView(APIView):
     @extend_schema(
         parameters=_SEARCH_PARAMETERS,
-        responses=inline_serializer(
-            "SessionSearchOut",
-            {"results": inline_serializer("SearchHit", _HIT_FIELDS, many=True)},
-        ),
+        responses={
+            200: inline_serializer(
+                "SessionSearchOut",
+                {"results": inline_serializer("SearchHit", _HIT_FIELDS, many=True)},
+            ),
+            **errors(400, 404),
+        },
         description="Full-text search over every event of the session, folded ones included.",
     )
     def get(self, request: Request, session_id: str) -> Response:
@@ -77,20 +81,23 @@ class SessionSearchView(APIView):
 class SearchView(APIView):
     @extend_schema(
         parameters=_SEARCH_PARAMETERS,
-        responses=inline_serializer(
-            "SearchOut",
-            {
-                "results": inline_serializer(
-                    "SessionSearchHit",
-                    {
-                        **_HIT_FIELDS,
-                        "sessionId": serializers.UUIDField(),
-                        "sessionTitle": serializers.CharField(),
-                    },
-                    many=True,
-                )
-            },
-        ),
+        responses={
+            200: inline_serializer(
+                "SearchOut",
+                {
+                    "results": inline_serializer(
+                        "SessionSearchHit",
+                        {
+                            **_HIT_FIELDS,
+                            "sessionId": serializers.UUIDField(),
+                            "sessionTitle": serializers.CharField(),
+                        },
+                        many=True,
+                    )
+                },
+            ),
+            **errors(400),
+        },
         description="Full-text search across your sessions (staff: every session).",
     )
     def get(self, request: Request) -> Response:
@@ -119,7 +126,7 @@ class RecallInSerializer(serializers.Serializer):
 class RecallView(APIView):
     @extend_schema(
         request=RecallInSerializer,
-        responses=OpenApiTypes.OBJECT,
+        responses={200: OpenApiTypes.OBJECT, **errors(*BODY, 404)},
         description="Original events (folded ones included) as messages ready to send, "
         "within maxTokens; a TOOL_CALL and its TOOL_RESULT always come together.",
     )
