@@ -487,3 +487,32 @@ def test_it_refuses_a_settings_integer_past_its_bound(alice_api, session, key, v
     assert_refused(patched, 400, "invalid_settings", f"settings.{key}")
     assert state(session["id"]) == before
     assert Session.objects.count() == 1
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"seqs": [2**63]}, "seqs[0]"),
+        ({"seqs": [10**30]}, "seqs[0]"),
+        ({"query": "x", "maxTokens": 10**30}, "maxTokens"),
+    ],
+)
+def test_it_refuses_huge_numbers_in_a_recall(alice_api, session, body, field):
+    response = alice_api.post(f"{SESSIONS}/{session['id']}/recall", body, format="json")
+    assert_refused(response, 400, "invalid_request", field)
+
+
+@pytest.mark.parametrize(
+    ("path", "query"),
+    [
+        ("events", "after=99999999999999999999"),
+        ("events", "after="),
+        ("events", "limit=1_0"),
+        ("search", "q=x&limit=1_0"),
+        ("search", "q=x&limit=99999999999999999999"),
+        ("context", "maxTokens=%205"),
+    ],
+)
+def test_it_refuses_malformed_or_huge_integer_parameters(alice_api, session, path, query):
+    response = alice_api.get(f"{SESSIONS}/{session['id']}/{path}?{query}")
+    assert_refused(response, 400, "invalid_parameter", query.split("&")[-1].split("=")[0])

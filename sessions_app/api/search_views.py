@@ -13,6 +13,7 @@ from rest_framework.views import APIView
 from sessions_app import search, selectors
 from sessions_app.api.openapi import BODY, errors
 from sessions_app.errors import InvalidInput
+from sessions_app.services import MAX_CONTEXT_LIMIT
 
 _HIT_FIELDS: dict[str, serializers.Field] = {
     "seq": serializers.IntegerField(),
@@ -30,10 +31,8 @@ _SEARCH_PARAMETERS = [
 
 def _limit(request: Request) -> int:
     raw = request.query_params.get("limit") or str(search.DEFAULT_LIMIT)
-    try:
-        value = int(raw)
-    except ValueError:
-        value = 0
+    # ASCII digits only: int() would also take "1_0" or " 5".
+    value = int(raw) if raw.isascii() and raw.isdigit() and len(raw) < 10 else 0
     if not 1 <= value <= search.MAX_LIMIT:
         raise InvalidInput(
             f"limit must be an integer between 1 and {search.MAX_LIMIT}",
@@ -109,12 +108,15 @@ class SearchView(APIView):
 class RecallInSerializer(serializers.Serializer):
     query = serializers.CharField(required=False, max_length=search.MAX_QUERY_CHARS)
     seqs = serializers.ListField(
-        child=serializers.IntegerField(min_value=1),
+        # Bounded like the seq column, so a huge number is a 400, not a database overflow.
+        child=serializers.IntegerField(min_value=1, max_value=2**63 - 1),
         required=False,
         min_length=1,
         max_length=search.RECALL_MAX_SEQS,
     )
-    maxTokens = serializers.IntegerField(required=False, min_value=1)  # noqa: N815 - API name
+    maxTokens = serializers.IntegerField(  # noqa: N815 - API name
+        required=False, min_value=1, max_value=MAX_CONTEXT_LIMIT
+    )
     format = serializers.ChoiceField(choices=["openai", "anthropic"], default="openai")
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
