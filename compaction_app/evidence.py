@@ -658,6 +658,8 @@ def _digit_token(out: _Out, text: str, core: str, prev: str, start: int, end: in
         out.add("migration", core, core.lower(), start, end)
         return
     if _TICKET_TOKEN.fullmatch(core):
+        if core.startswith("#") and text[start - 1 : start] in ("[", "-"):
+            return  # a summary's own citation, [#812-#840]
         if not core.startswith(("UTF-", "ISO-", "SHA-", "RFC-", "AES-", "TLS-", "SSL-", "HTTP-")):
             out.add("ticket", core, core.lower(), start, end)
         return

@@ -15,6 +15,20 @@ class CompactionRequestSerializer(serializers.Serializer):
     targetRatio = serializers.FloatField(required=False, min_value=0.01, max_value=1.0)
 
 
+class DroppedEvidenceSerializer(serializers.Serializer):
+    kind = serializers.CharField()
+    text = serializers.CharField()
+    seq = serializers.IntegerField()
+
+
+class LossReportSerializer(serializers.Serializer):
+    evidenceBefore = serializers.IntegerField()
+    evidenceKept = serializers.IntegerField()
+    keptPercent = serializers.FloatField()
+    dropped = DroppedEvidenceSerializer(many=True)
+    droppedTotal = serializers.IntegerField()
+
+
 class CompactionSerializer(serializers.Serializer):
     id = serializers.UUIDField()
     sessionId = serializers.UUIDField()
@@ -33,6 +47,7 @@ class CompactionSerializer(serializers.Serializer):
     startedAt = serializers.DateTimeField(allow_null=True)
     finishedAt = serializers.DateTimeField(allow_null=True)
     revertedAt = serializers.DateTimeField(allow_null=True)
+    lossReport = LossReportSerializer(allow_null=True)
 
 
 def run_to_dict(run: CompactionRun) -> dict[str, Any]:
@@ -57,6 +72,7 @@ def run_to_dict(run: CompactionRun) -> dict[str, Any]:
         "startedAt": iso(run.started_at),
         "finishedAt": iso(run.finished_at),
         "revertedAt": iso(run.reverted_at),
+        "lossReport": run.loss_report,
     }
 
 

@@ -21,7 +21,7 @@ SESSION_TEMPLATE = "dashboard/session.html"
 SESSIONS_TEMPLATE = "dashboard/sessions.html"
 
 # Every live part of the session page, in page order.
-SESSION_PARTS = ("gauge", "chart", "history", "summary", "timeline")
+SESSION_PARTS = ("gauge", "chart", "history", "losses", "summary", "timeline")
 
 
 def session_context(
@@ -40,10 +40,19 @@ def session_context(
         else None,
         "series": series,
         "timeline": queries.timeline(session=session, show_all=show_all),
+        "loss_run": latest_loss_run(view.runs),
         "is_staff": bool(getattr(user, "is_staff", False)),
         "user": user,
         **extra,
     }
+
+
+def latest_loss_run(runs: Iterable[CompactionRun]) -> CompactionRun | None:
+    """The newest completed, not reverted run that has a loss report."""
+    for run in runs:
+        if run.status == "completed" and run.loss_report and not run.reverted_at:
+            return run
+    return None
 
 
 def render_parts(
@@ -79,6 +88,15 @@ def session_frame(
             )
         )
         parts = ["notice", "gauge", "controls", "history"]
+    elif kind == "COMPACTION_PENDING":
+        extra.update(
+            notice_context(
+                f"Context at {message.get('percentUsed')} %: an automatic compaction is about "
+                "to start. Pin any event that must stay.",
+                level="warn",
+            )
+        )
+        parts = ["notice", "gauge"]
     elif kind == "COMPACTION_COMPLETE":
         success = bool(message.get("success"))
         extra.update(

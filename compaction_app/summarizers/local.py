@@ -702,9 +702,8 @@ class LocalSummarizer(Summarizer):
             for text in previous.get(_WORKING, []):
                 if text.startswith("Recent tool calls:"):
                     collector.add(_WORKING, text, 5)
-        items = _latest_statements(list(collector.items.values()))
-        items = _novel(items, self.kept_text)
-        return self._fit(items, max_tokens=max_tokens)
+        candidates = _latest_statements(list(collector.items.values()))
+        return self._fit(_novel(candidates, self.kept_text), max_tokens=max_tokens)
 
     # --- extraction ---------------------------------------------------------------------------
 
@@ -768,15 +767,15 @@ class LocalSummarizer(Summarizer):
                 break
         # The evidence a continuation needs verbatim: exit codes, statuses, tallies, hashes,
         # schema names, settings, versions, addresses. Repeats of one shape collapse.
-        for item in extract(content, seq=seq):
-            section = _EVIDENCE_SECTIONS.get(item.kind)
+        for found in extract(content, seq=seq):
+            section = _EVIDENCE_SECTIONS.get(found.kind)
             if section is None:
                 continue
-            if item.kind == "exit" and item.key == "exit:0":
+            if found.kind == "exit" and found.key == "exit:0":
                 continue
-            if item.kind == "http_status" and item.key < "http_status:400":
+            if found.kind == "http_status" and found.key < "http_status:400":
                 continue
-            text = f"{label} output: {item.line}"
+            text = f"{label} output: {found.line}"
             if _key(_clip(text)) in added:
                 continue
             added.add(_key(_clip(text)))
@@ -785,7 +784,7 @@ class LocalSummarizer(Summarizer):
                 text,
                 # Not `_score`: quoted output is penalised there, but these lines are the
                 # evidence itself.
-                _BASE[section] + _EVIDENCE_BONUS.get(item.kind, 0),
+                _BASE[section] + _EVIDENCE_BONUS.get(found.kind, 0),
                 seq=seq,
                 collapse=section == _ISSUES,
             )
