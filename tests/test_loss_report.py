@@ -85,9 +85,7 @@ def test_it_reports_what_a_trim_run_dropped_with_the_seq_of_each_item(worker, al
     assert report["droppedTotal"] > 0
     assert report["keptPercent"] < 100
     first_result = next(e for e in events if e["type"] == "TOOL_RESULT")
-    assert {"kind": "commit", "text": "00ab00cd9e", "seq": first_result["seq"]} in report[
-        "dropped"
-    ]
+    assert {"kind": "commit", "text": "00ab00cd9e", "seq": first_result["seq"]} in report["dropped"]
 
 
 @pytest.mark.django_db(transaction=True)

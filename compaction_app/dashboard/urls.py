@@ -14,6 +14,16 @@ urlpatterns = [
     ),
     path("sessions/<uuid:session_id>/compact/", views.compaction_start, name="compaction-start"),
     path(
+        "sessions/<uuid:session_id>/auto-compact/",
+        views.auto_compact_toggle,
+        name="auto-compact",
+    ),
+    path(
+        "sessions/<uuid:session_id>/compactions/<uuid:run_id>/",
+        views.compaction_detail,
+        name="compaction",
+    ),
+    path(
         "sessions/<uuid:session_id>/compactions/<uuid:run_id>/revert/",
         views.compaction_revert,
         name="compaction-revert",
