@@ -14,6 +14,7 @@ from django.template.loader import render_to_string
 
 from compaction_app.dashboard import queries
 from compaction_app.dashboard.chart import chart_geometry
+from compaction_app.models import CompactionRun
 from sessions_app.models import Session
 
 SESSION_TEMPLATE = "dashboard/session.html"
