@@ -471,6 +471,13 @@ _EVIDENCE_BONUS = {
     "tag": 5,
     "command": 4,
 }
+_MAX_LINES_PER_KIND = 3
+_SALIENT = re.compile(
+    r"\b(?:fail(?:ed|s|ure)?|error|bad|broken|denied|refused|violat\w*|invalid|missing"
+    r"|does not exist|not found|crash\w*|killed|regression|changed|installed|upgraded)\b"
+    r"|^[+-](?![+-])",
+    re.IGNORECASE,
+)
 _PROSE_KINDS = frozenset({"decision", "plan", "cause", "todo", "correction"})
 
 
@@ -516,6 +523,21 @@ def _call_summary(message: SummaryMessage) -> tuple[str, list[str]]:
             target = json.dumps(args, sort_keys=True)
     label = f"{message.name or 'tool'} {_clip(target)[:120]}".strip()
     return label, _PATH.findall(content)
+
+
+def _evidence_score(section: str, line: str, kinds: Sequence[str]) -> int:
+    bonus = max((_EVIDENCE_BONUS.get(kind, 0) for kind in kinds), default=0)
+    return _BASE[section] + bonus + (4 if _SALIENT.search(line) else 0)
+
+
+def _rescore(section: str, text: str) -> int:
+    """`_score`, except that a quoted tool-output line carrying evidence is scored as the
+    evidence it is (so a previous summary's evidence lines survive the next run)."""
+    if _TOOL_LINE.match(text):
+        kinds = [e.kind for e in extract(text) if e.kind in _EVIDENCE_BONUS]
+        if kinds:
+            return _evidence_score(section, _TOOL_LINE.sub("", text), kinds)
+    return _score(section, text)
 
 
 def _subjects(text: str) -> set[str]:
@@ -619,7 +641,7 @@ class LocalSummarizer(Summarizer):
                 # The first request of the session is its intent: keep it above later ones.
                 bonus = 4 if section == _REQUEST and not previous_first_seen else 1
                 previous_first_seen = previous_first_seen or section == _REQUEST
-                collector.add(section, text, _score(section, text) + bonus)
+                collector.add(section, text, _rescore(section, text) + bonus)
 
         for index, message in enumerate(messages):
             role = message.role
@@ -639,7 +661,7 @@ class LocalSummarizer(Summarizer):
                 for section, items in _parse_summary(content[len(_REFRESH_PREFIX) :]).items():
                     for text in items:
                         if section not in replaced and section != _WORKING:
-                            collector.add(section, text, _score(section, text), seq=message.seq)
+                            collector.add(section, text, _rescore(section, text), seq=message.seq)
                 continue
             if role == "user":
                 counts["user"] += 1
@@ -767,9 +789,14 @@ class LocalSummarizer(Summarizer):
                 break
         # The evidence a continuation needs verbatim: exit codes, statuses, tallies, hashes,
         # schema names, settings, versions, addresses. Repeats of one shape collapse.
-        for found in extract(content, seq=seq):
+        # At most a few lines per kind of evidence from one output (a `git log` of fifty
+        # commits is one fact, not fifty), the salient ones first: a line that also says
+        # something failed or went wrong ("is the first bad commit") beats its neighbours.
+        per_kind: dict[str, int] = {}
+        found_items = sorted(extract(content, seq=seq), key=lambda f: not _SALIENT.search(f.line))
+        for found in found_items:
             section = _EVIDENCE_SECTIONS.get(found.kind)
-            if section is None:
+            if section is None or per_kind.get(found.kind, 0) >= _MAX_LINES_PER_KIND:
                 continue
             if found.kind == "exit" and found.key == "exit:0":
                 continue
@@ -779,12 +806,13 @@ class LocalSummarizer(Summarizer):
             if _key(_clip(text)) in added:
                 continue
             added.add(_key(_clip(text)))
+            per_kind[found.kind] = per_kind.get(found.kind, 0) + 1
             collector.add(
                 section,
                 text,
                 # Not `_score`: quoted output is penalised there, but these lines are the
                 # evidence itself.
-                _BASE[section] + _EVIDENCE_BONUS.get(found.kind, 0),
+                _evidence_score(section, found.line, [found.kind]),
                 seq=seq,
                 collapse=section == _ISSUES,
             )
@@ -850,9 +878,10 @@ class LocalSummarizer(Summarizer):
         chosen = pool[: best + 1]
         while chosen and self.count_tokens(self._render(chosen)) > max_tokens:
             chosen.pop()
-        if not chosen and self.count_tokens(self._render([])) > max_tokens:
+        if not chosen and pool:
+            # Not even one whole item fits: the best one, cut at a word end, beats nothing.
             return truncate_to_tokens(
-                self._render([]), max_tokens=max_tokens, count_tokens=self.count_tokens
+                self._render(pool[:1]), max_tokens=max_tokens, count_tokens=self.count_tokens
             )
         # The item that stopped the prefix may be long while later ones are short: offer a few
         # of the next-ranked items individually.
