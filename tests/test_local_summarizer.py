@@ -509,3 +509,16 @@ def test_it_carries_the_previous_summary_citations_forward() -> None:
     assert any(
         "ValueError: bad row" in line and line.endswith("[#102]") for line in second.splitlines()
     ), second
+
+
+def test_it_drops_a_folded_value_the_kept_events_have_corrected() -> None:
+    messages = shell_session()[:-1]  # the agent's correction is not among the folded ones
+    kept = "Correction: WORKER_CONCURRENCY=4, not 8. The staging nodes only have 4 cores."
+    summary = LocalSummarizer(count_tokens=real_counter()).summarize(
+        previous_summary="", messages=messages, max_tokens=600, kept_text=kept
+    )
+    assert "WORKER_CONCURRENCY=8" not in summary
+    alone = LocalSummarizer(count_tokens=real_counter()).summarize(
+        previous_summary="", messages=messages, max_tokens=600
+    )
+    assert "WORKER_CONCURRENCY=8" in alone

@@ -567,11 +567,36 @@ def _latest_statements(items: list[_Item]) -> list[_Item]:
 _LABEL = re.compile(r"^(?:Latest request|Latest agent status|[\w.-]+ output): ")
 
 
+def _superseded_by_kept(items: list[_Item], kept_text: str) -> list[_Item]:
+    """Drop items stating a setting or version the kept events state differently: what the
+    model still sees verbatim is the current word (a user's "Correction: X=4, not 8" stays
+    in the context while the agent's earlier "X=8" is folded)."""
+    current: dict[str, set[str]] = {}
+    for found in extract(kept_text):
+        if found.subject and found.kind in ("setting", "version"):
+            current.setdefault(found.subject, set()).add(found.key)
+    if not current:
+        return items
+    result = []
+    for item in items:
+        stale = False
+        if item.section != _WORKING:
+            for found in extract(item.text):
+                keys = current.get(found.subject)
+                if keys and found.kind in ("setting", "version") and found.key not in keys:
+                    stale = True
+                    break
+        if not stale:
+            result.append(item)
+    return result
+
+
 def _novel(items: list[_Item], kept_text: str) -> list[_Item]:
     """Items the kept events do not already say: neither the sentence itself nor, for an item
     carrying evidence, every literal of it appears in `kept_text`."""
     if not kept_text.strip():
         return items
+    items = _superseded_by_kept(items, kept_text)
     kept = " ".join(kept_text.lower().split())
     result = []
     for item in items:
@@ -793,10 +818,17 @@ class LocalSummarizer(Summarizer):
         # commits is one fact, not fifty), the salient ones first: a line that also says
         # something failed or went wrong ("is the first bad commit") beats its neighbours.
         per_kind: dict[str, int] = {}
-        found_items = sorted(extract(content, seq=seq), key=lambda f: not _SALIENT.search(f.line))
+        found_items = sorted(
+            (f for f in extract(content, seq=seq) if f.kind in _EVIDENCE_SECTIONS),
+            key=lambda f: not _SALIENT.search(f.line),
+        )
         for found in found_items:
             section = _EVIDENCE_SECTIONS.get(found.kind)
-            if section is None or per_kind.get(found.kind, 0) >= _MAX_LINES_PER_KIND:
+            if section is None:
+                continue
+            # Repeats of an issue collapse into one line (their count is the point); other
+            # kinds are capped per output.
+            if section != _ISSUES and per_kind.get(found.kind, 0) >= _MAX_LINES_PER_KIND:
                 continue
             if found.kind == "exit" and found.key == "exit:0":
                 continue
