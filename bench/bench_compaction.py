@@ -10,8 +10,11 @@ child starts a real Celery worker thread (in-memory broker) and listens on the s
 websocket with a `WebsocketCommunicator`, exactly as a client of the service would.
 
 Figures:
-1. `summarize` + `local` with the session's default settings (maxSummaryTokens 256,
+1. `summarize` + `local` with the session's default settings (maxSummaryTokens auto,
    keepRecentEvents 2): time from the `POST /compactions` request to `COMPACTION_COMPLETE`.
+   Retention (2.) runs on two generators, `session_gen.py` and `realistic_gen.py`, with
+   maxSummaryTokens auto / 256 / 2000, trim, and sumy's LexRank and TextRank given the auto
+   budget; facts are judged by short keys found in the text of `GET /context`.
 2. Fact retention: each strategy on a fresh copy of the session, set up to leave ≤ 40 % of
    the original tokens (summarize: keepRecentEvents 2 and each `--summary-tokens` value as
    maxSummaryTokens; trim: targetRatio = 0.4 × tokens / contextLimit, since targetRatio is a
