@@ -27,6 +27,7 @@ from compaction_app.models import ACTIVE_STATUSES, CompactionRun, RunningSummary
 from compaction_app.selectors import latest_revertible_run, runs_for_session
 from sessions_app.model_registry import estimate_cost_usd
 from sessions_app.models import MODEL_INVISIBLE_TYPES, Event, EventType, Session
+from sessions_app.search import sessions_matching_content
 from sessions_app.selectors import counter_is_exact, sessions_visible_to, usage_for_session
 from sessions_app.session_settings import DEFAULTS as SETTING_DEFAULTS
 from sessions_app.session_settings import STRATEGY_NAMES
@@ -179,7 +180,9 @@ def sessions_page(
 ) -> tuple[Page, list[SessionRow]]:
     queryset = _with_usage(sessions_visible_to(user=user))
     if filters.q:
-        queryset = queryset.filter(Q(title__icontains=filters.q) | Q(model__icontains=filters.q))
+        text = Q(title__icontains=filters.q) | Q(model__icontains=filters.q)
+        content = sessions_matching_content(text=filters.q)  # any event's text, folded too
+        queryset = queryset.filter(text | content if content is not None else text)
     if filters.model:
         queryset = queryset.filter(model=filters.model)
     if filters.near:

@@ -28,6 +28,7 @@ urlpatterns = [
         views.compaction_revert,
         name="compaction-revert",
     ),
+    path("sessions/<uuid:session_id>/search/", views.session_search, name="session-search"),
     path(
         "sessions/<uuid:session_id>/events/<uuid:event_id>/pin/",
         views.event_pin,

@@ -29,6 +29,7 @@ from compaction_app.dashboard.render import (
     session_context,
 )
 from compaction_app.selectors import run_get
+from sessions_app import search as session_search_module
 from sessions_app import services as session_services
 from sessions_app.errors import LedgerError, NotFound
 from sessions_app.models import Session
@@ -184,6 +185,23 @@ def _error(request: HtmxHttpRequest, session: Session, exc: LedgerError) -> Http
         # htmx does not swap 4xx answers; the notice is the answer, so send it as a 200.
         return _htmx_parts(request, session, ["notice"], **notice_context(text, level="error"))
     return _session_page(request, session, status=exc.status, **notice_context(text, level="error"))
+
+
+@login_required
+@require_GET
+def session_search(request: HtmxHttpRequest, session_id: Any) -> HttpResponse:
+    """Search the session's events, folded ones included: the results partial for htmx (as
+    the user types), the whole page with the results otherwise."""
+    session = _session_or_404(request, session_id)
+    text = request.GET.get("q", "").strip()[: session_search_module.MAX_QUERY_CHARS]
+    try:
+        hits = session_search_module.search_session(session=session, text=text) if text else []
+    except LedgerError:
+        hits = []
+    if request.htmx:
+        context = {"session": session, "search_q": text, "search_hits": hits}
+        return render(request, "dashboard/_search.html#results", context)
+    return _session_page(request, session, search_q=text, search_hits=hits)
 
 
 @staff_required

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('compaction_app', '0001_initial'),
+        ('compaction_app', '0002_heartbeat'),
     ]
 
     operations = [

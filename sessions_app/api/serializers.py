@@ -263,6 +263,11 @@ class ContextSerializer(serializers.Serializer):
     limit = serializers.IntegerField()
     pruned = serializers.BooleanField()
     summary = serializers.CharField(allow_null=True)
+    tools = serializers.ListField(
+        child=serializers.JSONField(),
+        required=False,
+        help_text="[ledger_recall] once the session has folded or cleared events.",
+    )
 
 
 class TokenCountInSerializer(serializers.Serializer):
