@@ -21,7 +21,7 @@ SESSION_TEMPLATE = "dashboard/session.html"
 SESSIONS_TEMPLATE = "dashboard/sessions.html"
 
 # Every live part of the session page, in page order.
-SESSION_PARTS = ("gauge", "chart", "history", "losses", "summary", "timeline")
+SESSION_PARTS = ("gauge", "chart", "history", "summary", "timeline")
 
 
 def chart_context(*, session: Session, schedule: queries.Schedule, axis: str) -> dict[str, Any]:
