@@ -10,8 +10,11 @@ child starts a real Celery worker thread (in-memory broker) and listens on the s
 websocket with a `WebsocketCommunicator`, exactly as a client of the service would.
 
 Figures:
-1. `summarize` + `local` with the session's default settings (maxSummaryTokens 256,
+1. `summarize` + `local` with the session's default settings (maxSummaryTokens auto,
    keepRecentEvents 2): time from the `POST /compactions` request to `COMPACTION_COMPLETE`.
+   Retention (2.) runs on two generators, `session_gen.py` and `realistic_gen.py`, with
+   maxSummaryTokens auto / 256 / 2000, trim, and sumy's LexRank and TextRank given the auto
+   budget; facts are judged by short keys found in the text of `GET /context`.
 2. Fact retention: each strategy on a fresh copy of the session, set up to leave ≤ 40 % of
    the original tokens (summarize: keepRecentEvents 2 and each `--summary-tokens` value as
    maxSummaryTokens; trim: targetRatio = 0.4 × tokens / contextLimit, since targetRatio is a
@@ -35,6 +38,7 @@ import sys
 import tempfile
 import time
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +57,7 @@ TARGET_RETENTION = 0.90
 # events into a summary of at most N tokens (--summary-tokens); the user messages, which the
 # strategy keeps, are ~2 % of the session, so any N up to tens of thousands lands ≤ 40 %.
 KEEP_RECENT_EVENTS = 2
-DEFAULT_SUMMARY_TOKENS = (2000, 8000)
+DEFAULT_SUMMARY_TOKENS = (256, 2000)
 
 Row = dict[str, Any]
 
@@ -75,6 +79,7 @@ def _child(turns: int, seed: int, summary_tokens: list[int]) -> tuple[list[Row],
     django.setup()
     from celery.contrib.testing.worker import start_worker
     from django.core.management import call_command
+    from realistic_gen import generate_realistic_session
     from session_gen import generate_session
 
     from config.celery import app
@@ -86,17 +91,42 @@ def _child(turns: int, seed: int, summary_tokens: list[int]) -> tuple[list[Row],
 
     user = get_user_model().objects.create_user(username="bench", password="bench-password")
     token = Token.objects.create(user=user).key
-    generated = generate_session(turns=turns, seed=seed, target_tokens=940_000)
-    body = json.dumps(generated.events)
+    coding = generate_session(turns=turns, seed=seed, target_tokens=940_000)
+    shell = generate_realistic_session()
+    generators = [
+        Generated(
+            "session_gen", coding.events, coding.facts, coding.fact_events, [], CONTEXT_LIMIT
+        ),
+        Generated(
+            "realistic_gen",
+            shell.events,
+            shell.facts,
+            shell.fact_events,
+            shell.stale,
+            # Like the coding session, one that fills ~94 % of its window.
+            int(shell.approx_tokens / 0.94 / 1000) * 1000,
+        ),
+    ]
 
     rows: list[Row] = []
     notes: list[str] = []
     with start_worker(app, perform_ping_check=False, pool="solo", loglevel="WARNING"):
-        rows += _bench_summarize_time(token, body)
-        retention_rows, retention_notes = _bench_retention(token, body, generated, summary_tokens)
-        rows += retention_rows
-        notes += retention_notes
+        rows += _bench_summarize_time(token, json.dumps(coding.events))
+        for generated in generators:
+            retention_rows, retention_notes = _bench_retention(token, generated, summary_tokens)
+            rows += retention_rows
+            notes += retention_notes
     return rows, notes
+
+
+@dataclass
+class Generated:
+    name: str
+    events: list[dict[str, Any]]
+    facts: list[str]
+    fact_events: dict[str, int]
+    stale: list[str]
+    context_limit: int
 
 
 def _client(token: str) -> Any:
@@ -105,14 +135,20 @@ def _client(token: str) -> Any:
     return Client(HTTP_AUTHORIZATION=f"Token {token}")
 
 
-def _ingest(client: Any, body: str, title: str, settings: dict[str, Any]) -> str:
+def _ingest(
+    client: Any,
+    body: str,
+    title: str,
+    settings: dict[str, Any],
+    context_limit: int = CONTEXT_LIMIT,
+) -> str:
     response = client.post(
         "/api/v1/sessions",
         data=json.dumps(
             {
                 "model": BENCH_MODEL,
                 "title": title,
-                "contextLimit": CONTEXT_LIMIT,
+                "contextLimit": context_limit,
                 "settings": {**BASE_SETTINGS, **settings},
             }
         ),
@@ -202,63 +238,211 @@ def _context_text(client: Any, session_id: str) -> tuple[str, dict[str, Any]]:
     return "\n".join(parts), context
 
 
+def _auto_budget(limit: int) -> int:
+    from sessions_app.session_settings import resolve_max_summary_tokens
+
+    return resolve_max_summary_tokens(None, limit)
+
+
 def _bench_retention(
-    token: str, body: str, generated: Any, summary_tokens: list[int]
+    token: str, generated: Generated, summary_tokens: list[int]
 ) -> tuple[list[Row], list[str]]:
     client = _client(token)
+    body = json.dumps(generated.events)
+    auto = _auto_budget(generated.context_limit)
     runs: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
         (
-            f"summarize + local, maxSummaryTokens {n}",
+            f"summarize + local, maxSummaryTokens auto (= {auto:,})",
+            {"keepRecentEvents": KEEP_RECENT_EVENTS},
+            {"strategy": "summarize", "summarizer": "local"},
+        )
+    ]
+    runs += [
+        (
+            f"summarize + local, maxSummaryTokens {n:,}",
             {"keepRecentEvents": KEEP_RECENT_EVENTS, "maxSummaryTokens": n},
             {"strategy": "summarize", "summarizer": "local"},
         )
         for n in summary_tokens
     ]
-    runs += [
-        ("trim", {}, {"strategy": "trim"}),
-        ("clear_tool_results", {}, {"strategy": "clear_tool_results"}),
-    ]
+    runs.append(("trim", {}, {"strategy": "trim"}))
     rows: list[Row] = []
     notes: list[str] = []
+    prefix = f"{generated.name}: "
     for label, settings, request in runs:
-        session_id = _ingest(client, body, f"retention-{label}", settings)
+        session_id = _ingest(
+            client, body, f"retention-{label}", settings, context_limit=generated.context_limit
+        )
         if request["strategy"] == "trim":
-            # targetRatio is a share of the context *limit* (DESIGN: "under targetRatio ×
-            # contextLimit"); the session fills ~94 % of its 1M window, so 40 % of its own
-            # tokens is a smaller ratio of the limit.
+            # targetRatio is a share of the context *limit*; 40 % of the session's own tokens
+            # is a smaller ratio of the limit.
             usage = client.get(f"/api/v1/sessions/{session_id}/usage").json()
             ratio_of_limit = TARGET_RATIO * usage["contextTokens"] / usage["contextLimit"]
             request = {**request, "targetRatio": int(ratio_of_limit * 10_000) / 10_000}
             label = f"trim, targetRatio {request['targetRatio']}"
         _, complete, seconds = _compact(token, session_id, request)
         if not complete["success"]:
-            rows.append(_row(f"{label}: run", f"failed: {complete['error']}", ok=False))
+            rows.append(_row(f"{prefix}{label}: run", f"failed: {complete['error']}", ok=False))
             continue
-        ratio = complete["tokensAfter"] / complete["tokensBefore"]
         text, context = _context_text(client, session_id)
+        is_auto = "auto" in label
+        rows += _retention_rows(
+            prefix + label,
+            generated,
+            text,
+            complete["tokensAfter"],
+            complete["tokensBefore"],
+            seconds,
+            target=is_auto,
+            kept_percent=complete.get("keptPercent"),
+            summary=_summary_of(context),
+        )
         kept = [fact for fact in generated.facts if fact in text]
-        share = len(kept) / len(generated.facts)
-        rows.append(
-            _row(
-                f"{label}: tokens after / before",
-                f"{complete['tokensAfter']:,} / {complete['tokensBefore']:,} = {ratio:.1%} "
-                f"({seconds:.1f} s)",
-                f"≤ {TARGET_RATIO:.0%}",
-                ratio <= TARGET_RATIO,
-            )
+        if label.startswith("summarize") and len(kept) < len(generated.facts):
+            notes += _lost_facts_notes(prefix + label, generated, kept, context)
+    for method in ("LexRank", "TextRank"):
+        started = time.perf_counter()
+        text, after, before = _sumy_context(generated, method, auto)
+        rows += _retention_rows(
+            f"{prefix}sumy {method}, same budget ({auto:,} tokens)",
+            generated,
+            text,
+            after,
+            before,
+            time.perf_counter() - started,
+            target=False,
+            kept_percent=None,
+            summary=text,
         )
-        is_summary = label.startswith("summarize")
-        rows.append(
-            _row(
-                f"{label}: planted facts in GET /context",
-                f"{len(kept)}/{len(generated.facts)} = {share:.0%}",
-                f"≥ {TARGET_RETENTION:.0%}" if is_summary else "—",
-                share >= TARGET_RETENTION if is_summary else None,
-            )
-        )
-        if is_summary and share < 1:
-            notes += _lost_facts_notes(label, generated, kept, context)
     return rows, notes
+
+
+def _summary_of(context: dict[str, Any]) -> str:
+    summary = context.get("summary") or ""
+    if isinstance(summary, dict):
+        summary = summary.get("summary") or json.dumps(summary)
+    return summary
+
+
+def _retention_rows(
+    label: str,
+    generated: Generated,
+    text: str,
+    after: int,
+    before: int,
+    seconds: float,
+    *,
+    target: bool,
+    kept_percent: float | None,
+    summary: str,
+) -> list[Row]:
+    kept = [fact for fact in generated.facts if fact in text]
+    share = len(kept) / len(generated.facts)
+    ratio = after / before
+    value = (
+        f"{len(kept)}/{len(generated.facts)} = {share:.0%} at {after:,} / {before:,} = "
+        f"{ratio:.1%} of the tokens ({seconds:.1f} s)"
+    )
+    if kept_percent is not None:
+        value += f"; loss report keptPercent {kept_percent}"
+    if generated.stale:
+        stale = [s for s in generated.stale if s in summary]
+        value += "; corrected value " + ("still stated" if stale else "replaced")
+    return [
+        _row(
+            f"{label}: facts in the context",
+            value,
+            f"≥ {TARGET_RETENTION:.0%} at ≤ {TARGET_RATIO:.0%}"
+            if target
+            else f"≤ {TARGET_RATIO:.0%}",
+            (share >= TARGET_RETENTION and ratio <= TARGET_RATIO)
+            if target
+            else ratio <= TARGET_RATIO,
+        )
+    ]
+
+
+# --- sumy baselines ------------------------------------------------------------------------------
+
+_SUMY_CHUNK = 300  # sentences per LexRank/TextRank graph: both are quadratic in sentences
+
+
+class _Tokenizer:
+    """sumy's tokenizer interface without NLTK's punkt data (no download at run time)."""
+
+    language = "english"
+
+    @staticmethod
+    def to_sentences(paragraph: str) -> list[str]:
+        import re
+
+        return [s.strip() for s in re.split(r"(?<=[.!?])\s+|\n+", paragraph) if s.strip()]
+
+    @staticmethod
+    def to_words(sentence: str) -> list[str]:
+        import re
+
+        return re.findall(r"\w+", sentence)
+
+
+def _ratings(summarizer: Any, document: Any) -> dict[Any, float]:
+    """Every sentence's score: TextRank exposes them; LexRank computes them inside __call__,
+    so its own steps are replayed here."""
+    if hasattr(summarizer, "rate_sentences"):
+        return dict(summarizer.rate_sentences(document))
+    words = [summarizer._to_words_set(s) for s in document.sentences]
+    if not words:
+        return {}
+    tf = summarizer._compute_tf(words)
+    idf = summarizer._compute_idf(words)
+    matrix = summarizer._create_matrix(words, summarizer.threshold, tf, idf)
+    scores = summarizer.power_method(matrix, summarizer.epsilon)
+    return dict(zip(document.sentences, scores, strict=True))
+
+
+def _sumy_context(generated: Generated, method: str, budget: int) -> tuple[str, int, int]:
+    """The context a sumy summarizer would leave if it replaced our local one: what summarize
+    keeps (system prompt, user messages, the newest two events) plus a `method` summary of
+    everything else, filled to `budget` tokens. Returns (text, tokens after, tokens before)."""
+    from sumy.parsers.plaintext import PlaintextParser
+    from sumy.summarizers.lex_rank import LexRankSummarizer
+    from sumy.summarizers.text_rank import TextRankSummarizer
+
+    from sessions_app.tokens import get_counter
+
+    count = get_counter("o200k_base").count
+    events = generated.events
+    kept_types = ("SYSTEM_PROMPT", "USER_MESSAGE")
+    tail = {len(events) - 1, len(events) - 2}
+    kept = [e["content"] for i, e in enumerate(events) if e["type"] in kept_types or i in tail]
+    folded = [
+        e["content"] for i, e in enumerate(events) if not (e["type"] in kept_types or i in tail)
+    ]
+    tokenizer = _Tokenizer()
+    sentences = [s for text in folded for s in tokenizer.to_sentences(text)]
+    summarizer = (LexRankSummarizer if method == "LexRank" else TextRankSummarizer)()
+    # Rank within chunks, then fill the budget round-robin from each chunk's best sentences.
+    ranked_chunks: list[list[str]] = []
+    for start in range(0, len(sentences), _SUMY_CHUNK):
+        chunk = "\n".join(sentences[start : start + _SUMY_CHUNK])
+        document = PlaintextParser.from_string(chunk, tokenizer).document
+        rating = _ratings(summarizer, document)
+        ranked_chunks.append([str(s) for s, _ in sorted(rating.items(), key=lambda kv: -kv[1])])
+    chosen: list[str] = []
+    used = 0
+    depth = 0
+    while used < budget and any(depth < len(c) for c in ranked_chunks):
+        for chunk in ranked_chunks:
+            if depth < len(chunk):
+                cost = count(chunk[depth]) + 1
+                if used + cost <= budget:
+                    chosen.append(chunk[depth])
+                    used += cost
+        depth += 1
+    text = "\n".join(kept) + "\n" + "\n".join(chosen)
+    before = sum(count(e["content"]) + 4 for e in events)
+    after = sum(count(t) + 4 for t in kept) + used + 8
+    return text, after, before
 
 
 def _lost_facts_notes(
@@ -266,9 +450,7 @@ def _lost_facts_notes(
 ) -> list[str]:
     """Which facts the summarize run lost, who stated them, and what the summary kept of them."""
     lost = [fact for fact in generated.facts if fact not in kept]
-    summary = context.get("summary") or ""
-    if isinstance(summary, dict):
-        summary = summary.get("summary") or json.dumps(summary)
+    summary = _summary_of(context)
     bullets = [line[2:] for line in summary.splitlines() if line.startswith("- ")]
     openings = Counter(" ".join(b.split()[:5]) for b in bullets)
     opening, repeats = openings.most_common(1)[0] if openings else ("", 0)

@@ -60,6 +60,8 @@ class CompactionRun(models.Model):
     )
     # The running summary as it was before this run, restored by a revert.
     previous_summary = models.JSONField(null=True, blank=True)
+    # What the run's folded events held and the new context dropped (compaction_app.evidence).
+    loss_report = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)

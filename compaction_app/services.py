@@ -20,7 +20,7 @@ from django.db.models import Count, F, Q, Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from compaction_app import broadcast
+from compaction_app import broadcast, evidence
 from compaction_app.heartbeat import beating
 from compaction_app.models import ACTIVE_STATUSES, CompactionRun, RunningSummary, RunStatus, Trigger
 from compaction_app.selectors import latest_revertible_run
@@ -35,7 +35,11 @@ from sessions_app.errors import Conflict, InvalidInput
 from sessions_app.models import Event, EventType, Session
 from sessions_app.selectors import event_content, usage_for_session
 from sessions_app.services import EventInput, event_append, session_record_compaction
-from sessions_app.session_settings import STRATEGY_NAMES, SUMMARIZER_NAMES
+from sessions_app.session_settings import (
+    STRATEGY_NAMES,
+    SUMMARIZER_NAMES,
+    resolve_max_summary_tokens,
+)
 
 logger = logging.getLogger("compaction_app")
 audit = logging.getLogger("context")
@@ -79,8 +83,14 @@ def _budget(session: Session, *, target_ratio: float | None) -> Budget:
     return Budget(
         context_limit=session.context_limit,
         target_tokens=int(session.context_limit * ratio),
-        max_summary_tokens=int(settings.get("maxSummaryTokens", 256)),
+        max_summary_tokens=_max_summary_tokens(session),
         keep_recent_events=int(settings.get("keepRecentEvents", 2)),
+    )
+
+
+def _max_summary_tokens(session: Session) -> int:
+    return resolve_max_summary_tokens(
+        session.settings.get("maxSummaryTokens"), session.context_limit
     )
 
 
@@ -223,9 +233,42 @@ def _summary_messages(events: Sequence[Event]) -> list[SummaryMessage]:
                 role=event.role,
                 content=content if isinstance(content, str) else str(content),
                 name=event.name,
+                seq=event.seq,
             )
         )
     return messages
+
+
+def _kept_text(events: Sequence[PlanEvent], plan: Plan) -> str:
+    """The text the model still sees verbatim after the plan (the summarizer need not repeat
+    it): every event not folded, with cleared tool results as their placeholders."""
+    folding = set(plan.fold_ids)
+    placeholders = {c.event_id: c.placeholder for c in plan.cleared}
+    return "\n".join(
+        placeholders.get(e.id, e.content)
+        for e in events
+        if e.id not in folding and e.type != EventType.COMPACTION
+    )
+
+
+def _loss_report(
+    events: Sequence[PlanEvent], plan: Plan, *, fold_ids: set[str], summary: str
+) -> dict[str, Any]:
+    """The evidence in the events a run folds or clears, and which of it the new active
+    context (the summary plus every event left, cleared ones as placeholders) still holds."""
+    cleared = {c.event_id: c.placeholder for c in plan.cleared}
+    gone = [
+        (e.seq, e.content)
+        for e in events
+        if (e.id in fold_ids or e.id in cleared) and e.type != EventType.COMPACTION
+    ]
+    active = [summary] if summary else []
+    active += [
+        cleared.get(e.id, e.content)
+        for e in events
+        if e.id not in fold_ids and e.type != EventType.COMPACTION
+    ]
+    return evidence.loss_report(folded=gone, active=active)
 
 
 def compaction_execute(
@@ -322,11 +365,12 @@ def _execute(run: CompactionRun) -> CompactionRun:
     if plan.needs_summary and folded:
         running = _running_summary(session)
         summarizer = build_summarizer(run.summarizer, count_tokens=counter.count)
-        max_tokens = int(session.settings.get("maxSummaryTokens", 256))
+        max_tokens = _max_summary_tokens(session)
         summary_text = summarizer.summarize(
             previous_summary=running.summary,
             messages=_summary_messages(folded),
             max_tokens=max_tokens,
+            kept_text=_kept_text(events, plan),
         ).strip()
         if not summary_text:
             raise SummarizerError("the summarizer returned an empty summary", permanent=True)
@@ -335,6 +379,8 @@ def _execute(run: CompactionRun) -> CompactionRun:
         summary_text = truncate_to_tokens(
             summary_text, max_tokens=min(max_tokens, budget_text), count_tokens=counter.count
         )
+
+    report = _loss_report(events, plan, fold_ids=set(plan.fold_ids), summary=summary_text)
 
     if folded and not plan.is_empty:
         memory_flush.send(sender=CompactionRun, session_id=session.pk, run_id=run.pk, events=folded)
@@ -365,6 +411,7 @@ def _execute(run: CompactionRun) -> CompactionRun:
                 folded_count=0,
                 previous=None,
                 summary_tokens=None,
+                loss_report=report,
             )
         # Re-check the plan against the events now: anything pinned or folded since planning
         # stays, together with its tool-call partners.
@@ -432,6 +479,11 @@ def _execute(run: CompactionRun) -> CompactionRun:
                     )
                 ],
             )
+        if {str(pk) for pk in final_ids} != set(plan.fold_ids):
+            # Something was pinned or folded since planning: report on what really went.
+            report = _loss_report(
+                events, plan, fold_ids={str(pk) for pk in final_ids}, summary=summary_text
+            )
         return _complete(
             run,
             session=locked,
@@ -441,6 +493,7 @@ def _execute(run: CompactionRun) -> CompactionRun:
             folded_count=len(final_ids) + len(plan.cleared),
             previous=previous,
             summary_tokens=marker.token_count if plan.needs_summary else None,
+            loss_report=report,
         )
 
 
@@ -454,6 +507,7 @@ def _complete(
     folded_count: int,
     previous: dict[str, Any] | None,
     summary_tokens: int | None,
+    loss_report: dict[str, Any] | None = None,
 ) -> CompactionRun:
     """Finish a run inside the apply transaction (the caller holds the session lock)."""
     locked = _refresh_active_counters(session.pk)
@@ -466,6 +520,7 @@ def _complete(
     run.folded_count = folded_count
     run.compaction_event = marker
     run.previous_summary = previous
+    run.loss_report = loss_report
     run.finished_at = timezone.now()
     run.save()
     session_record_compaction(session_id=locked.pk, snapshot=run_snapshot(run))
@@ -507,6 +562,7 @@ def complete_message(run: CompactionRun) -> dict[str, Any]:
         "eventsAfter": run.events_after,
         "reductionPercent": run.reduction_percent,
         "error": run.error or None,
+        "keptPercent": (run.loss_report or {}).get("keptPercent") if success else None,
         "message": text,
     }
 
@@ -651,6 +707,18 @@ def maybe_auto_compact(
             if compaction_plan(session=session).plan.is_empty:
                 return None
             trigger = Trigger.HARD_LIMIT
+        if CompactionRun.objects.filter(session=session, status__in=ACTIVE_STATUSES).exists():
+            return None  # another run is on it; nothing is about to start
+        # Announced before the run is queued, so a watcher can pin what must stay.
+        broadcast.broadcast(
+            session_id=session.pk,
+            owner_id=session.owner_id,
+            message={
+                "type": "COMPACTION_PENDING",
+                "sessionId": str(session.pk),
+                "percentUsed": session.percent_used,
+            },
+        )
         try:
             return compaction_request(session=session, user=None, trigger=trigger)
         except Conflict:

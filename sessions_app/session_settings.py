@@ -19,10 +19,25 @@ DEFAULTS: dict[str, Any] = {
     "cooldownSeconds": 60,
     "strategy": "summarize",
     "summarizer": "local",
-    "maxSummaryTokens": 256,
+    "maxSummaryTokens": None,  # auto: see resolve_max_summary_tokens
     "keepRecentEvents": 2,
     "refreshThresholdTokens": 800_000,
 }
+
+
+# maxSummaryTokens null ("auto"): 2 % of the context limit, at least 256 and at most 8,192.
+AUTO_SUMMARY_SHARE = 0.02
+AUTO_SUMMARY_MIN = 256
+AUTO_SUMMARY_MAX = 8_192
+
+
+def resolve_max_summary_tokens(value: Any, context_limit: int) -> int:
+    """The summary budget a session's `maxSummaryTokens` setting stands for: a number is
+    obeyed exactly; null means auto, 2 % of `context_limit` within 256 … 8,192."""
+    if value is not None:
+        return int(value)
+    auto = int(context_limit * AUTO_SUMMARY_SHARE)
+    return max(AUTO_SUMMARY_MIN, min(AUTO_SUMMARY_MAX, auto))
 
 
 def _check_bool(key: str, value: Any) -> bool:
@@ -98,7 +113,9 @@ def validate_settings(changes: Any, *, base: Mapping[str, Any] | None = None) ->
         "cooldownSeconds": _check_int("cooldownSeconds", merged["cooldownSeconds"], 0),
         "strategy": _check_choice("strategy", merged["strategy"], STRATEGY_NAMES),
         "summarizer": _check_choice("summarizer", merged["summarizer"], SUMMARIZER_NAMES),
-        "maxSummaryTokens": _check_int("maxSummaryTokens", merged["maxSummaryTokens"], 16),
+        "maxSummaryTokens": None
+        if merged["maxSummaryTokens"] is None
+        else _check_int("maxSummaryTokens", merged["maxSummaryTokens"], 16),
         "keepRecentEvents": _check_int("keepRecentEvents", merged["keepRecentEvents"], 0),
         "refreshThresholdTokens": _check_int(
             "refreshThresholdTokens", merged["refreshThresholdTokens"], 1

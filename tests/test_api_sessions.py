@@ -82,7 +82,7 @@ def test_it_fills_settings_defaults(alice_api):
         "cooldownSeconds": 60,
         "strategy": "summarize",
         "summarizer": "local",
-        "maxSummaryTokens": 256,
+        "maxSummaryTokens": None,
         "keepRecentEvents": 2,
         "refreshThresholdTokens": 800_000,
     }

@@ -38,7 +38,7 @@ DESIGN_FIELDS = {
     "finishedAt",
 }
 # Documented additions: which summarizer the run used, whether and when it was reverted.
-EXTRA_FIELDS = {"summarizer", "revertedAt", "reverted"}
+EXTRA_FIELDS = {"summarizer", "revertedAt", "reverted", "lossReport"}
 
 
 def _snapshot(api, session_id: str) -> dict[str, Any]:

@@ -15,6 +15,20 @@ class CompactionRequestSerializer(serializers.Serializer):
     targetRatio = serializers.FloatField(required=False, min_value=0.01, max_value=1.0)
 
 
+class DroppedEvidenceSerializer(serializers.Serializer):
+    kind = serializers.CharField()
+    text = serializers.CharField()
+    seq = serializers.IntegerField()
+
+
+class LossReportSerializer(serializers.Serializer):
+    evidenceBefore = serializers.IntegerField()
+    evidenceKept = serializers.IntegerField()
+    keptPercent = serializers.FloatField()
+    dropped = DroppedEvidenceSerializer(many=True)
+    droppedTotal = serializers.IntegerField()
+
+
 class CompactionSerializer(serializers.Serializer):
     id = serializers.UUIDField()
     sessionId = serializers.UUIDField()
@@ -34,6 +48,7 @@ class CompactionSerializer(serializers.Serializer):
     finishedAt = serializers.DateTimeField(allow_null=True)
     revertedAt = serializers.DateTimeField(allow_null=True)
     reverted = serializers.BooleanField()
+    lossReport = LossReportSerializer(allow_null=True)
 
 
 def run_to_dict(run: CompactionRun) -> dict[str, Any]:
@@ -59,6 +74,7 @@ def run_to_dict(run: CompactionRun) -> dict[str, Any]:
         "finishedAt": iso(run.finished_at),
         "revertedAt": iso(run.reverted_at),
         "reverted": run.reverted_at is not None,
+        "lossReport": run.loss_report,
     }
 
 

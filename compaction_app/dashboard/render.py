@@ -14,6 +14,7 @@ from django.template.loader import render_to_string
 
 from compaction_app.dashboard import queries
 from compaction_app.dashboard.chart import chart_geometry
+from compaction_app.models import CompactionRun
 from sessions_app.models import Session
 
 SESSION_TEMPLATE = "dashboard/session.html"
@@ -75,10 +76,19 @@ def session_context(
         # Where a citation's event lives: this page, or the full list when it is cut short.
         "cite_base": "" if timeline.shown_all else "?all=1",
         "detail": None,
+        "loss_run": latest_loss_run(view.runs),
         "is_staff": bool(getattr(user, "is_staff", False)),
         "user": user,
         **extra,
     }
+
+
+def latest_loss_run(runs: Iterable[CompactionRun]) -> CompactionRun | None:
+    """The newest completed, not reverted run that has a loss report."""
+    for run in runs:
+        if run.status == "completed" and run.loss_report and not run.reverted_at:
+            return run
+    return None
 
 
 def render_parts(
@@ -114,6 +124,15 @@ def session_frame(
             )
         )
         parts = ["notice", "gauge", "controls", "history"]
+    elif kind == "COMPACTION_PENDING":
+        extra.update(
+            notice_context(
+                f"Context at {message.get('percentUsed')} %: an automatic compaction is about "
+                "to start. Pin any event that must stay.",
+                level="warn",
+            )
+        )
+        parts = ["notice", "gauge"]
     elif kind == "COMPACTION_COMPLETE":
         success = bool(message.get("success"))
         extra.update(

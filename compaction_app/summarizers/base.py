@@ -31,6 +31,8 @@ class SummaryMessage:
     role: str
     content: str
     name: str = ""
+    # The event's seq in its session; summaries cite it (`[#812]`). 0 = unknown.
+    seq: int = 0
 
 
 class Summarizer(ABC):
@@ -48,9 +50,19 @@ class Summarizer(ABC):
         self.count_tokens = count_tokens
         self.input_window_tokens = input_window_tokens
 
+    # What the context keeps verbatim after this run (the events not folded). A summarizer may
+    # use it to avoid repeating what the model will see anyway; providers ignore it.
+    kept_text: str = ""
+
     def summarize(
-        self, *, previous_summary: str, messages: Sequence[SummaryMessage], max_tokens: int
+        self,
+        *,
+        previous_summary: str,
+        messages: Sequence[SummaryMessage],
+        max_tokens: int,
+        kept_text: str = "",
     ) -> str:
+        self.kept_text = kept_text
         summary = previous_summary
         for piece in self._pieces(
             messages, reserve=self.count_tokens(previous_summary) + max_tokens
@@ -85,6 +97,7 @@ class Summarizer(ABC):
                                 role=message.role,
                                 content=message.content[start : start + step],
                                 name=message.name,
+                                seq=message.seq,
                             )
                         ]
                     )

@@ -16,6 +16,8 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from compaction_app.evidence import extract, shape_of
+
 from .base import Summarizer, SummaryMessage, register
 
 __all__ = ["SECTIONS", "LocalSummarizer", "truncate_to_tokens"]
@@ -107,7 +109,7 @@ _CONSTRAINT = re.compile(
 )
 _DECISION = re.compile(
     r"\b(?:decided|decision|we will|we'll|going with|go with|instead of|chose|opted|switch(?:ed)? to"
-    r"|settled on|agreed|confirm(?:ed)?)\b",
+    r"|settled on|agreed|confirm(?:ed)?|correction|actually|I was wrong|scratch that|turns out)\b",
     re.IGNORECASE,
 )
 _CHANGE = re.compile(
@@ -139,7 +141,7 @@ _FOLDED_SO_FAR = re.compile(r"Folded so far: (\d+) messages")
 _REFRESH_PREFIX = "[CONTEXT REFRESH]"
 
 _MAX_ITEM_CHARS = 280
-_MAX_TOOL_ERRORS = 4
+_MAX_TOOL_ERRORS = 12
 _MAX_FILES = 6
 _TOP_UP_TRIES = 12
 _MAX_CALLS = 5
@@ -162,6 +164,9 @@ _DIGIT_IDENT = re.compile(
 )
 
 
+_SETTING_LIKE = re.compile(r"\b[A-Z][A-Z0-9_]{2,}=\S")
+
+
 def _features(text: str) -> int:
     score = 0
     if _PATH.search(text):
@@ -174,6 +179,8 @@ def _features(text: str) -> int:
         score += 1
     if _SPECIFIC.search(text):
         score += 2
+    if _SETTING_LIKE.search(text):
+        score += 3
     return score
 
 
@@ -256,6 +263,34 @@ class _Item:
     text: str
     score: int
     order: int  # chronological position; previous-summary items come first
+    first: int = 0  # seq range the item was seen in (its citation); 0 = unknown
+    last: int = 0
+    count: int = 1  # > 1 for a collapsed repeated pattern
+
+
+_CITE = re.compile(r"\s*(?:…\s*)?(?:×(\d+)\s*)?\[#(\d+)(?:-#(\d+))?\]\s*$")
+_COUNT_ONLY = re.compile(r"\s*…\s*×(\d+)\s*$")
+
+
+def split_citation(line: str) -> tuple[str, int, int, int]:
+    """`text … ×N [#a-#b]` -> (text, a, b, N); missing parts are 0 (N: 1)."""
+    match = _CITE.search(line)
+    if match:
+        first = int(match.group(2))
+        last = int(match.group(3) or first)
+        return line[: match.start()].rstrip(" …"), first, last, int(match.group(1) or 1)
+    match = _COUNT_ONLY.search(line)
+    if match:
+        return line[: match.start()], 0, 0, int(match.group(1))
+    return line, 0, 0, 1
+
+
+def _cite(item: _Item) -> str:
+    repeat = f" … ×{item.count}" if item.count > 1 else ""
+    if not item.first:
+        return repeat
+    span = f"#{item.first}" if item.last == item.first else f"#{item.first}-#{item.last}"
+    return f"{repeat} [{span}]"
 
 
 class _Collector:
@@ -264,18 +299,39 @@ class _Collector:
     def __init__(self) -> None:
         self.items: dict[str, _Item] = {}
         self._order = 0
+        # Citations of the previous summary's items, by their text's key.
+        self.cites: dict[str, tuple[int, int, int]] = {}
 
-    def add(self, section: str, text: str, score: int) -> None:
+    def add(
+        self,
+        section: str,
+        text: str,
+        score: int,
+        *,
+        seq: int = 0,
+        last: int = 0,
+        collapse: bool = False,
+    ) -> None:
+        """Add an item cited at `seq`. `collapse` merges items of one shape (the same line
+        with other numbers or quoted values) into one, counting the repeats."""
         text = _clip(text)
         if not text or score <= 0:
             return
         key = _key(text)
+        first, last, count = self.cites.get(key, (seq, last or seq, 1))
+        if collapse:
+            key = "shape:" + shape_of(text)
         self._order += 1
         existing = self.items.get(key)
         if existing is None:
-            self.items[key] = _Item(section, text, score, self._order)
-        elif score > existing.score:
-            existing.score = score
+            self.items[key] = _Item(section, text, score, self._order, first, last, count)
+            return
+        existing.score = max(existing.score, score)
+        if first and (not existing.first or first < existing.first):
+            existing.first = first
+        existing.last = max(existing.last, last)
+        if collapse:
+            existing.count += count
 
 
 # --- repeated sentence shapes ------------------------------------------------------------------
@@ -373,9 +429,63 @@ def _shape_penalties(ranked: Sequence[_Item]) -> list[int]:
 
 # --- the summarizer ----------------------------------------------------------------------------
 
+# Where the evidence found in tool output goes, and how much it outranks a plain output line.
+_EVIDENCE_SECTIONS = {
+    "exit": "Issues and solutions",
+    "signal": "Issues and solutions",
+    "error": "Issues and solutions",
+    "error_code": "Issues and solutions",
+    "http_status": "Issues and solutions",
+    "test_tally": "Status",
+    "commit": "Key technical context",
+    "migration": "Key technical context",
+    "table": "Key technical context",
+    "constraint": "Key technical context",
+    "index": "Key technical context",
+    "setting": "Key technical context",
+    "version": "Key technical context",
+    "url": "Key technical context",
+    "host": "Key technical context",
+    "ticket": "Key technical context",
+    "flag": "Key technical context",
+    "tag": "Key technical context",
+    "command": "Working state",
+}
+_EVIDENCE_BONUS = {
+    "exit": 6,
+    "signal": 6,
+    "error_code": 6,
+    "http_status": 5,
+    "test_tally": 4,
+    "commit": 6,
+    "migration": 6,
+    "table": 5,
+    "constraint": 6,
+    "index": 6,
+    "setting": 7,
+    "version": 5,
+    "url": 4,
+    "host": 5,
+    "ticket": 6,
+    "flag": 6,
+    "tag": 5,
+    "command": 4,
+}
+_MAX_LINES_PER_KIND = 3
+_SALIENT = re.compile(
+    r"\b(?:fail(?:ed|s|ure)?|error|bad|broken|denied|refused|violat\w*|invalid|missing"
+    r"|does not exist|not found|crash\w*|killed|regression|changed|installed|upgraded)\b"
+    r"|^[+-](?![+-])",
+    re.IGNORECASE,
+)
+_PROSE_KINDS = frozenset({"decision", "plan", "cause", "todo", "correction"})
 
-def _parse_summary(text: str) -> dict[str, list[str]]:
-    """Section -> items of a previous summary (ours or another summarizer's Markdown)."""
+
+def _parse_summary(
+    text: str, cites: dict[str, tuple[int, int, int]] | None = None
+) -> dict[str, list[str]]:
+    """Section -> items of a previous summary (ours or another summarizer's Markdown), their
+    citations stripped into `cites` (by the item's key) when given."""
     sections: dict[str, list[str]] = {}
     known = {name.lower(): name for name in SECTIONS}
     current = _TECH
@@ -388,8 +498,11 @@ def _parse_summary(text: str) -> dict[str, list[str]]:
             current = known.get(title, _TECH)
             continue
         line = _BULLET.sub("", line).strip()
+        line, first, last, count = split_citation(line)
         if line and line != _EMPTY:
             sections.setdefault(current, []).append(line)
+            if cites is not None:
+                cites[_key(_clip(line))] = (first, last, count)
     return sections
 
 
@@ -412,6 +525,98 @@ def _call_summary(message: SummaryMessage) -> tuple[str, list[str]]:
     return label, _PATH.findall(content)
 
 
+def _evidence_score(section: str, line: str, kinds: Sequence[str]) -> int:
+    bonus = max((_EVIDENCE_BONUS.get(kind, 0) for kind in kinds), default=0)
+    return _BASE[section] + bonus + (4 if _SALIENT.search(line) else 0)
+
+
+def _rescore(section: str, text: str) -> int:
+    """`_score`, except that a quoted tool-output line carrying evidence is scored as the
+    evidence it is (so a previous summary's evidence lines survive the next run)."""
+    if _TOOL_LINE.match(text):
+        kinds = [e.kind for e in extract(text) if e.kind in _EVIDENCE_BONUS]
+        if kinds:
+            return _evidence_score(section, _TOOL_LINE.sub("", text), kinds)
+    return _score(section, text)
+
+
+def _subjects(text: str) -> set[str]:
+    return {item.subject for item in extract(text) if item.subject}
+
+
+def _latest_statements(items: list[_Item]) -> list[_Item]:
+    """Drop an item when a later one states another value for the same subject (a setting's
+    name, a package's version, a correction naming a setting): the newest statement wins."""
+    latest: dict[str, int] = {}
+    subjects: dict[int, set[str]] = {}
+    for item in items:
+        if item.section in (_STATUS, _WORKING):
+            continue
+        found = _subjects(item.text)
+        if found:
+            subjects[id(item)] = found
+            for subject in found:
+                latest[subject] = max(latest.get(subject, 0), item.order)
+    return [
+        item
+        for item in items
+        if all(latest[subject] == item.order for subject in subjects.get(id(item), ()))
+    ]
+
+
+_LABEL = re.compile(r"^(?:Latest request|Latest agent status|[\w.-]+ output): ")
+
+
+def _superseded_by_kept(items: list[_Item], kept_text: str) -> list[_Item]:
+    """Drop items stating a setting or version the kept events state differently: what the
+    model still sees verbatim is the current word (a user's "Correction: X=4, not 8" stays
+    in the context while the agent's earlier "X=8" is folded)."""
+    current: dict[str, set[str]] = {}
+    for found in extract(kept_text):
+        if found.subject and found.kind in ("setting", "version"):
+            current.setdefault(found.subject, set()).add(found.key)
+    if not current:
+        return items
+    result = []
+    for item in items:
+        stale = False
+        if item.section != _WORKING:
+            for found in extract(item.text):
+                keys = current.get(found.subject)
+                if keys and found.kind in ("setting", "version") and found.key not in keys:
+                    stale = True
+                    break
+        if not stale:
+            result.append(item)
+    return result
+
+
+def _novel(items: list[_Item], kept_text: str) -> list[_Item]:
+    """Items the kept events do not already say: neither the sentence itself nor, for an item
+    carrying evidence, every literal of it appears in `kept_text`."""
+    if not kept_text.strip():
+        return items
+    items = _superseded_by_kept(items, kept_text)
+    kept = " ".join(kept_text.lower().split())
+    result = []
+    for item in items:
+        if item.text.startswith("Folded so far:"):
+            result.append(item)
+            continue
+        text = _key(_LABEL.sub("", item.text))
+        if len(text) >= 24 and text in kept:
+            continue
+        literals = [
+            e.key.split(":", 1)[1]
+            for e in extract(item.text)
+            if e.kind not in _PROSE_KINDS and e.kind != "path"
+        ]
+        if literals and all(len(x) >= 4 and x in kept for x in literals):
+            continue
+        result.append(item)
+    return result
+
+
 @register
 class LocalSummarizer(Summarizer):
     """Extractive summarizer: offline, deterministic, no model call.
@@ -428,7 +633,11 @@ class LocalSummarizer(Summarizer):
         self, *, previous_summary: str, messages: Sequence[SummaryMessage], max_tokens: int
     ) -> str:
         collector = _Collector()
-        previous = _parse_summary(previous_summary) if previous_summary.strip() else {}
+        previous = (
+            _parse_summary(previous_summary, collector.cites) if previous_summary.strip() else {}
+        )
+        seqs = [m.seq for m in messages if m.seq]
+        batch_first, batch_last = (min(seqs), max(seqs)) if seqs else (0, 0)
         folded_before = 0
         match = _FOLDED_SO_FAR.search(previous_summary)
         if match:
@@ -438,6 +647,7 @@ class LocalSummarizer(Summarizer):
         calls: list[str] = []
         latest_request = ""
         last_agent: list[str] = []
+        request_seq = agent_seq = 0
         counts = {"user": 0, "assistant": 0, "tool": 0}
 
         # Old items first (they keep their place), slightly favoured: they already survived.
@@ -456,7 +666,7 @@ class LocalSummarizer(Summarizer):
                 # The first request of the session is its intent: keep it above later ones.
                 bonus = 4 if section == _REQUEST and not previous_first_seen else 1
                 previous_first_seen = previous_first_seen or section == _REQUEST
-                collector.add(section, text, _score(section, text) + bonus)
+                collector.add(section, text, _rescore(section, text) + bonus)
 
         for index, message in enumerate(messages):
             role = message.role
@@ -468,7 +678,7 @@ class LocalSummarizer(Summarizer):
                 counts["tool"] += 1
                 continue
             if message.type == "TOOL_RESULT" or role == "tool":
-                self._tool_result(collector, content, message.name)
+                self._tool_result(collector, content, message.name, seq=message.seq)
                 counts["tool"] += 1
                 continue
             if content.startswith(_REFRESH_PREFIX) and "## " in content:
@@ -476,20 +686,25 @@ class LocalSummarizer(Summarizer):
                 for section, items in _parse_summary(content[len(_REFRESH_PREFIX) :]).items():
                     for text in items:
                         if section not in replaced and section != _WORKING:
-                            collector.add(section, text, _score(section, text))
+                            collector.add(section, text, _rescore(section, text), seq=message.seq)
                 continue
             if role == "user":
                 counts["user"] += 1
                 sentences = [t for t in _sentences(content) if not _is_filler(t)]
                 if sentences:
-                    latest_request = sentences[0]
-                self._user(collector, sentences, first_message=index == 0 and not previous)
+                    latest_request, request_seq = sentences[0], message.seq
+                self._user(
+                    collector,
+                    sentences,
+                    first_message=index == 0 and not previous,
+                    seq=message.seq,
+                )
             else:
                 counts["assistant"] += 1
                 sentences = [t for t in _sentences(content) if not _is_filler(t)]
                 if sentences:
-                    last_agent = sentences
-                self._agent(collector, sentences)
+                    last_agent, agent_seq = sentences, message.seq
+                self._agent(collector, sentences, seq=message.seq)
             for path in _PATH.findall(content):
                 if path not in files and "/" in path:
                     files.insert(0, path)
@@ -500,39 +715,49 @@ class LocalSummarizer(Summarizer):
             f"Folded so far: {total} messages ({counts['user']} user, {counts['assistant']} "
             f"assistant, {counts['tool']} tool in the latest batch).",
             50,
+            seq=batch_first,
+            last=batch_last,
         )
         done = [s for s in last_agent if _DONE.search(s) or _ERROR.search(s)]
         if done:
-            collector.add(_STATUS, f"Latest agent status: {done[-1]}", 12)
+            collector.add(_STATUS, f"Latest agent status: {done[-1]}", 12, seq=agent_seq)
         elif last_agent:
-            collector.add(_STATUS, f"Latest agent status: {last_agent[0]}", 9)
+            collector.add(_STATUS, f"Latest agent status: {last_agent[0]}", 9, seq=agent_seq)
         else:
             for text in previous.get(_STATUS, []):
                 if not _FOLDED_SO_FAR.search(text):
                     collector.add(_STATUS, text, 8)
         if latest_request:
-            collector.add(_CONTINUE, f"Latest request: {latest_request}", 14)
+            collector.add(_CONTINUE, f"Latest request: {latest_request}", 14, seq=request_seq)
         next_steps = [s for s in last_agent if _NEXT.search(s)]
         for text in next_steps[-2:]:
-            collector.add(_CONTINUE, text, 9)
+            collector.add(_CONTINUE, text, 9, seq=agent_seq)
         if not latest_request and not next_steps:
             for text in previous.get(_CONTINUE, []):
                 collector.add(_CONTINUE, text, 8)
         if files:
             unique = list(dict.fromkeys(f for f in files if f))[:_MAX_FILES]
-            collector.add(_WORKING, "Files touched: " + ", ".join(unique), 10)
+            collector.add(_WORKING, "Files touched: " + ", ".join(unique), 10, seq=batch_last)
         if calls:
-            collector.add(_WORKING, "Recent tool calls: " + "; ".join(calls[-_MAX_CALLS:]), 6)
+            collector.add(
+                _WORKING,
+                "Recent tool calls: " + "; ".join(calls[-_MAX_CALLS:]),
+                6,
+                seq=batch_last,
+            )
         else:
             for text in previous.get(_WORKING, []):
                 if text.startswith("Recent tool calls:"):
                     collector.add(_WORKING, text, 5)
-        return self._fit(list(collector.items.values()), max_tokens=max_tokens)
+        candidates = _latest_statements(list(collector.items.values()))
+        return self._fit(_novel(candidates, self.kept_text), max_tokens=max_tokens)
 
     # --- extraction ---------------------------------------------------------------------------
 
     @staticmethod
-    def _user(collector: _Collector, sentences: list[str], *, first_message: bool) -> None:
+    def _user(
+        collector: _Collector, sentences: list[str], *, first_message: bool, seq: int
+    ) -> None:
         for position, sentence in enumerate(sentences):
             if _CONSTRAINT.search(sentence):
                 section = _PREFS
@@ -546,10 +771,10 @@ class LocalSummarizer(Summarizer):
             else:
                 continue
             bonus = 4 if first_message and position == 0 and section == _REQUEST else 0
-            collector.add(section, sentence, _score(section, sentence) + bonus)
+            collector.add(section, sentence, _score(section, sentence) + bonus, seq=seq)
 
     @staticmethod
-    def _agent(collector: _Collector, sentences: list[str]) -> None:
+    def _agent(collector: _Collector, sentences: list[str], *, seq: int) -> None:
         for sentence in sentences:
             if _STRONG_ERROR.search(sentence) or _CAUSE.search(sentence):
                 section = _ISSUES
@@ -561,13 +786,14 @@ class LocalSummarizer(Summarizer):
                 section = _TECH
             else:
                 continue
-            collector.add(section, sentence, _score(section, sentence))
+            collector.add(section, sentence, _score(section, sentence), seq=seq)
 
     @staticmethod
-    def _tool_result(collector: _Collector, content: str, name: str) -> None:
+    def _tool_result(collector: _Collector, content: str, name: str, *, seq: int) -> None:
         # One regex pass over the whole output, expanding each hit to its line: tool output can
         # be megabytes of code, so it is never split into sentences.
         seen_lines = 0
+        added: set[str] = set()  # lines of this output already added
         last_end = -1
         label = re.sub(r"[^\w.-]", "_", name) or "tool"
         for match in _TOOL_ERROR.finditer(content):
@@ -581,10 +807,47 @@ class LocalSummarizer(Summarizer):
             if line.startswith("E "):
                 line = line[1:].strip()
             item = f"{label} output: {line}"
-            collector.add(_ISSUES, item, _score(_ISSUES, item))
+            added.add(_key(_clip(item)))
+            collector.add(_ISSUES, item, _score(_ISSUES, item), seq=seq, collapse=True)
             seen_lines += 1
             if seen_lines >= _MAX_TOOL_ERRORS:
                 break
+        # The evidence a continuation needs verbatim: exit codes, statuses, tallies, hashes,
+        # schema names, settings, versions, addresses. Repeats of one shape collapse.
+        # At most a few lines per kind of evidence from one output (a `git log` of fifty
+        # commits is one fact, not fifty), the salient ones first: a line that also says
+        # something failed or went wrong ("is the first bad commit") beats its neighbours.
+        per_kind: dict[str, int] = {}
+        found_items = sorted(
+            (f for f in extract(content, seq=seq) if f.kind in _EVIDENCE_SECTIONS),
+            key=lambda f: not _SALIENT.search(f.line),
+        )
+        for found in found_items:
+            section = _EVIDENCE_SECTIONS.get(found.kind)
+            if section is None:
+                continue
+            # Repeats of an issue collapse into one line (their count is the point); other
+            # kinds are capped per output.
+            if section != _ISSUES and per_kind.get(found.kind, 0) >= _MAX_LINES_PER_KIND:
+                continue
+            if found.kind == "exit" and found.key == "exit:0":
+                continue
+            if found.kind == "http_status" and found.key < "http_status:400":
+                continue
+            text = f"{label} output: {found.line}"
+            if _key(_clip(text)) in added:
+                continue
+            added.add(_key(_clip(text)))
+            per_kind[found.kind] = per_kind.get(found.kind, 0) + 1
+            collector.add(
+                section,
+                text,
+                # Not `_score`: quoted output is penalised there, but these lines are the
+                # evidence itself.
+                _evidence_score(section, found.line, [found.kind]),
+                seq=seq,
+                collapse=section == _ISSUES,
+            )
 
     # --- assembly ------------------------------------------------------------------------------
 
@@ -595,12 +858,11 @@ class LocalSummarizer(Summarizer):
             by_section[item.section].append(item)
         lines: list[str] = []
         for name in SECTIONS:
-            lines.append(f"## {name}")
             chosen = sorted(by_section[name], key=lambda i: i.order)
-            if chosen:
-                lines.extend(f"- {item.text}" for item in chosen)
-            else:
-                lines.append(_EMPTY)
+            if not chosen:
+                continue  # an empty section says nothing ("None." cost tokens)
+            lines.append(f"## {name}")
+            lines.extend(f"- {item.text}{_cite(item)}" for item in chosen)
             lines.append("")
         return "\n".join(lines).rstrip() + "\n"
 
@@ -648,9 +910,10 @@ class LocalSummarizer(Summarizer):
         chosen = pool[: best + 1]
         while chosen and self.count_tokens(self._render(chosen)) > max_tokens:
             chosen.pop()
-        if not chosen and self.count_tokens(self._render([])) > max_tokens:
+        if not chosen and pool:
+            # Not even one whole item fits: the best one, cut at a word end, beats nothing.
             return truncate_to_tokens(
-                self._render([]), max_tokens=max_tokens, count_tokens=self.count_tokens
+                self._render(pool[:1]), max_tokens=max_tokens, count_tokens=self.count_tokens
             )
         # The item that stopped the prefix may be long while later ones are short: offer a few
         # of the next-ranked items individually.

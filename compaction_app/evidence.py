@@ -1,0 +1,1028 @@
+"""The evidence extractor: the literals an agent needs to continue, pulled out of any text.
+
+Pure (no Django, no settings), deterministic, regex-only, so it runs on text it has never seen:
+shell transcripts, pytest and git output, psql errors, HTTP responses, kubectl tables, JSON error
+bodies, tracebacks and prose. The local summarizer ranks these items and the loss report checks
+which of them survive a compaction; both use this one module, so what the summary promises to
+keep and what the report counts are the same thing.
+
+Each item has a `kind`, the `text` as it appeared (clipped), a normalized `key` (two items with
+the same key are the same evidence; the key is what "still held by the context" is judged by), a
+`seq` (the event it came from), the source `line` (clipped; what a summary line can quote), a
+`subject` for values a later message may correct (a setting's name, a package's name: the newest
+value wins), and a `shape` (the key with its variable parts blanked) that lets repeats of one
+pattern — forty `ValueError: bad row N` lines — collapse into one.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from functools import lru_cache
+
+__all__ = [
+    "KINDS",
+    "Evidence",
+    "collapsed_shapes",
+    "extract",
+    "extract_many",
+    "held",
+    "loss_report",
+    "shape_of",
+]
+
+KINDS: tuple[str, ...] = (
+    "path",
+    "command",
+    "exit",
+    "signal",
+    "error",
+    "error_code",
+    "http_status",
+    "url",
+    "host",
+    "commit",
+    "table",
+    "migration",
+    "index",
+    "constraint",
+    "ticket",
+    "identifier",
+    "flag",
+    "tag",
+    "setting",
+    "version",
+    "quantity",
+    "test_tally",
+    "decision",
+    "plan",
+    "cause",
+    "todo",
+    "correction",
+)
+
+_MAX_TEXT = 200
+_MAX_LINE = 240
+
+
+@dataclass(frozen=True)
+class Evidence:
+    kind: str
+    text: str
+    key: str
+    seq: int = 0
+    line: str = ""
+    subject: str = ""
+    shape: str = ""
+
+
+def _clip(text: str, limit: int) -> str:
+    text = " ".join(text.split())
+    if len(text) <= limit:
+        return text
+    cut = text.rfind(" ", 0, limit - 1)
+    return text[: cut if cut > limit // 2 else limit - 1] + "…"
+
+
+# Numbers and hashes vary between repeats of one pattern; quoted names and identifiers do not
+# (`ERR_QUOTA_TENANTS` and `ERR_AUTH_CARTS` are two facts, `bad row 17` and `bad row 912` one).
+_SHAPE_VARIABLE = re.compile(r"\b[0-9a-f]{7,40}\b|\d+(?:[.,:]\d+)*")
+
+
+def shape_of(text: str) -> str:
+    """`text` with its variable parts (quoted strings, hex ids, numbers) blanked out."""
+    return " ".join(_SHAPE_VARIABLE.sub("#", text.lower()).split())
+
+
+# --- patterns ----------------------------------------------------------------------------------
+
+_URL = re.compile(r"\b(?:https?|wss?|postgres(?:ql)?|redis|amqp|mysql|s3)://[^\s\"'<>`)\]},]+")
+_FILE_EXT = (
+    r"py|pyi|js|mjs|cjs|jsx|ts|tsx|go|rs|java|kt|rb|php|c|h|cc|cpp|hpp|cs|swift|sql|sh|bash|zsh"
+    r"|toml|ya?ml|json|jsonl|ini|cfg|conf|env|lock|md|rst|txt|log|csv|html?|css|scss|xml|proto"
+    r"|tf|tfvars|gradle|pem|crt|service|sock|pid|sqlite3?|ipynb|whl|gz|tgz|zip|jar"
+)
+# A path has a slash and either a file extension, a leading / ./ ~/ or three segments; or is a
+# bare file name with a known extension. MIME types and unit ratios are not paths.
+_PATH = re.compile(
+    r"(?<![\w/.:@-])((?:~|\.{1,2})?/?(?:[\w@+.-]+/)+[\w@+.-]*[\w@+-])(?::(\d+))?"
+    r"|(?<![\w/.:@-])((?:[\w-]+\.)+(?:" + _FILE_EXT + r")|Dockerfile|Makefile|Procfile)\b(?!\.?\w)"
+)
+_NOT_PATH_PREFIX = (
+    "application/",
+    "text/",
+    "image/",
+    "multipart/",
+    "audio/",
+    "video/",
+    "font/",
+    "origin/",
+    "upstream/",
+    "refs/",
+    "HTTP/",
+)
+_COMMAND_PROMPT = re.compile(r"^[ \t]*(?:\$|❯|%|>>>|\w+@[\w.-]+:[~\w/.-]*[$#])[ \t]+(\S.*)$", re.M)
+_COMMAND_JSON = re.compile(r"\"(?:command|cmd)\"\s*:\s*\"((?:[^\"\\\n]|\\.){2,400})\"")
+_EXIT = re.compile(
+    r"\b(?:exit(?:ed)?(?: with)?(?: status| code)?|exit_code|returned non-zero exit status"
+    r"|command terminated with exit code|Process exited with code|Exit code|\] Error)[:= ]+(-?\d{1,3})\b",
+    re.I,
+)
+_SIGNAL = re.compile(
+    r"\bKilled: \d+|\bSegmentation fault(?: \(core dumped\))?|\bsignal: (?:killed|terminated|"
+    r"segmentation fault|aborted)|\bSIG(?:KILL|TERM|SEGV|ABRT|INT|HUP|PIPE|BUS)\b|\bOOMKilled\b"
+    r"|\bAborted \(core dumped\)|\bBus error"
+)
+_EXCEPTION = re.compile(
+    r"(?<![\w.])((?:[a-z_][\w]*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt|Fault|Warning"
+    r"|Timeout|Refused|Denied|NotFound|DoesNotExist|Violation))\b(?::[ \t]*([^\n]{0,300}))?"
+)
+_ERROR_CODE = re.compile(
+    r"\b(?:ERR_[A-Z0-9_]{3,}|E(?:CONN(?:REFUSED|RESET|ABORTED)|NOENT|ACCES|PERM|ADDRINUSE|PIPE"
+    r"|TIMEDOUT|HOSTUNREACH|NOTFOUND|EXIST|NOMEM|AGAIN|RESOLVE)|SQLSTATE\[?\s*[0-9A-Z]{5}\]?"
+    r"|ORA-\d{5}|error\[E\d{4}\]|CrashLoopBackOff|ImagePullBackOff|ErrImagePull|Evicted|[A-Z][A-Za-z]+\d{3,4}(?=:)|[A-Z]{2,}\d{3,4}(?=\b))"
+)
+_ERROR_FIELD = re.compile(
+    r"\"(?:code|error|error_code|errorCode|type|reason)\"\s*:\s*\"([\w.-]{3,80})\""
+)
+# `pkg.errors.UndefinedTable: message` (a traceback's last line) and pytest's `E   assert ...`.
+_DOTTED_EXCEPTION = re.compile(r"^[ \t]*((?:[a-z_]\w*\.)+[A-Z]\w+): (\S[^\n]{0,300})$", re.M)
+_PYTEST_ASSERT = re.compile(r"^E[ \t]+(assert [^\n]{1,200})$", re.M)
+_ERROR_LINE = re.compile(
+    r"^[ \t]*(?:E[ \t]+)?(?:ERROR|FATAL|PANIC|error|fatal|panic|npm ERR!|Error)(?:\[\w+\])?:[ \t]+(\S[^\n]*)$",
+    re.M,
+)
+_HTTP = re.compile(
+    r"\bHTTP/[\d.]+ (\d{3})(?: ([A-Za-z][A-Za-z -]{1,40}))?"
+    r"|\b(?:status(?: code)?|status_code|statusCode|HTTP)[\"']?\s*[:=]?\s*(\d{3})\b"
+    r"|\b(\d{3}) (Bad Request|Unauthorized|Forbidden|Not Found|Conflict|Gone|Too Many Requests"
+    r"|Internal Server Error|Bad Gateway|Service Unavailable|Gateway Timeout|Unprocessable Entity"
+    r"|Payload Too Large|Method Not Allowed|Request Timeout)\b",
+    re.I,
+)
+_HOST = re.compile(
+    r"(?<![\w./@-])((?:(?:\d{1,3}\.){3}\d{1,3})|localhost|(?:[a-z0-9-]+\.)+[a-z][a-z0-9-]*"
+    r"|[a-z][a-z0-9-]*-[a-z0-9-]+|\[[0-9a-f:]+\]):(\d{2,5})\b(?![:/\w])",
+    re.I,
+)
+_COMMIT = re.compile(r"(?<![\w-])(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}(?![\w-])")
+_SQL_TABLE = re.compile(
+    r"\b(FROM|JOIN|INTO|UPDATE|TABLE(?: IF (?:NOT )?EXISTS)?|TRUNCATE|relation(?: named)?|table)\s+"
+    r"(\"?)((?:[a-z_][\w]*\.)?[a-z_][\w]*)\"?",
+)
+_PSQL_TABLE = re.compile(r"\bTable \"((?:\w+\.)?\w+)\"")
+_CONSTRAINT = re.compile(r"\bconstraint\s+\"?(\w+)\"?|\bCONSTRAINT\s+\"?(\w+)\"?", re.I)
+_INDEX = re.compile(
+    r"\b(?:INDEX(?: CONCURRENTLY)?(?: IF NOT EXISTS)?|index)\s+\"?([a-z_]\w*)\"?(?=[\s\";,]|$)",
+    re.M,
+)
+_MIGRATION = re.compile(
+    r"(?<![\w/])(\d{4}_[a-z][a-z0-9_]*)\b|\b(?:revision|Revision ID:?)\s+([0-9a-f]{12})\b"
+)
+_TICKET = re.compile(r"\b([A-Z][A-Z0-9]{1,9}-\d{1,6})\b|(?<![\w\[#&-])(#\d{2,6})\b(?![\]\w-])")
+_FLAG = re.compile(
+    r"\b((?:FF|FEATURE|FLAG)_[A-Z0-9_]{3,})\b|\b([a-z][a-z0-9]*(?:_[a-z0-9]+)*_enabled)\b"
+    r"|\b(?:feature[ -]flag|flag)\s+[`'\"]?([a-z][\w.-]{2,60})[`'\"]?",
+)
+_TAG = re.compile(
+    r"(?<![\w.=@-])(v\d+\.\d+(?:\.\d+)?(?:-[\w.]+)?)\b"
+    r"|\b(?:Image|image):\s+(\S+:\S+)|\bdocker (?:pull|push|run|build -t) (\S+:\S+)"
+)
+_SETTING = re.compile(
+    r"(?<![\w-])([A-Z][A-Z0-9_]{2,})=(\"[^\"\n]*\"|'[^'\n]*'|[^\s,;'\"`)\]}]+)"
+    r"|^[ \t]*[+-]?([A-Za-z_][\w.]*)[ \t]*=[ \t]*(\d[\w.]*|'[^'\n]*'|\"[^\"\n]*\"|true|false|on|off)[ \t]*(?:#.*)?$",
+    re.M,
+)
+_VERSION_STOP = frozenset(
+    [
+        "in",
+        "at",
+        "of",
+        "to",
+        "is",
+        "was",
+        "took",
+        "for",
+        "by",
+        "and",
+        "or",
+        "the",
+        "from",
+        "about",
+        "than",
+        "after",
+        "before",
+        "on",
+        "with",
+        "version",
+        "line",
+        "lines",
+        "step",
+        "steps",
+        "page",
+        "pages",
+        "item",
+        "items",
+        "row",
+        "rows",
+        "take",
+        "takes",
+        "size",
+        "top",
+    ]
+)
+_VERSION = re.compile(
+    r"\b([A-Za-z][\w.+]*(?:-[A-Za-z][\w.+]*)*)(==|>=|<=|~=|@|-| v| )v?(\d+\.\d+(?:\.\d+){0,2}"
+    r"(?:(?:a|b|rc|\.post|\.dev)\d+)?)(?![\w.])"
+)
+_QUANTITY = re.compile(
+    r"(?<![\w.])(\d+(?:[.,]\d+)*)\s?(ms|µs|us|ns|s|sec|seconds?|minutes?|mins?|hours?|h|days?"
+    r"|KiB|MiB|GiB|TiB|KB|MB|GB|TB|kB|bytes|B|%|rps|qps|req/s|requests per (?:second|minute)"
+    r"|tokens|rows|cores|vCPU|Mi|Gi|m)(?![\w/])"
+)
+_TALLY = re.compile(
+    r"\b\d+ (?:failed|passed|errors?|skipped|xfailed|xpassed|deselected|warnings?|tests?|total)"
+    r"(?:,? \d+ (?:failed|passed|errors?|skipped|xfailed|xpassed|deselected|warnings?|total))*"
+    r"(?: in \d+(?:\.\d+)?s)?|\bRan \d+ tests? in [\d.]+s|\bFAILED \((?:failures|errors)=\d+(?:, \w+=\d+)*\)"
+    r"|\bTests?:\s+\d+ \w+(?:, \d+ \w+)*"
+)
+_PROSE = (
+    (
+        "correction",
+        re.compile(
+            r"\b(?:correction|I was wrong|scratch that|turns out|not \S+ but|actually,?|"
+            r"to correct)\b",
+            re.I,
+        ),
+    ),
+    (
+        "cause",
+        re.compile(
+            r"\b(?:root cause|caused by|because|the (?:problem|issue|bug|cause) (?:is|was)"
+            r"|fixed by|the fix (?:is|was))\b",
+            re.I,
+        ),
+    ),
+    (
+        "decision",
+        re.compile(
+            r"\b(?:decided|decision|we will|we'll|going with|go with|instead of|chose|opted"
+            r"|settled on|agreed|let's use|we use|switch(?:ed)? to)\b",
+            re.I,
+        ),
+    ),
+    ("todo", re.compile(r"\b(?:TODO|FIXME|XXX|still need to|follow-up|not yet done)\b")),
+    (
+        "plan",
+        re.compile(
+            r"\b(?:plan(?: is)?:|next step|next,|then I'?ll|I will|I'll now|we need to|steps?:)",
+            re.I,
+        ),
+    ),
+)
+_SETTING_NAME = re.compile(r"\b[A-Z][A-Z0-9]*_[A-Z0-9_]+\b")
+_SENTENCE = re.compile(r"[^\n.!?]*(?:[.!?](?=\s|$)|\n|$)")
+_CODE_LINE = re.compile(r"^\s*(?:def |class |import |from \w+ import|return |@|#|//|\}|\{|\))")
+
+
+# --- extraction ----------------------------------------------------------------------------------
+
+
+def _line_at(text: str, start: int, end: int) -> str:
+    line_start = text.rfind("\n", 0, start) + 1
+    line_end = text.find("\n", end)
+    return text[line_start : len(text) if line_end < 0 else line_end]
+
+
+class _Out:
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.items: list[Evidence] = []
+        self.keys: set[str] = set()
+
+    def add(
+        self, kind: str, value: str, key: str, start: int, end: int, *, subject: str = ""
+    ) -> None:
+        key = f"{kind}:{key}"
+        if key in self.keys or not value.strip():
+            return
+        self.keys.add(key)
+        line = _clip(_line_at(self.text, start, end), _MAX_LINE)
+        self.items.append(
+            Evidence(
+                kind=kind,
+                text=_clip(value, _MAX_TEXT),
+                key=key,
+                line=line,
+                subject=subject,
+                shape=shape_of(key) if kind in _SHAPED else "",
+            )
+        )
+
+
+_SHAPED = frozenset({"error", "exit", "http_status", "test_tally", "signal", "error_code"})
+
+
+def _norm(text: str) -> str:
+    return " ".join(text.lower().split())
+
+
+def _errors(out: _Out, text: str) -> None:
+    for m in _EXCEPTION.finditer(text):
+        name = m.group(1).rsplit(".", 1)[-1]
+        message = (m.group(2) or "").strip().rstrip(",")
+        # "raise ValueError(f'...')" in source code is not an error that happened.
+        before = text[max(0, m.start() - 12) : m.start()]
+        if "raise " in before or "except " in before or text[m.end() : m.end() + 1] == "(":
+            continue
+        value = f"{name}: {message}" if message else name
+        out.add("error", value, _norm(_clip(value, 160)), m.start(), m.end())
+    for m in _DOTTED_EXCEPTION.finditer(text):
+        name = m.group(1).rsplit(".", 1)[-1]
+        value = f"{name}: {m.group(2).strip()}"
+        out.add("error", value, _norm(_clip(value, 160)), m.start(), m.end())
+    for m in _PYTEST_ASSERT.finditer(text):
+        value = f"AssertionError: {m.group(1).strip()}"
+        out.add("error", value, _norm(_clip(value, 160)), m.start(), m.end())
+    for m in _ERROR_LINE.finditer(text):
+        value = m.group(0).strip()
+        if value.startswith("E "):
+            value = value[1:].strip()
+        out.add("error", value, _norm(_clip(value, 160)), m.start(), m.end())
+    for m in _ERROR_CODE.finditer(text):
+        code = m.group(0).strip("[] ")
+        out.add("error_code", code, code.lower(), m.start(), m.end())
+    for m in _ERROR_FIELD.finditer(text):
+        code = m.group(1)
+        # Only code-like values: `rate_limited`, `ERR_X`, `invalid-token`; not prose.
+        if re.fullmatch(r"[A-Za-z][A-Za-z0-9]*(?:[_.-][A-Za-z0-9]+)+|[A-Z][A-Z0-9_]{3,}", code):
+            out.add("error_code", code, code.lower(), m.start(), m.end())
+
+
+def _http(out: _Out, text: str) -> None:
+    for m in _HTTP.finditer(text):
+        status = m.group(1) or m.group(3) or m.group(4)
+        if not status or not 100 <= int(status) <= 599:
+            continue
+        reason = m.group(2) or m.group(5) or ""
+        value = f"HTTP {status} {reason}".strip()
+        out.add("http_status", value, status, m.start(), m.end())
+
+
+_SQL_WORDS = frozenset(
+    [
+        "select",
+        "from",
+        "where",
+        "and",
+        "or",
+        "not",
+        "null",
+        "the",
+        "a",
+        "an",
+        "to",
+        "of",
+        "in",
+        "on",
+        "as",
+        "is",
+        "if",
+        "exists",
+        "set",
+        "values",
+        "only",
+        "table",
+        "index",
+        "constraint",
+        "unique",
+        "key",
+        "primary",
+        "foreign",
+        "references",
+        "default",
+        "check",
+        "cascade",
+        "concurrently",
+        "public",
+        "lateral",
+    ]
+)
+
+
+_KNOWN_TOOLS = frozenset(
+    [
+        "python",
+        "node",
+        "npm",
+        "pip",
+        "psql",
+        "postgres",
+        "postgresql",
+        "redis",
+        "go",
+        "rustc",
+        "cargo",
+        "java",
+        "kubectl",
+        "helm",
+        "terraform",
+        "docker",
+        "django",
+        "celery",
+        "pytest",
+        "ruby",
+        "gcc",
+        "clang",
+        "nginx",
+    ]
+)
+
+
+def _urls(out: _Out, text: str) -> None:
+    for m in _URL.finditer(text):
+        url = m.group(0).rstrip(".,:;!?")
+        out.add("url", url, url.lower().rstrip("/"), m.start(), m.end())
+
+
+def _shell_commands(out: _Out, text: str) -> None:
+    for m in _COMMAND_PROMPT.finditer(text):
+        command = m.group(1).strip()
+        out.add("command", command, _norm(command), m.start(1), m.end(1))
+    for m in _COMMAND_JSON.finditer(text):
+        command = m.group(1).encode().decode("unicode_escape", errors="replace")
+        out.add("command", command, _norm(command), m.start(1), m.end(1))
+
+
+def _exits(out: _Out, text: str) -> None:
+    for m in _EXIT.finditer(text):
+        code = m.group(1)
+        out.add("exit", f"exit status {code}", code, m.start(), m.end())
+    for m in _SIGNAL.finditer(text):
+        value = m.group(0)
+        out.add("signal", value, _norm(value), m.start(), m.end())
+
+
+def _prose(out: _Out, text: str) -> None:
+    for m in _SENTENCE.finditer(text):
+        sentence = m.group(0).strip()
+        if len(sentence) < 12 or _CODE_LINE.match(sentence):
+            continue
+        for kind, pattern in _PROSE:
+            if pattern.search(sentence):
+                value = _clip(sentence, _MAX_TEXT)
+                key = _norm(re.sub(r"[^\w\s]", " ", value))[:120]
+                # A correction supersedes earlier values of the setting it names.
+                named = _SETTING_NAME.search(sentence) if kind == "correction" else None
+                subject = f"setting:{named.group(0).lower()}" if named else ""
+                out.add(kind, value, key, m.start(), m.end(), subject=subject)
+                break
+
+
+# --- the fast paths --------------------------------------------------------------------------
+#
+# Python's regex engine tries a pattern at every position, so a dozen patterns over megabytes of
+# tool output cost seconds. Two cheap passes keep it linear: patterns that need a trigger word
+# run only on the lines containing one (found with str.find, in C), and the token-shaped kinds
+# (paths, hashes, identifiers, versions, quantities, hosts, KEY=VALUE) come from one tokenizer
+# pass classified by cheap string tests.
+
+_TOKEN = re.compile(r"[^\s\"'`()\[\]{}<>,;|]+")
+_DIGIT = re.compile(r"\d")
+_EXT_SUFFIXES = tuple(
+    "." + ext
+    for ext in [
+        "py",
+        "pyi",
+        "js",
+        "mjs",
+        "cjs",
+        "jsx",
+        "ts",
+        "tsx",
+        "go",
+        "rs",
+        "java",
+        "kt",
+        "rb",
+        "php",
+        "c",
+        "h",
+        "cc",
+        "cpp",
+        "hpp",
+        "cs",
+        "swift",
+        "sql",
+        "sh",
+        "bash",
+        "toml",
+        "yaml",
+        "yml",
+        "json",
+        "jsonl",
+        "ini",
+        "cfg",
+        "conf",
+        "env",
+        "lock",
+        "md",
+        "rst",
+        "txt",
+        "log",
+        "csv",
+        "html",
+        "htm",
+        "css",
+        "scss",
+        "xml",
+        "proto",
+        "tf",
+        "tfvars",
+        "gradle",
+        "pem",
+        "crt",
+        "service",
+        "sock",
+        "pid",
+        "sqlite",
+        "sqlite3",
+        "ipynb",
+        "whl",
+        "gz",
+        "tgz",
+        "zip",
+        "jar",
+    ]
+)
+_BARE_FILES = frozenset({"Dockerfile", "Makefile", "Procfile", "Jenkinsfile", "Gemfile"})
+_PATH_TOKEN = re.compile(r"(?:~|\.{1,2})?/?(?:[\w@+.-]+/)*[\w@+.-]*[\w@+-](?::\d+)*")
+_HEX = re.compile(r"[0-9a-f]{7,40}")
+_HEX_LETTER = re.compile(r"[a-f]")
+_MIGRATION_TOKEN = re.compile(r"\d{4}_[a-z][a-z0-9_]*")
+_TICKET_TOKEN = re.compile(r"[A-Z][A-Z0-9]{1,9}-\d{1,6}|#\d{2,6}")
+_TAG_TOKEN = re.compile(r"v\d+\.\d+(?:\.\d+)?(?:-[\w.]+)?")
+# Names that mean one specific thing: snake_case or CamelCase with a digit in them
+# (`orders_archive_2025`, `QuotaResolver1418`). Each CamelCase part starts at its capital, so
+# the pattern cannot backtrack exponentially on a long token.
+_IDENT_TOKEN = re.compile(r"[a-z][a-z0-9]*(?:_[a-z0-9]+)+|[A-Z][a-z0-9]+(?:[A-Z][a-z0-9]*)+")
+_VERSION_TOKEN = re.compile(
+    r"([A-Za-z][\w.+]*?)(==|>=|<=|~=|@|-)v?(\d+\.\d+(?:\.\d+){0,2}(?:(?:a|b|rc|\.post|\.dev)\d+)?)"
+)
+_NUMBER_VERSION = re.compile(r"v?\d+\.\d+(?:\.\d+){0,2}")
+_UNITS = (
+    r"ms|µs|us|ns|s|sec|seconds?|minutes?|mins?|hours?|h|days?|KiB|MiB|GiB|TiB|KB|MB|GB|TB"
+    r"|kB|bytes|B|%|rps|qps|req/s|tokens|rows|cores|vCPU|Mi|Gi|m"
+)
+_QTY_TOKEN = re.compile(r"(\d+(?:[.,]\d+)*)(" + _UNITS + r")")
+_QTY_NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
+_QTY_NEXT = re.compile(r"[ \t](" + _UNITS + r"|requests per (?:second|minute))(?![\w/])")
+_HOST_TOKEN = re.compile(
+    r"((?:\d{1,3}\.){3}\d{1,3}|localhost|(?:[a-z0-9-]+\.)+[a-z][a-z0-9-]*|[a-z][a-z0-9-]*-[a-z0-9-]+)"
+    r":(\d{2,5})",
+    re.I,
+)
+_UPPER_SETTING = re.compile(r"([A-Z][A-Z0-9_]{2,})=(.+)")
+
+
+def _tokens(out: _Out, text: str) -> None:
+    previous = ""
+    for m in _TOKEN.finditer(text):
+        tok = m.group(0)
+        prev, previous = previous, tok
+        if tok.isalpha():
+            if tok in _BARE_FILES:
+                out.add("path", tok, tok, m.start(), m.end())
+            continue
+        core = tok.rstrip(".:!?*").lstrip("+-")
+        if not core:
+            continue
+        start = m.start() + len(tok) - len(tok.lstrip("+-"))
+        end = start + len(core)
+        if ".." in core and "/" not in core:
+            for part in core.split(".."):  # a commit range, 83db48f..bf269f4
+                if _HEX.fullmatch(part) and _HEX_LETTER.search(part):
+                    out.add("commit", part, part[:7], start, end)
+            continue
+        if "=" in core:
+            setting = _UPPER_SETTING.fullmatch(core)
+            if setting:
+                name, _value = setting.group(1), setting.group(2)
+                out.add(
+                    "setting",
+                    core,
+                    core.lower(),
+                    start,
+                    end,
+                    subject=f"setting:{name.lower()}",
+                )
+                continue
+        if "://" in core:
+            continue
+        if "/" in core or core.endswith(_EXT_SUFFIXES):
+            _path_token(out, core, start, end)
+            continue
+        if core.startswith(("FF_", "FEATURE_", "FLAG_")) or core.endswith("_enabled"):
+            out.add("flag", core, core.lower(), start, end)
+            continue
+        if _DIGIT.search(core) is None:
+            continue
+        _digit_token(out, text, core, prev, start, end)
+
+
+def _path_token(out: _Out, core: str, start: int, end: int) -> None:
+    path = core.split("::", 1)[0]
+    if path.startswith(_NOT_PATH_PREFIX) or "//" in path or not _PATH_TOKEN.fullmatch(path):
+        return
+    path = re.sub(r"(?::\d+)+$", "", path)
+    if path.startswith(("a/", "b/")):
+        path = path[2:]  # git diff's a/ and b/ sides
+    if "/" in path:
+        segments = [s for s in path.split("/") if s]
+        last = segments[-1] if segments else ""
+        has_ext = "." in last.lstrip(".")
+        rooted = path.startswith(("/", "./", "../", "~/"))
+        if not (has_ext or (rooted and len(segments) >= 2) or len(segments) >= 3):
+            return
+        if all(s.isdigit() for s in segments):
+            return  # a date or a ratio
+    out.add("path", path, path, start, end)
+
+
+def _digit_token(out: _Out, text: str, core: str, prev: str, start: int, end: int) -> None:
+    if _HEX.fullmatch(core) and _HEX_LETTER.search(core):
+        out.add("commit", core, core[:7], start, end)
+        return
+    if _MIGRATION_TOKEN.fullmatch(core):
+        out.add("migration", core, core.lower(), start, end)
+        return
+    if _TICKET_TOKEN.fullmatch(core):
+        if core.startswith("#") and text[start - 1 : start] in ("[", "-"):
+            return  # a summary's own citation, [#812-#840]
+        if not core.startswith(("UTF-", "ISO-", "SHA-", "RFC-", "AES-", "TLS-", "SSL-", "HTTP-")):
+            out.add("ticket", core, core.lower(), start, end)
+        return
+    if _TAG_TOKEN.fullmatch(core):
+        out.add("tag", core, core.lower(), start, end)
+        return
+    version = _VERSION_TOKEN.fullmatch(core)
+    if version:
+        name, sep, number = version.groups()
+        if name.lower() not in _VERSION_STOP and len(name) >= 2:
+            shown = f"{name}{'==' if sep == '-' else sep}{number}"
+            out.add(
+                "version",
+                shown,
+                f"{name.lower()}=={number}",
+                start,
+                end,
+                subject=f"version:{name.lower()}",
+            )
+        return
+    if _IDENT_TOKEN.fullmatch(core):
+        if not core.startswith(("test_", "call_")):
+            out.add("identifier", core, core.lower(), start, end)
+        return
+    host = _HOST_TOKEN.fullmatch(core)
+    if host and not host.group(1).lower().endswith(_EXT_SUFFIXES):
+        out.add("host", core, core.lower(), start, end)
+        return
+    quantity = _QTY_TOKEN.fullmatch(core)
+    if quantity:
+        number, unit = quantity.groups()
+        if not (unit in ("m", "s", "h", "B") and "." not in number and len(number) > 4):
+            out.add("quantity", core, f"{number.replace(',', '')}{unit.lower()}", start, end)
+        return
+    if _QTY_NUMBER.fullmatch(core):
+        unit_match = _QTY_NEXT.match(text, end)
+        if unit_match:
+            unit = unit_match.group(1)
+            out.add(
+                "quantity",
+                f"{core} {unit}",
+                f"{core.replace(',', '')}{unit.lower()}",
+                start,
+                unit_match.end(),
+            )
+            return
+    if _NUMBER_VERSION.fullmatch(core):
+        name = prev.rstrip(":")
+        known = name.isalpha() and (name[0].isupper() or name.lower() in _KNOWN_TOOLS)
+        if known and name.lower() not in _VERSION_STOP:
+            number = core.lstrip("v")
+            out.add(
+                "version",
+                f"{name} {number}",
+                f"{name.lower()}=={number}",
+                start,
+                end,
+                subject=f"version:{name.lower()}",
+            )
+
+
+def _lines_with(text: str, needles: tuple[str, ...], *, lowered: str | None = None) -> str:
+    """The lines of `text` containing any of `needles` (searched in `lowered` when given)."""
+    hay = text if lowered is None else lowered
+    spans: set[int] = set()
+    for needle in needles:
+        pos = hay.find(needle)
+        while pos >= 0:
+            line_start = hay.rfind("\n", 0, pos) + 1
+            spans.add(line_start)
+            line_end = hay.find("\n", pos)
+            if line_end < 0:
+                break
+            pos = hay.find(needle, line_end + 1)
+    if not spans:
+        return ""
+    if len(spans) > 2000 and len(text) < 4096:
+        return text
+    lines = []
+    for line_start in sorted(spans):
+        line_end = text.find("\n", line_start)
+        lines.append(text[line_start : len(text) if line_end < 0 else line_end])
+    return "\n".join(lines)
+
+
+_ERROR_NEEDLES = (
+    "Error",
+    "Exception",
+    "Exit",
+    "Interrupt",
+    "Fault",
+    "Warning",
+    "Timeout",
+    "Refused",
+    "Denied",
+    "NotFound",
+    "DoesNotExist",
+    "Violation",
+    "errors.",
+    "exceptions.",
+    "\nE ",
+    "ERROR",
+    "FATAL",
+    "PANIC",
+    "error:",
+    "fatal:",
+    "panic:",
+    "npm ERR!",
+    "ERR_",
+    "ECONN",
+    "ENOENT",
+    "EACCES",
+    "EPERM",
+    "EADDRINUSE",
+    "EPIPE",
+    "ETIMEDOUT",
+    "EHOSTUNREACH",
+    "ENOTFOUND",
+    "EEXIST",
+    "ENOMEM",
+    "EAGAIN",
+    "ERESOLVE",
+    "SQLSTATE",
+    "ORA-",
+    "error[E",
+    "BackOff",
+    "ErrImage",
+    "Evicted",
+    '"code"',
+    '"error',
+    '"reason"',
+)
+_SHELL_NEEDLES = ("$ ", "❯ ", ">>> ", "% ", "# ")
+_EXIT_NEEDLES = ("exit", "Exit", "EXIT", "] Error", "non-zero", "Killed", "fault", "SIG", "signal:")
+_HTTP_NEEDLES = (
+    "http/",
+    "status",
+    "bad request",
+    "unauthorized",
+    "forbidden",
+    "not found",
+    "conflict",
+    "gone",
+    "too many requests",
+    "internal server error",
+    "bad gateway",
+    "service unavailable",
+    "gateway timeout",
+    "unprocessable",
+    "payload too large",
+    "method not allowed",
+    "request timeout",
+)
+_SQL_NEEDLES = (
+    "from ",
+    "join ",
+    "into ",
+    "update ",
+    "table",
+    "truncate",
+    "relation",
+    "constraint",
+    "index",
+    "revision",
+)
+_MISC_NEEDLES = ("flag", "image:", "docker ", "passed", "failed", "ran ", "tests:", " = ")
+_PROSE_NEEDLES = (
+    "correction",
+    "i was wrong",
+    "scratch that",
+    "turns out",
+    "not ",
+    "actually",
+    "to correct",
+    "root cause",
+    "caused by",
+    "because",
+    "the problem",
+    "the issue",
+    "the bug",
+    "the cause",
+    "fixed by",
+    "the fix",
+    "decided",
+    "decision",
+    "we will",
+    "we'll",
+    "going with",
+    "go with",
+    "instead of",
+    "chose",
+    "opted",
+    "settled on",
+    "agreed",
+    "let's use",
+    "we use",
+    "switch",
+    "todo",
+    "fixme",
+    "xxx",
+    "still need to",
+    "follow-up",
+    "not yet done",
+    "plan",
+    "next step",
+    "next,",
+    "then i",
+    "i will",
+    "i'll now",
+    "we need to",
+    "step",
+)
+
+
+def _sql(out: _Out, text: str) -> None:
+    for m in _SQL_TABLE.finditer(text):
+        keyword, quoted, name = m.group(1), m.group(2), m.group(3)
+        if name.lower() in _SQL_WORDS or len(name) < 3:
+            continue
+        # In prose ("the table that ...") only a quoted or identifier-like name is a table.
+        if keyword.islower() and not (quoted or re.search(r"[_\d]", name)):
+            continue
+        out.add("table", name, name.lower(), m.start(3), m.end(3))
+    for m in _PSQL_TABLE.finditer(text):
+        out.add("table", m.group(1), m.group(1).lower(), m.start(1), m.end(1))
+    for m in _CONSTRAINT.finditer(text):
+        name = m.group(1) or m.group(2)
+        if name and name.lower() not in _SQL_WORDS and "_" in name:
+            out.add("constraint", name, name.lower(), m.start(), m.end())
+    for m in _INDEX.finditer(text):
+        name = m.group(1)
+        if name.lower() not in _SQL_WORDS and "_" in name:
+            out.add("index", name, name.lower(), m.start(1), m.end(1))
+    for m in _MIGRATION.finditer(text):
+        if m.group(2):
+            out.add("migration", m.group(2), m.group(2).lower(), m.start(), m.end())
+
+
+def _misc(out: _Out, text: str) -> None:
+    for m in _FLAG.finditer(text):
+        name = m.group(3)
+        if name:
+            out.add("flag", name, name.lower(), m.start(), m.end())
+    for m in _TAG.finditer(text):
+        name = m.group(2) or m.group(3)
+        if name:
+            out.add("tag", name, name.lower(), m.start(), m.end())
+    for m in _SETTING.finditer(text):
+        name, value = m.group(3), (m.group(4) or "").strip()
+        if name and value:
+            out.add(
+                "setting",
+                f"{name}={value}",
+                f"{name}={value}".lower(),
+                m.start(),
+                m.end(),
+                subject=f"setting:{name.lower()}",
+            )
+    for m in _TALLY.finditer(text):
+        value = m.group(0)
+        if re.fullmatch(r"\d+ (?:tests?|total|warnings?)", value):
+            continue
+        out.add("test_tally", value, _norm(re.sub(r" in [\d.]+s$", "", value)), m.start(), m.end())
+
+
+@lru_cache(maxsize=4096)
+def _extract_cached(text: str) -> tuple[Evidence, ...]:
+    out = _Out(text)
+    lowered = text.lower()
+
+    def run(family: Callable[[_Out, str], object], subset: str) -> None:
+        if subset:
+            out.text = subset
+            family(out, subset)
+
+    if "://" in text:
+        run(_urls, _lines_with(text, ("://",)))
+    out.text = text
+    _tokens(out, text)
+    run(_shell_commands, text if '"command"' in text or '"cmd"' in text else "")
+    run(_shell_commands, _lines_with(text, _SHELL_NEEDLES))
+    run(_exits, _lines_with(text, _EXIT_NEEDLES))
+    run(_errors, _lines_with(text, _ERROR_NEEDLES))
+    run(_http, _lines_with(text, _HTTP_NEEDLES, lowered=lowered))
+    run(_sql, _lines_with(text, _SQL_NEEDLES, lowered=lowered))
+    run(_misc, _lines_with(text, _MISC_NEEDLES, lowered=lowered))
+    run(_prose, _lines_with(text, _PROSE_NEEDLES, lowered=lowered))
+    return tuple(out.items)
+
+
+def extract(text: str, *, seq: int = 0) -> list[Evidence]:
+    """Every evidence item in `text`, each key once, in kind order then position."""
+    if not text:
+        return []
+    items = _extract_cached(text)
+    return [replace(item, seq=seq) for item in items] if seq else list(items)
+
+
+def extract_many(texts: Iterable[tuple[int, str]]) -> list[Evidence]:
+    """Evidence of several (seq, text) pairs; a key is reported once, at its first seq."""
+    seen: set[str] = set()
+    result: list[Evidence] = []
+    for seq, text in texts:
+        for item in extract(text, seq=seq):
+            if item.key not in seen:
+                seen.add(item.key)
+                result.append(item)
+    return result
+
+
+# --- what a context still holds ------------------------------------------------------------------
+
+_COUNT_MARK = re.compile(r"×\d+")
+
+
+def collapsed_shapes(text: str) -> set[str]:
+    """Shapes of the lines of `text` that say they stand for several repeats (`… ×40`)."""
+    shapes: set[str] = set()
+    for line in text.splitlines():
+        mark = _COUNT_MARK.search(line)
+        if mark:
+            stem = line[: mark.start()].rstrip(" …")
+            shapes.update(item.shape for item in extract(stem) if item.shape)
+    return shapes
+
+
+def held(item: Evidence, *, keys: set[str], text: str, shapes: set[str]) -> bool:
+    """Whether a context whose evidence `keys`, lowercased `text` and collapsed `shapes` are
+    given still holds `item`: the same key, the literal itself, or (for a repeated pattern)
+    a line standing for all repeats of its shape."""
+    if item.key in keys:
+        return True
+    literal = item.key.split(":", 1)[1]
+    if len(literal) >= 4 and literal in text:
+        return True
+    return bool(item.shape) and item.shape in shapes
+
+
+def loss_report(
+    *, folded: Iterable[tuple[int, str]], active: Iterable[str], max_dropped: int = 200
+) -> dict[str, object]:
+    """Which evidence of the `folded` (seq, text) pairs the `active` context texts still hold.
+
+    `{evidenceBefore, evidenceKept, keptPercent, dropped: [{kind, text, seq}], droppedTotal}`;
+    `dropped` lists at most `max_dropped` items, in seq order. 100 % when nothing was folded.
+    """
+    before = extract_many(folded)
+    active_texts = list(active)
+    keys: set[str] = set()
+    for text in active_texts:
+        keys.update(item.key for item in extract(text))
+    joined = "\n".join(active_texts)
+    lowered = joined.lower()
+    shapes = collapsed_shapes(joined)
+    dropped = [item for item in before if not held(item, keys=keys, text=lowered, shapes=shapes)]
+    kept = len(before) - len(dropped)
+    return {
+        "evidenceBefore": len(before),
+        "evidenceKept": kept,
+        "keptPercent": round(100 * kept / len(before), 1) if before else 100.0,
+        "dropped": [
+            {"kind": item.kind, "text": item.text, "seq": item.seq}
+            for item in sorted(dropped, key=lambda i: i.seq)[:max_dropped]
+        ],
+        "droppedTotal": len(dropped),
+    }
