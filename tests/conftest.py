@@ -130,3 +130,50 @@ def _close_stray_database_sessions(request):
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
             "WHERE datname = current_database() AND pid <> pg_backend_pid()"
         )
+
+
+# --- gateway ------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def gateway_url(django_db_setup, django_db_blocker):
+    """daphne serving the app in a thread of this process (in-memory channel layer, as
+    `manage.py serve` does); the gateway tests drive it with the official SDKs."""
+    import threading
+    import time
+
+    from daphne.endpoints import build_endpoint_description_strings
+    from daphne.server import Server
+    from twisted.internet import reactor
+
+    from config.asgi import application
+
+    server = Server(
+        application=application,
+        endpoints=build_endpoint_description_strings(host="127.0.0.1", port=0),
+        signal_handlers=False,
+        verbosity=0,
+    )
+    with django_db_blocker.unblock():
+        thread = threading.Thread(target=server.run, name="daphne", daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 10
+        while not server.listening_addresses:
+            if time.monotonic() > deadline:
+                raise RuntimeError("daphne did not start listening")
+            time.sleep(0.05)
+        host, port = server.listening_addresses[0]
+        yield f"http://{host}:{port}"
+        reactor.callFromThread(reactor.stop)
+        thread.join(timeout=10)
+
+
+@pytest.fixture
+def upstream(settings):
+    """The provider stand-in (tests/provider_standin.py), set as both gateway upstreams."""
+    from tests.provider_standin import ProviderStandIn
+
+    with ProviderStandIn() as standin:
+        settings.LEDGER_OPENAI_UPSTREAM = standin.openai_url
+        settings.LEDGER_ANTHROPIC_UPSTREAM = standin.anthropic_url
+        yield standin
