@@ -47,7 +47,9 @@ async def relay(
         logger.warning("upstream stream broke: %s", exc.__class__.__name__)
         yield stream_error(f"the upstream stream was interrupted ({exc.__class__.__name__})")
     finally:
-        incomplete = not (finished and accumulator.done) or accumulator.errored
+        # Complete once the provider's closing event went through, even if the client hung up
+        # right after reading it.
+        incomplete = not accumulator.done or accumulator.errored
         task = asyncio.ensure_future(_finish(response, on_end, incomplete))
         _pending.add(task)
         task.add_done_callback(_pending.discard)
