@@ -79,5 +79,12 @@ async def send(*, url: str, headers: dict[str, str], content: bytes) -> httpx.Re
     """POST and return once the response headers arrived (the body is read by the caller,
     streamed or not). Raises httpx.TransportError on connection errors and timeouts."""
     http = client()
-    request = http.build_request("POST", url, headers=headers, content=content)
+    timeout = float(settings.LEDGER_UPSTREAM_TIMEOUT_SECONDS)
+    request = http.build_request(
+        "POST",
+        url,
+        headers=headers,
+        content=content,
+        timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
+    )
     return await http.send(request, stream=True)
