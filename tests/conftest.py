@@ -135,10 +135,11 @@ def _close_stray_database_sessions(request):
 # --- gateway ------------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def gateway_url(django_db_setup, django_db_blocker):
     """daphne serving the app in a thread of this process (in-memory channel layer, as
-    `manage.py serve` does); the gateway tests drive it with the official SDKs."""
+    `manage.py serve` does); the gateway tests drive it with the official SDKs. Once per run:
+    Twisted's reactor cannot be started twice in one process."""
     import threading
     import time
 

@@ -10,8 +10,6 @@ written to static/screenshots/session-page.png (the README's).
 from __future__ import annotations
 
 import os
-import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -55,33 +53,11 @@ def _orm_beside_playwright(monkeypatch):
 
 
 @pytest.fixture(scope="module")
-def live_url(django_db_setup, django_db_blocker):
+def live_url(gateway_url):
     """daphne in a thread of this process, so the server, the Celery worker thread and the
-    in-memory channel layer are one process, as in `manage.py serve`."""
-    from daphne.endpoints import build_endpoint_description_strings
-    from daphne.server import Server
-    from twisted.internet import reactor
-
-    from config.asgi import application
-
-    server = Server(
-        application=application,
-        endpoints=build_endpoint_description_strings(host="127.0.0.1", port=0),
-        signal_handlers=False,
-        verbosity=0,
-    )
-    with django_db_blocker.unblock():
-        thread = threading.Thread(target=server.run, name="daphne", daemon=True)
-        thread.start()
-        deadline = time.monotonic() + 10
-        while not server.listening_addresses:
-            if time.monotonic() > deadline:
-                raise RuntimeError("daphne did not start listening")
-            time.sleep(0.05)
-        host, port = server.listening_addresses[0]
-        yield f"http://{host}:{port}"
-        reactor.callFromThread(reactor.stop)
-        thread.join(timeout=10)
+    in-memory channel layer are one process, as in `manage.py serve`. Shared with the gateway
+    tests (conftest.py): Twisted's reactor runs once per process."""
+    return gateway_url
 
 
 @pytest.fixture(scope="module")
