@@ -138,13 +138,11 @@ def to_client_message(unit: dict[str, Any], index: int = 0) -> ClientMessage:
     ]
     kind = USER_MESSAGE if role == "user" else AGENT_MESSAGE
     if plain or not drafts:
+        own: Any = plain if others else "\n".join(b["text"] for b in plain)
         if others:
-            stored: Any = plain
             texts.append(canonical_json(others))
-        else:
-            stored = "\n".join(b["text"] for b in plain)
         # Tool results come first in a user turn; an assistant's words precede its calls.
-        drafts.insert(0 if role == "assistant" else len(drafts), EventDraft(kind, stored))
+        drafts.insert(0 if role == "assistant" else len(drafts), EventDraft(kind, own))
     return ClientMessage(
         role=role, hash_text="\n".join(texts), tool_ids=tuple(ids), drafts=tuple(drafts)
     )
@@ -265,14 +263,14 @@ class StreamAccumulator:
                 block["_json"] = []
             self._blocks[int(payload.get("index", 0))] = block
         elif kind == "content_block_delta":
-            block = self._blocks.get(int(payload.get("index", 0)))
+            target = self._blocks.get(int(payload.get("index", 0)))
             delta = payload.get("delta") or {}
-            if block is None:
+            if target is None:
                 return
             if delta.get("type") == "text_delta":
-                block["text"] = block.get("text", "") + str(delta.get("text", ""))
+                target["text"] = target.get("text", "") + str(delta.get("text", ""))
             elif delta.get("type") == "input_json_delta":
-                block.setdefault("_json", []).append(str(delta.get("partial_json", "")))
+                target.setdefault("_json", []).append(str(delta.get("partial_json", "")))
         elif kind == "message_delta":
             self._usage.update(
                 {k: v for k, v in (payload.get("usage") or {}).items() if v is not None}

@@ -14,9 +14,9 @@ from typing import Any, Protocol
 from django.contrib.auth.models import AbstractBaseUser
 
 from compaction_app import broadcast
+from compaction_app.gateway.fit_rules import PASS_THROUGH, decide
 from compaction_app.gateway.messages import GatewayError
 from compaction_app.models import Trigger
-from sessions_app import context_window
 from sessions_app.context import context_prepare
 from sessions_app.errors import Unprocessable
 from sessions_app.models import Event, EventType, Session
@@ -24,9 +24,6 @@ from sessions_app.services import model_registry
 
 logger = logging.getLogger("compaction_app.gateway")
 audit = logging.getLogger("context")
-
-PASS_THROUGH = "pass_through"
-LEDGER = "ledger"
 
 
 class Wire(Protocol):
@@ -56,23 +53,6 @@ class Fitted:
     @property
     def percent_used(self) -> float:
         return round(100 * self.token_count / self.limit, 1) if self.limit else 0.0
-
-
-def decide(
-    *, tokens: int, limit: int, compact_threshold: float, hard_threshold: float, compacted: bool
-) -> str:
-    """PASS_THROUGH: the client's own messages go out as they are (the ledger holds exactly
-    them and they fit under the compact threshold). LEDGER: the messages come from the
-    ledger's ladder (a compacted session's active context, pruned or compacted as needed)."""
-    level = context_window.window_level(
-        tokens=tokens,
-        limit=limit,
-        compact_threshold=compact_threshold,
-        hard_threshold=hard_threshold,
-    )
-    if level == "ok" and not compacted:
-        return PASS_THROUGH
-    return LEDGER
 
 
 def model_window(session: Session, model: str) -> int:

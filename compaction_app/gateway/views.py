@@ -19,6 +19,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
 from compaction_app.gateway import anthropic, forward, openai
@@ -157,7 +158,7 @@ def _fallbacks(request: HttpRequest) -> list[str]:
     return [name.strip() for name in header.split(",") if name.strip()][:5]
 
 
-async def _handle(request: HttpRequest, wire: ModuleType) -> HttpResponse:
+async def _handle(request: HttpRequest, wire: ModuleType) -> HttpResponseBase:
     if request.method != "POST":
         return _error(wire, GatewayError("use POST", status=405, code="method_not_allowed"))
     try:
@@ -281,12 +282,12 @@ async def _record(*, call: _Call, fitted: Fitted, reply: Reply, incomplete: bool
 
 
 @csrf_exempt
-async def openai_chat_completions(request: HttpRequest) -> HttpResponse:
+async def openai_chat_completions(request: HttpRequest) -> HttpResponseBase:
     return await _handle(request, openai)
 
 
 @csrf_exempt
-async def anthropic_messages(request: HttpRequest) -> HttpResponse:
+async def anthropic_messages(request: HttpRequest) -> HttpResponseBase:
     return await _handle(request, anthropic)
 
 
