@@ -19,6 +19,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 OPENAI_PATH = "/v1/chat/completions"
+# A Step text that makes the reply echo the request's last message ("Re: …"), so concurrent
+# conversations get distinct replies.
+ECHO = "__echo__"
 ANTHROPIC_PATH = "/v1/messages"
 
 
@@ -309,6 +312,9 @@ def _error_body(is_openai: bool, step: Step) -> dict[str, Any]:
 def _handler(standin: ProviderStandIn) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        # Headers and body go out as separate writes; without this, Nagle's algorithm holds
+        # the body until the client's delayed ACK (40 ms), as no real provider front end does.
+        disable_nagle_algorithm = True
 
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
             pass
@@ -331,6 +337,9 @@ def _handler(standin: ProviderStandIn) -> type[BaseHTTPRequestHandler]:
                 return
             if step.delay:
                 time.sleep(step.delay)
+            if step.text == ECHO:
+                last = (body.get("messages") or [{}])[-1].get("content")
+                step = Step(**{**step.__dict__, "text": f"Re: {last}"})
             is_openai = path == OPENAI_PATH
             if step.kind == "error":
                 self._json(step.status, _error_body(is_openai, step))
