@@ -67,6 +67,8 @@ class EventInput:
 class AppendResult:
     events: list[Event]
     created: int
+    # The session row as the append left it (counters included).
+    session: Session | None = None
 
 
 def check_text(value: str, where: str) -> None:
@@ -386,7 +388,7 @@ def event_append(*, session: Session, events: Sequence[EventInput]) -> AppendRes
                     session=committed,
                 )
             )
-    return AppendResult(events=result, created=len(to_create))
+    return AppendResult(events=result, created=len(to_create), session=locked)
 
 
 def event_set_pinned(*, event: Event, pinned: bool) -> Event:

@@ -132,61 +132,66 @@ def record_request(
     """Append the request's new messages (ids derived from position and hash, so a retry or
     a concurrent duplicate stores nothing twice). With `window` set, a new message that alone
     exceeds it is refused before anything is stored."""
-    with transaction.atomic():
-        locked = Session.objects.select_for_update().get(pk=session.pk)
-        start = _match_start(locked, count, convert)
-        new = [(index, convert(index)) for index in range(start, count)]
-        if window is not None and new:
-            counter = tokens.counter_for_model(locked.model)
-            for index, message in new:
-                cost = (
-                    sum(
-                        tokens.messages_batch_tokens(
-                            counter,
-                            [(ROLE_FOR_TYPE[d.type], d.content, d.name) for d in message.drafts],
-                        )
+    # No lock around the match: the ids derived from position and hash make the append
+    # idempotent under the append's own lock, and the remembered prefix is only a hint.
+    start = _match_start(session, count, convert)
+    new = [(index, convert(index)) for index in range(start, count)]
+    if window is not None and new:
+        counter = tokens.counter_for_model(session.model)
+        for index, message in new:
+            cost = (
+                sum(
+                    tokens.messages_batch_tokens(
+                        counter,
+                        [(ROLE_FOR_TYPE[d.type], d.content, d.name) for d in message.drafts],
                     )
-                    + tokens.REPLY_PRIMER
                 )
-                if cost > window:
-                    raise GatewayError(
-                        f"message {index} alone is {cost} tokens; the context window of "
-                        f"{locked.model} is {window}",
-                        code="context_length_exceeded",
-                        param="messages",
-                        tokenCount=cost,
-                        limit=window,
-                        model=locked.model,
-                    )
-        inputs = [
-            EventInput(
-                id=event_id(locked.pk, index, message.hash, part),
-                type=draft.type,
-                content=draft.content,
-                name=draft.name,
-                tool_call_id=draft.tool_call_id,
-                message_hash=message.hash,
+                + tokens.REPLY_PRIMER
             )
-            for index, message in new
-            for part, draft in enumerate(message.drafts)
-        ]
-        created = 0
-        if count and count >= locked.gateway_prefix_len:
-            Session.objects.filter(pk=locked.pk).update(
-                gateway_prefix_len=count, gateway_prefix_hash=convert(count - 1).hash
-            )
-        if inputs:
-            try:
-                created = event_append(session=locked, events=inputs).created
-            except LedgerError as exc:
-                raise GatewayError(exc.detail, code=exc.code, param="messages") from None
-        fresh = Session.objects.get(pk=locked.pk)
+            if cost > window:
+                raise GatewayError(
+                    f"message {index} alone is {cost} tokens; the context window of "
+                    f"{session.model} is {window}",
+                    code="context_length_exceeded",
+                    param="messages",
+                    tokenCount=cost,
+                    limit=window,
+                    model=session.model,
+                )
+    inputs = [
+        EventInput(
+            id=event_id(session.pk, index, message.hash, part),
+            type=draft.type,
+            content=draft.content,
+            name=draft.name,
+            tool_call_id=draft.tool_call_id,
+            message_hash=message.hash,
+        )
+        for index, message in new
+        for part, draft in enumerate(message.drafts)
+    ]
+    created = 0
+    fresh = session
+    if count and (count, convert(count - 1).hash) != (
+        session.gateway_prefix_len,
+        session.gateway_prefix_hash,
+    ):
+        Session.objects.filter(pk=session.pk, gateway_prefix_len__lte=count).update(
+            gateway_prefix_len=count, gateway_prefix_hash=convert(count - 1).hash
+        )
+    if inputs:
+        try:
+            result = event_append(session=session, events=inputs)
+        except LedgerError as exc:
+            raise GatewayError(exc.detail, code=exc.code, param="messages") from None
+        created = result.created
+        fresh = result.session or Session.objects.get(pk=session.pk)
     return Recorded(session=fresh, start=start, created=created)
 
 
 def record_reply(
     *,
-    session_id: uuid.UUID,
+    session: Session,
     position: int,
     reply: Reply,
     forwarded_tokens: int,
@@ -195,6 +200,7 @@ def record_reply(
 ) -> Sequence[Event]:
     """Append the provider's reply (AGENT_MESSAGE and TOOL_CALLs) with its usage, the serving
     model, and our count of what was forwarded beside the provider's (count drift)."""
+    session_id = session.pk
     message = reply.message
     digest = message.hash
     meta: dict[str, Any] = {"model": reply.model, "gateway": True, **(metadata or {})}
@@ -235,18 +241,18 @@ def record_reply(
                 },
             )
         )
+    changes: dict[str, Any] = {"last_serving_model": reply.model[:200]}
+    if reply.prompt_tokens is not None and not incomplete:
+        changes.update(
+            last_forwarded_tokens=forwarded_tokens,
+            last_provider_prompt_tokens=reply.prompt_tokens,
+        )
     with transaction.atomic():
-        locked = Session.objects.select_for_update().get(pk=session_id)
-        changes: dict[str, Any] = {"last_serving_model": reply.model[:200]}
-        if locked.gateway_prefix_len <= position + 1:
-            changes.update(gateway_prefix_len=position + 1, gateway_prefix_hash=digest)
-        if reply.prompt_tokens is not None and not incomplete:
-            changes.update(
-                last_forwarded_tokens=forwarded_tokens,
-                last_provider_prompt_tokens=reply.prompt_tokens,
-            )
         # Before the append, so the usage it broadcasts already carries the drift.
         Session.objects.filter(pk=session_id).update(**changes)
+        Session.objects.filter(pk=session_id, gateway_prefix_len__lte=position + 1).update(
+            gateway_prefix_len=position + 1, gateway_prefix_hash=digest
+        )
         if not inputs:
             return []
-        return event_append(session=locked, events=inputs).events
+        return event_append(session=session, events=inputs).events

@@ -54,7 +54,8 @@ async def relay(
         _pending.add(task)
         task.add_done_callback(_pending.discard)
         if finished:
-            await task
+            # Shielded: a client hanging up now must not cancel the recording with it.
+            await asyncio.shield(task)
 
 
 async def _finish(

@@ -272,7 +272,7 @@ async def _record_plain(*, wire: ModuleType, call: _Call, fitted: Fitted, data: 
 
 async def _record(*, call: _Call, fitted: Fitted, reply: Reply, incomplete: bool) -> None:
     await sync_to_async(record_reply)(
-        session_id=call.session.pk,
+        session=call.session,
         position=call.position,
         reply=reply,
         forwarded_tokens=fitted.token_count,
