@@ -8,15 +8,14 @@ import logging
 
 import openai
 import pytest
-from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
+from asgiref.sync import async_to_sync, sync_to_async
 
-from compaction_app.broadcast import session_group
 from compaction_app.models import CompactionRun
 from compaction_app.services import compaction_run_sync
 from sessions_app.models import Event, Session
 from sessions_app.services import session_update
 from tests.gateway_live import openai_client, token_for
+from tests.helpers import receive_until, ws_communicator
 from tests.provider_standin import Step
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -88,19 +87,26 @@ def test_it_summarizes_at_the_hard_limit_and_announces_it(gateway_url, upstream,
     history = converse(client, 6)
     session = quiet(Session.objects.get(client_key="hard"), keepRecentEvents=1)
     session_update(session=session, context_limit=int((session.context_tokens + 12) / 0.97))
-    layer = get_channel_layer()
-    channel = async_to_sync(layer.new_channel)()
-    async_to_sync(layer.group_add)(session_group(session.pk), channel)
-
     history.append({"role": "user", "content": "Status?"})
-    raw = client.chat.completions.with_raw_response.create(model="gpt-4o", messages=history)
+
+    key = token_for(alice)
+
+    async def scenario():
+        # The session's own websocket, as an API client watching it would listen.
+        socket = ws_communicator(f"/ws/sessions/{session.pk}/", token=key)
+        connected, _ = await socket.connect()
+        assert connected
+        raw = await sync_to_async(
+            client.chat.completions.with_raw_response.create, thread_sensitive=False
+        )(model="gpt-4o", messages=history)
+        message = await receive_until(socket, wanted="CONTEXT_COMPRESSED")
+        await socket.disconnect()
+        return raw, message
+
+    raw, message = async_to_sync(scenario)()
     run = CompactionRun.objects.get(session=session)
     assert run.trigger == "gateway" and run.status == "completed"
     assert raw.headers["X-Ledger-Compacted"] == "true"
-    while True:
-        message = async_to_sync(layer.receive)(channel)["message"]
-        if message["type"] == "CONTEXT_COMPRESSED":
-            break
     assert message == {
         "type": "CONTEXT_COMPRESSED",
         "sessionId": str(session.pk),
