@@ -7,6 +7,7 @@ their usual exception classes.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
+from compaction_app import broadcast
 from compaction_app.gateway import anthropic, forward, openai
 from compaction_app.gateway.fit import Fitted, fit, model_window
 from compaction_app.gateway.messages import (
@@ -159,6 +161,8 @@ def _fallbacks(request: HttpRequest) -> list[str]:
 
 
 async def _handle(request: HttpRequest, wire: ModuleType) -> HttpResponseBase:
+    # Websocket pushes caused by this request go out on this loop without holding it up.
+    broadcast.DEFER_TO_LOOP.set(asyncio.get_running_loop())
     if request.method != "POST":
         return _error(wire, GatewayError("use POST", status=405, code="method_not_allowed"))
     try:
