@@ -15,6 +15,7 @@ class Trigger(models.TextChoices):
     AUTO = "auto"
     REFRESH = "refresh"
     HARD_LIMIT = "hard_limit"
+    GATEWAY = "gateway"
 
 
 class RunStatus(models.TextChoices):

@@ -53,10 +53,12 @@ def on_compaction_command(
 
 @receiver(context_hard_limit)
 def on_context_hard_limit(
-    sender: Any, *, session: Session, user: Any, **kwargs: Any
+    sender: Any, *, session: Session, user: Any, trigger: str | None = None, **kwargs: Any
 ) -> dict | None:
     try:
-        run = services.compaction_run_sync(session=session, user=user, trigger=Trigger.HARD_LIMIT)
+        run = services.compaction_run_sync(
+            session=session, user=user, trigger=trigger or Trigger.HARD_LIMIT
+        )
     except Conflict:
         return None  # a run is already under way; the ladder prunes meanwhile
     # None: the plan folds nothing, so no run was made and the ladder prunes.

@@ -248,6 +248,11 @@ MEMORY_FLUSH_WEBHOOK_TIMEOUT_SECONDS = env_float(
 # First retry delay of a compaction after a transient provider error; doubles per attempt.
 COMPACTION_RETRY_BACKOFF_SECONDS = env_float("COMPACTION_RETRY_BACKOFF_SECONDS", 2.0, minimum=0.0)
 
+# --- Gateway --------------------------------------------------------------------------------
+LEDGER_OPENAI_UPSTREAM = env_str("LEDGER_OPENAI_UPSTREAM", "https://api.openai.com/v1")
+LEDGER_ANTHROPIC_UPSTREAM = env_str("LEDGER_ANTHROPIC_UPSTREAM", "https://api.anthropic.com")
+LEDGER_UPSTREAM_TIMEOUT_SECONDS = env_float("LEDGER_UPSTREAM_TIMEOUT_SECONDS", 600.0, minimum=0.1)
+
 LOG_LEVEL = env_str("DJANGO_LOG_LEVEL", "INFO").upper()
 LOGGING = {
     "version": 1,

@@ -8,6 +8,7 @@ urlpatterns = [
     path("api/v1/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("api/v1/", include("sessions_app.api.urls")),
     path("api/v1/", include("compaction_app.api.urls")),
+    path("gateway/", include("compaction_app.gateway.urls")),
     path("accounts/", include("django.contrib.auth.urls")),
     path("", include("compaction_app.dashboard.urls")),
 ]

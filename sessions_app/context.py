@@ -61,6 +61,7 @@ def context_prepare(
     max_tokens: int | None = None,
     reserve_tokens: int = 0,
     fmt: str = "openai",
+    trigger: str | None = None,
 ) -> PreparedContext:
     """The messages to send next.
 
@@ -69,6 +70,7 @@ def context_prepare(
     as `context_window_approaching`). At the hard limit: a synchronous compaction first (through
     the `context_hard_limit` signal), then the same ladder on the result. When the system prompt,
     summary and last user message alone do not fit: `context_window_exhausted` (422).
+    `trigger` names the hard-limit run's trigger (the receiver's default when None).
     """
     limit = context_window.effective_limit(
         context_limit=session.context_limit, max_tokens=max_tokens, reserve_tokens=reserve_tokens
@@ -86,7 +88,7 @@ def context_prepare(
     compaction: dict[str, Any] | None = None
     if level == "hard" and events:
         for _receiver, response in context_hard_limit.send(
-            sender=Session, session=session, user=user, limit=limit
+            sender=Session, session=session, user=user, limit=limit, trigger=trigger
         ):
             if isinstance(response, dict):
                 compaction = response

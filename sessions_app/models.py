@@ -92,9 +92,28 @@ class Session(models.Model):
     # (sessions_app never imports compaction_app).
     last_compaction = models.JSONField(null=True, blank=True)
 
+    # --- gateway ------------------------------------------------------------------------------
+    # The agent's own thread id, when the session was created by the gateway for one.
+    client_key = models.CharField(max_length=200, null=True, blank=True)  # noqa: DJ001
+    # How many of the client's messages the ledger already holds, and the hash of the last of
+    # them: the next request is matched from there, so matching costs O(new messages).
+    gateway_prefix_len = models.PositiveIntegerField(default=0)
+    gateway_prefix_hash = models.CharField(max_length=32, blank=True, default="")
+    # Count drift: our count of the last forwarded prompt beside the provider's.
+    last_forwarded_tokens = models.PositiveBigIntegerField(null=True, blank=True)
+    last_provider_prompt_tokens = models.PositiveBigIntegerField(null=True, blank=True)
+    last_serving_model = models.CharField(max_length=200, blank=True, default="")
+
     class Meta:
         ordering = ["-updated_at"]
         indexes = [models.Index(fields=["owner", "-updated_at"])]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["owner", "client_key"],
+                condition=models.Q(client_key__isnull=False),
+                name="session_unique_client_key_per_owner",
+            )
+        ]
 
     def __str__(self) -> str:
         return self.title or str(self.id)
@@ -153,6 +172,9 @@ class Event(models.Model):
     # including this event (the next event's cost is measured against it).
     exact_token_count = models.PositiveIntegerField(null=True, blank=True)
     exact_cumulative_count = models.PositiveBigIntegerField(null=True, blank=True)
+    # The gateway's hash of the client message this event came from (role, content, tool ids):
+    # a resent history is matched against it.
+    message_hash = models.CharField(max_length=32, blank=True, default="")
     created_at = models.DateTimeField(auto_now_add=True)
 
     objects = EventQuerySet.as_manager()
@@ -165,6 +187,7 @@ class Event(models.Model):
         indexes = [
             models.Index(fields=["session", "compacted_by", "seq"], name="event_active_idx"),
             models.Index(fields=["session", "type", "seq"], name="event_type_idx"),
+            models.Index(fields=["session", "message_hash"], name="event_message_hash_idx"),
         ]
 
     def __str__(self) -> str:

@@ -62,7 +62,18 @@ def usage_for_session(*, session: Session) -> dict[str, Any]:
         "cumulativeTokens": session.cumulative_tokens,
         "refreshThresholdTokens": settings.get("refreshThresholdTokens", 800_000),
         "lastCompaction": session.last_compaction,
+        "lastProviderPromptTokens": session.last_provider_prompt_tokens,
+        "countDriftPercent": count_drift_percent(session=session),
     }
+
+
+def count_drift_percent(*, session: Session) -> float | None:
+    """How far the provider's reported prompt tokens for the last gateway call were from our
+    count of what was forwarded: 100 × (provider − ours) / ours, one decimal."""
+    ours, theirs = session.last_forwarded_tokens, session.last_provider_prompt_tokens
+    if not ours or theirs is None:
+        return None
+    return round(100 * (theirs - ours) / ours, 1)
 
 
 def counter_is_exact(*, session: Session) -> bool:

@@ -63,12 +63,16 @@ class EventInput:
     token_usage: TokenUsage | None = None
     pinned: bool = False
     metadata: Mapping[str, Any] = field(default_factory=dict)
+    # The gateway's hash of the client message the event came from.
+    message_hash: str = ""
 
 
 @dataclass(frozen=True)
 class AppendResult:
     events: list[Event]
     created: int
+    # The session row as the append left it (counters included).
+    session: Session | None = None
 
 
 def check_text(value: str, where: str) -> None:
@@ -108,8 +112,10 @@ def session_create(
     context_limit: int | None = None,
     system_prompt: str | None = None,
     settings: Mapping[str, Any] | None = None,
+    client_key: str | None = None,
 ) -> Session:
-    """Create a session; an unknown model needs an explicit `context_limit`."""
+    """Create a session; an unknown model needs an explicit `context_limit`. `client_key` is
+    the agent's own thread id (the gateway's `X-Ledger-Session`), unique per owner."""
     model = model.strip()
     if not model:
         raise InvalidInput(
@@ -139,6 +145,7 @@ def session_create(
             encoding=encoding,
             context_limit=context_limit,
             settings=resolved,
+            client_key=client_key,
         )
         if system_prompt:
             event_append(
@@ -406,6 +413,7 @@ def event_append(*, session: Session, events: Sequence[EventInput]) -> AppendRes
                 total_tokens=usage.total_tokens if usage else None,
                 pinned=item.pinned,
                 metadata=dict(item.metadata),
+                message_hash=item.message_hash,
             )
             to_create.append(event)
             result.append(event)
@@ -472,7 +480,7 @@ def event_append(*, session: Session, events: Sequence[EventInput]) -> AppendRes
                     session=committed,
                 )
             )
-    return AppendResult(events=result, created=len(to_create))
+    return AppendResult(events=result, created=len(to_create), session=locked)
 
 
 def _check_reported_totals(session: Session, *, prompt: int, completion: int, total: int) -> None:

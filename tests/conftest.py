@@ -187,3 +187,20 @@ def browser():
         )
         yield browser
         browser.close()
+
+
+@pytest.fixture
+def upstream(settings):
+    """The provider stand-in (tests/provider_standin.py), set as both gateway upstreams."""
+    from tests.provider_standin import ProviderStandIn
+
+    with ProviderStandIn() as standin:
+        settings.LEDGER_OPENAI_UPSTREAM = standin.openai_url
+        settings.LEDGER_ANTHROPIC_UPSTREAM = standin.anthropic_url
+        yield standin
+
+
+@pytest.fixture(scope="session")
+def gateway_url(live_url):
+    """The live server, as the gateway tests call it: the gateway is one more path of the app."""
+    return live_url

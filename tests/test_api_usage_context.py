@@ -29,6 +29,8 @@ USAGE_KEYS = {
     "cumulativeTokens",
     "refreshThresholdTokens",
     "lastCompaction",
+    "lastProviderPromptTokens",
+    "countDriftPercent",
 }
 
 CONVERSATION = [
@@ -114,6 +116,8 @@ def test_it_returns_exactly_the_design_fields(alice_api):
         "cumulativeTokens": 0,
         "refreshThresholdTokens": 800_000,
         "lastCompaction": None,
+        "lastProviderPromptTokens": None,
+        "countDriftPercent": None,
     }
 
 

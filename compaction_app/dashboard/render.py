@@ -151,6 +151,15 @@ def session_frame(
             )
         )
         parts = ["notice", "controls", *SESSION_PARTS]
+    elif kind == "CONTEXT_COMPRESSED":
+        extra.update(
+            notice_context(
+                f"Context compressed for the model: {message.get('originalTokenCount')} → "
+                f"{message.get('compressedTokenCount')} tokens (gateway)",
+                level="info",
+            )
+        )
+        parts = ["notice", *SESSION_PARTS]
     context = session_context(session=session, user=user, **extra)
     return render_parts(SESSION_TEMPLATE, parts, context)
 

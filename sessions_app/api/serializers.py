@@ -267,6 +267,8 @@ class UsageSerializer(serializers.Serializer):
     cumulativeTokens = serializers.IntegerField()
     refreshThresholdTokens = serializers.IntegerField()
     lastCompaction = serializers.JSONField(allow_null=True)
+    lastProviderPromptTokens = serializers.IntegerField(allow_null=True)
+    countDriftPercent = serializers.FloatField(allow_null=True)
 
 
 class ContextSerializer(serializers.Serializer):

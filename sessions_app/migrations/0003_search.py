@@ -17,7 +17,7 @@ def backwards(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("sessions_app", "0004_exact_counts"),
+        ("sessions_app", "0002_exact_counts"),
     ]
 
     operations = [

@@ -1,0 +1,396 @@
+"""Gateway benchmark: the latency the gateway adds to a provider call, and concurrent clients
+on one session.
+
+For each profile (embedded: SQLite + in-memory layer; postgres: PostgreSQL + Redis) a child
+process migrates a throwaway database, starts the provider stand-in (tests/provider_standin.py)
+in a thread and daphne serving the app in a subprocess, then times the same requests sent to
+the stand-in directly and through the gateway:
+- N-message conversations (N = 20 and 400) in their steady state: the session already holds
+  the first N − 1 messages, the request adds one (one session per call, prepared unmeasured);
+- non-streaming (full response) and streaming (time to the first body chunk);
+- 8 threads, each its own conversation on ONE session: every message recorded exactly once.
+
+    .venv/bin/python bench/bench_gateway.py [--profile embedded|postgres|both] [--calls 300]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "bench"))
+from child_env import child_env  # noqa: E402
+
+ROW_MARKER = "BENCH_ROWS "
+PG_DB = "bench_gateway"
+PG_ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
+MODEL = "gpt-4o"
+TARGETS = {20: 15.0, 400: 25.0}  # p50 added ms
+THREADS = 8
+CALLS_PER_THREAD = 25
+
+Row = dict[str, Any]
+
+
+def _row(profile: str, figure: str, value: str, target: str = "—", ok: bool | None = None) -> Row:
+    return {"profile": profile, "figure": figure, "value": value, "target": target, "ok": ok}
+
+
+def _message(index: int) -> dict[str, str]:
+    if index % 2:
+        return {
+            "role": "assistant",
+            "content": f"Step {index}: I read src/module_{index}.py and changed handler_{index} "
+            "to check the key first; tests pass. Next I will look at the caller.",
+        }
+    return {
+        "role": "user",
+        "content": f"Request {index}: please look at src/module_{index}.py, the KeyError in "
+        f"handler_{index} comes back when the config omits 'timeout'. Fix it and run the tests.",
+    }
+
+
+def _conversation(size: int) -> list[dict[str, str]]:
+    return [{"role": "system", "content": "You are a careful coding agent."}] + [
+        _message(i) for i in range(size - 1)
+    ]
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+# --- child ------------------------------------------------------------------------------------
+
+
+def _child(profile: str, calls: int) -> list[Row]:
+    sys.path.insert(0, str(ROOT))
+    os.chdir(ROOT)
+    if profile == "postgres" and not os.environ.get("DATABASE_URL", "").endswith(f"/{PG_DB}"):
+        raise SystemExit(f"refusing to run: DATABASE_URL is not the {PG_DB} bench database")
+    if profile == "embedded" and (os.environ.get("DATABASE_URL") or not os.environ.get("VAR_DIR")):
+        raise SystemExit("refusing to run: the embedded bench needs a temporary VAR_DIR")
+    import django
+
+    django.setup()
+    import httpx
+    from django.contrib.auth import get_user_model
+    from django.core.management import call_command
+    from rest_framework.authtoken.models import Token
+
+    from tests.provider_standin import ECHO, ProviderStandIn, Step
+
+    call_command("migrate", verbosity=0, interactive=False)
+    user = get_user_model().objects.create_user(username="bench", password="bench-password")
+    token = Token.objects.create(user=user).key
+
+    standin = ProviderStandIn(default=Step(text=ECHO, prompt_tokens=100)).start()
+    standin.keep_requests = False
+    port = _free_port()
+    env = {**os.environ, "LEDGER_OPENAI_UPSTREAM": standin.openai_url}
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "daphne",
+            "-b",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "config.asgi:application",
+        ],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    rows: list[Row] = []
+    try:
+        gateway = f"http://127.0.0.1:{port}/gateway/openai/v1/chat/completions"
+        direct = standin.openai_url + "/chat/completions"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                httpx.get(f"http://127.0.0.1:{port}/gateway/openai/v1/models", timeout=2)
+                break
+            except httpx.HTTPError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        for size in (20, 400):
+            try:
+                rows += _latency(profile, size, calls, token, gateway, direct)
+            except Exception as exc:
+                traceback.print_exc()
+                rows.append(_row(profile, f"{size} messages", f"failed: {exc}"[:300], ok=False))
+        try:
+            rows += _concurrent(profile, token, gateway)
+        except Exception as exc:
+            traceback.print_exc()
+            rows.append(_row(profile, "8 concurrent clients", f"failed: {exc}"[:300], ok=False))
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            server.kill()
+        standin.close()
+    return rows
+
+
+def _timed_plain(client: Any, url: str, body: dict, headers: dict) -> float:
+    started = time.perf_counter()
+    response = client.post(url, json=body, headers=headers)
+    response.read()
+    elapsed = time.perf_counter() - started
+    assert response.status_code == 200, response.text[:300]
+    return elapsed * 1000
+
+
+def _timed_first_chunk(client: Any, url: str, body: dict, headers: dict) -> float:
+    started = time.perf_counter()
+    with client.stream("POST", url, json=body, headers=headers) as response:
+        assert response.status_code == 200
+        first = None
+        for _chunk in response.iter_raw():
+            if first is None:
+                first = time.perf_counter() - started
+        return (first or 0.0) * 1000
+
+
+def _latency(
+    profile: str, size: int, calls: int, token: str, gateway: str, direct: str
+) -> list[Row]:
+    import httpx
+
+    base = _conversation(size - 1)
+    auth = {"Authorization": "Bearer sk-bench", "X-Ledger-Key": token}
+    rows: list[Row] = []
+    with httpx.Client(timeout=60) as client:
+        # Prepare: one session per call holding the first N − 1 messages (not measured).
+        for call in range(calls):
+            headers = {**auth, "X-Ledger-Session": f"bench-{size}-{call}"}
+            _timed_plain(client, gateway, {"model": MODEL, "messages": base}, headers)
+        results: dict[str, tuple[list[float], list[float]]] = {}
+        # Each call's conversation: the prepared N − 1 messages and the reply to them.
+        histories = {
+            call: base + [{"role": "assistant", "content": f"Re: {base[-1]['content']}"}]
+            for call in range(calls)
+        }
+        for mode in ("plain", "stream"):
+            through: list[float] = []
+            straight: list[float] = []
+            timer = _timed_plain if mode == "plain" else _timed_first_chunk
+            for call in range(calls):
+                headers = {**auth, "X-Ledger-Session": f"bench-{size}-{call}"}
+                question = f"And {mode} {call}?"
+                histories[call] = histories[call] + [{"role": "user", "content": question}]
+                body: dict[str, Any] = {"model": MODEL, "messages": histories[call]}
+                if mode == "stream":
+                    body["stream"] = True
+                # Alternate so both see the same machine load.
+                straight.append(timer(client, direct, body, {"Authorization": "Bearer sk-bench"}))
+                through.append(timer(client, gateway, body, headers))
+                histories[call] = histories[call] + [
+                    {"role": "assistant", "content": f"Re: {question}"}
+                ]
+            results[mode] = (through, straight)
+    for mode, (through, straight) in results.items():
+        label = "full response" if mode == "plain" else "time to first chunk"
+        p50_added = statistics.median(through) - statistics.median(straight)
+        p99_added = _percentile(through, 0.99) - _percentile(straight, 0.99)
+        rows.append(
+            _row(
+                profile,
+                f"{size} messages, {label}: direct p50 / p99",
+                f"{statistics.median(straight):.1f} / {_percentile(straight, 0.99):.1f} ms",
+            )
+        )
+        rows.append(
+            _row(
+                profile,
+                f"{size} messages, {label}: through the gateway p50 / p99",
+                f"{statistics.median(through):.1f} / {_percentile(through, 0.99):.1f} ms",
+            )
+        )
+        rows.append(
+            _row(
+                profile,
+                f"{size} messages, {label}: added p50 / p99 ({len(through)} calls)",
+                f"{p50_added:.1f} / {p99_added:.1f} ms",
+                f"p50 ≤ {TARGETS[size]:.0f} ms",
+                p50_added <= TARGETS[size],
+            )
+        )
+    return rows
+
+
+def _concurrent(profile: str, token: str, gateway: str) -> list[Row]:
+    import httpx
+
+    from sessions_app.models import Event, Session
+
+    system = {"role": "system", "content": "You are a careful coding agent."}
+    headers = {
+        "Authorization": "Bearer sk-bench",
+        "X-Ledger-Key": token,
+        "X-Ledger-Session": "crowd",
+    }
+    errors: list[str] = []
+
+    def client_thread(number: int) -> None:
+        history = [system]
+        with httpx.Client(timeout=60) as client:
+            for turn in range(CALLS_PER_THREAD):
+                history.append({"role": "user", "content": f"client {number} turn {turn}"})
+                response = client.post(
+                    gateway, json={"model": MODEL, "messages": history}, headers=headers
+                )
+                if response.status_code != 200:
+                    errors.append(response.text[:200])
+                    return
+                history.append(response.json()["choices"][0]["message"])
+
+    started = time.perf_counter()
+    threads = [threading.Thread(target=client_thread, args=(n,)) for n in range(THREADS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    elapsed = time.perf_counter() - started
+    session = Session.objects.get(client_key="crowd")
+    events = list(Event.objects.filter(session=session).values_list("type", "content"))
+    users = [c for t, c in events if t == "USER_MESSAGE"]
+    replies = [c for t, c in events if t == "AGENT_MESSAGE"]
+    expected = THREADS * CALLS_PER_THREAD
+    ok = (
+        not errors
+        and len(users) == len(set(users)) == expected
+        and len(replies) == len(set(replies)) == expected
+        and sum(1 for t, _ in events if t == "SYSTEM_PROMPT") == 1
+    )
+    return [
+        _row(
+            profile,
+            f"{THREADS} concurrent clients × {CALLS_PER_THREAD} calls on one session",
+            f"{len(users)} user messages, {len(replies)} replies, "
+            f"{len(events)} events ({expected} each expected; {len(errors)} errors; {elapsed:.1f} s)",
+            "none lost, none duplicated",
+            ok,
+        )
+    ]
+
+
+# --- parent -----------------------------------------------------------------------------------
+
+
+def _pg_admin(sql: str) -> None:
+    import psycopg
+
+    with psycopg.connect(PG_ADMIN_DSN, autocommit=True, connect_timeout=5) as conn:
+        conn.execute(sql)
+
+
+def _run_profile(profile: str, calls: int) -> list[Row]:
+    tmp = Path(tempfile.mkdtemp(prefix=f"bench_gateway_{profile}_"))
+    env = child_env(var_dir=tmp)
+    created_db = False
+    try:
+        if profile == "postgres":
+            try:
+                _pg_admin(f"DROP DATABASE IF EXISTS {PG_DB} WITH (FORCE)")
+                _pg_admin(f"CREATE DATABASE {PG_DB}")
+                created_db = True
+            except Exception as exc:
+                return [_row(profile, "PostgreSQL", f"unavailable: {exc}", ok=False)]
+            env["DATABASE_URL"] = f"postgres://postgres@127.0.0.1:5432/{PG_DB}"
+            env["REDIS_URL"] = "redis://127.0.0.1:6379/0"
+            env["CHANNELS_PREFIX"] = f"bench-gateway-{os.getpid()}"
+            env["CELERY_QUEUE"] = f"bench-gateway-{os.getpid()}"
+            env["DJANGO_SECRET_KEY"] = "bench"
+        command = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "--child",
+            profile,
+            "--calls",
+            str(calls),
+        ]
+        proc = subprocess.run(
+            command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=1800
+        )
+        for line in proc.stdout.splitlines():
+            if line.startswith(ROW_MARKER):
+                return json.loads(line[len(ROW_MARKER) :])
+        sys.stderr.write(proc.stderr)
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        return [
+            _row(profile, "benchmark run", f"failed (exit {proc.returncode}): {tail[0]}", ok=False)
+        ]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if created_db:
+            try:
+                _pg_admin(f"DROP DATABASE IF EXISTS {PG_DB} WITH (FORCE)")
+            except Exception as exc:
+                sys.stderr.write(f"could not drop {PG_DB}: {exc}\n")
+
+
+def _table(rows: list[Row]) -> str:
+    lines = ["| profile | figure | value | target | ok |", "|---|---|---|---|---|"]
+    for r in rows:
+        ok = "" if r["ok"] is None else ("✅" if r["ok"] else "❌")
+        cells = [str(r[k]).replace("|", "\\|") for k in ("profile", "figure", "value", "target")]
+        lines.append("| " + " | ".join([*cells, ok]) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Gateway benchmark (issue 10).")
+    parser.add_argument("--profile", choices=["embedded", "postgres", "both"], default="both")
+    parser.add_argument("--calls", type=int, default=300, help="measured calls per figure")
+    parser.add_argument("--child", choices=["embedded", "postgres"], help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        print(ROW_MARKER + json.dumps(_child(args.child, args.calls)), flush=True)
+        return 0
+    profiles = ["embedded", "postgres"] if args.profile == "both" else [args.profile]
+    load_before = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    started = time.perf_counter()
+    rows: list[Row] = []
+    for profile in profiles:
+        rows += _run_profile(profile, args.calls)
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(
+        f"Gateway benchmark — {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M UTC}, {os.cpu_count()} cores "
+        f"({platform.processor() or platform.machine()}), load average {load} (before: {load_before}), "
+        f"Python {platform.python_version()}, total {time.perf_counter() - started:.0f} s\n"
+    )
+    print(_table(rows))
+    return 0 if all(r["ok"] is not False for r in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

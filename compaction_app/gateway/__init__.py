@@ -1,0 +1,2 @@
+"""The provider-compatible gateway: OpenAI Chat Completions and Anthropic Messages, recorded,
+counted and fitted in the call path."""

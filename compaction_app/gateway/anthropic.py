@@ -1,0 +1,306 @@
+"""The Anthropic Messages wire format: request messages <-> ledger events, replies, streamed
+events and error bodies. Pure: no Django, no ORM.
+
+The top-level `system` is the conversation's first message here (position 0), so positions
+and hashes work the same as for OpenAI's inline system message.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from compaction_app.gateway.messages import (
+    AGENT_MESSAGE,
+    SYSTEM_PROMPT,
+    TOOL_CALL,
+    TOOL_RESULT,
+    USER_MESSAGE,
+    ClientMessage,
+    EventDraft,
+    GatewayInputError,
+    Reply,
+    canonical_json,
+    require_str,
+    text_and_json,
+)
+
+NAME = "anthropic"
+RENDER_FORMAT = "anthropic"
+ROLES = ("user", "assistant")
+
+
+def upstream_url(base: str) -> str:
+    return base.rstrip("/") + "/v1/messages"
+
+
+def parse_request(body: Any) -> tuple[str, list[dict[str, Any]], bool]:
+    """Validate the fields the gateway reads: (model, units, stream), where the units are the
+    system prompt (when given) followed by the messages."""
+    if not isinstance(body, dict):
+        raise GatewayInputError("the request body must be a JSON object")
+    model = require_str(body.get("model"), "model", allow_empty=False)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise GatewayInputError("messages: must be a non-empty array", param="messages")
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise GatewayInputError(f"messages.{index}: must be an object", param="messages")
+        if message.get("role") not in ROLES:
+            raise GatewayInputError(
+                f"messages.{index}.role: must be 'user' or 'assistant'", param="messages"
+            )
+        if not isinstance(message.get("content"), str | list):
+            raise GatewayInputError(
+                f"messages.{index}.content: must be a string or an array of blocks",
+                param="messages",
+            )
+    system = body.get("system")
+    if system is not None and not isinstance(system, str | list):
+        raise GatewayInputError("system: must be a string or an array of text blocks")
+    stream = body.get("stream", False)
+    if stream is not None and not isinstance(stream, bool):
+        raise GatewayInputError("stream: must be a boolean")
+    return model, client_messages(body), bool(stream)
+
+
+def client_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    units: list[dict[str, Any]] = []
+    if body.get("system"):
+        units.append({"role": "system", "content": body["system"]})
+    units.extend(body["messages"])
+    return units
+
+
+def _block_text(content: Any, param: str) -> tuple[str, Any]:
+    if isinstance(content, str):
+        return content, content
+    if isinstance(content, list):
+        return text_and_json(content, param)
+    if content is None:
+        return "", ""
+    raise GatewayInputError(f"{param}: must be a string or an array of blocks")
+
+
+def to_client_message(unit: dict[str, Any], index: int = 0) -> ClientMessage:
+    where = f"messages.{index}"
+    role = unit["role"]
+    content = unit.get("content")
+    if role == "system":
+        text, stored = _block_text(content, "system")
+        return ClientMessage(
+            role="system", hash_text=text, tool_ids=(), drafts=(EventDraft(SYSTEM_PROMPT, stored),)
+        )
+    if isinstance(content, str):
+        kind = USER_MESSAGE if role == "user" else AGENT_MESSAGE
+        return ClientMessage(
+            role=role, hash_text=content, tool_ids=(), drafts=(EventDraft(kind, content),)
+        )
+    blocks: list[Any] = content if isinstance(content, list) else []
+    drafts: list[EventDraft] = []
+    ids: list[str] = []
+    texts: list[str] = []
+    others: list[Any] = []
+    for number, block in enumerate(blocks):
+        param = f"{where}.content.{number}"
+        if not isinstance(block, dict) or not isinstance(block.get("type"), str):
+            raise GatewayInputError(f"{param}: must be an object with a type")
+        kind = block["type"]
+        if kind == "text":
+            texts.append(require_str(block.get("text"), f"{param}.text"))
+        elif kind == "tool_result" and role == "user":
+            tool_id = require_str(
+                block.get("tool_use_id"), f"{param}.tool_use_id", allow_empty=False
+            )
+            text, stored = _block_text(block.get("content"), f"{param}.content")
+            ids.append(tool_id)
+            texts.append(text)
+            drafts.append(EventDraft(TOOL_RESULT, stored, tool_call_id=tool_id))
+        elif kind == "tool_use" and role == "assistant":
+            tool_id = require_str(block.get("id"), f"{param}.id", allow_empty=False)
+            name = require_str(block.get("name"), f"{param}.name")
+            ids.append(tool_id)
+            drafts.append(
+                EventDraft(
+                    TOOL_CALL, json.dumps(block.get("input") or {}), name=name, tool_call_id=tool_id
+                )
+            )
+        elif kind in ("thinking", "redacted_thinking"):
+            continue  # the provider's own reasoning: not part of the conversation record
+        else:
+            others.append(block)
+    # The message's own blocks (text, images, documents) become one USER / AGENT event: its
+    # text when it is all text (counted exactly), else the blocks (the non-text rule).
+    plain = [
+        b
+        for b in blocks
+        if b["type"] not in ("tool_result", "tool_use", "thinking", "redacted_thinking")
+    ]
+    kind = USER_MESSAGE if role == "user" else AGENT_MESSAGE
+    if plain or not drafts:
+        own: Any = plain if others else "\n".join(b["text"] for b in plain)
+        if others:
+            texts.append(canonical_json(others))
+        # Tool results come first in a user turn; an assistant's words precede its calls.
+        drafts.insert(0 if role == "assistant" else len(drafts), EventDraft(kind, own))
+    return ClientMessage(
+        role=role, hash_text="\n".join(texts), tool_ids=tuple(ids), drafts=tuple(drafts)
+    )
+
+
+def with_context(
+    body: dict[str, Any], *, messages: list[dict[str, Any]], system: str | None, model: str
+) -> dict[str, Any]:
+    fitted = {**body, "model": model, "messages": messages}
+    if system:
+        fitted["system"] = system
+    else:
+        fitted.pop("system", None)
+    return fitted
+
+
+def _usage(usage: dict[str, Any]) -> tuple[int | None, int | None, int | None]:
+    """Anthropic's input, cache and output tokens as prompt / completion / total: the prompt
+    is everything the model read, cached or not."""
+
+    def number(key: str) -> int:
+        value = usage.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+    if not usage:
+        return None, None, None
+    prompt = (
+        number("input_tokens")
+        + number("cache_creation_input_tokens")
+        + number("cache_read_input_tokens")
+    )
+    completion = number("output_tokens")
+    return prompt, completion, prompt + completion
+
+
+def reply_from_response(payload: Any, *, model: str) -> Reply | None:
+    if not isinstance(payload, dict) or not isinstance(payload.get("content"), list):
+        return None
+    try:
+        message = to_client_message({"role": "assistant", "content": payload["content"]})
+    except GatewayInputError:
+        return None
+    usage = payload.get("usage") if isinstance(payload.get("usage"), dict) else {}
+    prompt, completion, total = _usage(usage or {})
+    return Reply(
+        message=message,
+        model=str(payload.get("model") or model),
+        prompt_tokens=prompt,
+        completion_tokens=completion,
+        total_tokens=total,
+        raw_usage=usage or {},
+    )
+
+
+_ERROR_TYPES = {
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+}
+
+
+def error_body(
+    message: str,
+    *,
+    status: int,
+    code: str | None = None,
+    param: str | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    kind = _ERROR_TYPES.get(status, "invalid_request_error" if status < 500 else "api_error")
+    error: dict[str, Any] = {"type": kind, "message": message, **extra}
+    if code:
+        error["code"] = code
+    return {"type": "error", "error": error}
+
+
+def stream_error(message: str) -> bytes:
+    payload = {"type": "error", "error": {"type": "api_error", "message": message}}
+    return f"event: error\ndata: {json.dumps(payload)}\n\n".encode()
+
+
+class StreamAccumulator:
+    """Follows a Messages SSE stream and rebuilds the reply it carries."""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self._buffer = b""
+        self._blocks: dict[int, dict[str, Any]] = {}
+        self._usage: dict[str, Any] = {}
+        self.done = False
+        self.errored = False
+
+    def feed(self, chunk: bytes) -> None:
+        self._buffer += chunk.replace(b"\r\n", b"\n")
+        while b"\n\n" in self._buffer:
+            event, self._buffer = self._buffer.split(b"\n\n", 1)
+            for line in event.split(b"\n"):
+                if line.startswith(b"data:"):
+                    self._data(line[5:].strip())
+
+    def _data(self, data: bytes) -> None:
+        try:
+            payload = json.loads(data)
+        except ValueError:
+            return
+        if not isinstance(payload, dict):
+            return
+        kind = payload.get("type")
+        if kind == "message_start":
+            message = payload.get("message") or {}
+            self.model = str(message.get("model") or self.model)
+            self._usage.update(message.get("usage") or {})
+        elif kind == "content_block_start":
+            block = dict(payload.get("content_block") or {})
+            if block.get("type") == "tool_use":
+                block["_json"] = []
+            self._blocks[int(payload.get("index", 0))] = block
+        elif kind == "content_block_delta":
+            target = self._blocks.get(int(payload.get("index", 0)))
+            delta = payload.get("delta") or {}
+            if target is None:
+                return
+            if delta.get("type") == "text_delta":
+                target["text"] = target.get("text", "") + str(delta.get("text", ""))
+            elif delta.get("type") == "input_json_delta":
+                target.setdefault("_json", []).append(str(delta.get("partial_json", "")))
+        elif kind == "message_delta":
+            self._usage.update(
+                {k: v for k, v in (payload.get("usage") or {}).items() if v is not None}
+            )
+        elif kind == "message_stop":
+            self.done = True
+        elif kind == "error":
+            self.errored = True
+
+    def reply(self) -> Reply | None:
+        blocks: list[dict[str, Any]] = []
+        for _, block in sorted(self._blocks.items()):
+            if block.get("type") == "tool_use":
+                raw = "".join(block.get("_json", []))
+                try:
+                    arguments = json.loads(raw) if raw else block.get("input") or {}
+                except ValueError:
+                    arguments = {"partial_json": raw}
+                blocks.append(
+                    {
+                        "type": "tool_use",
+                        "id": block.get("id", ""),
+                        "name": block.get("name", ""),
+                        "input": arguments,
+                    }
+                )
+            elif block.get("type") == "text":
+                blocks.append({"type": "text", "text": block.get("text", "")})
+        if not blocks:
+            return None
+        return reply_from_response(
+            {"content": blocks, "model": self.model, "usage": self._usage}, model=self.model
+        )

@@ -1,0 +1,147 @@
+"""Fit: what is forwarded to a model, decided against that model's window.
+
+The decision is pure (`decide`); carrying it out reuses the `/context` ladder
+(`sessions_app.context.context_prepare`: prune between the thresholds, a synchronous
+compaction at the hard limit, `context_window_exhausted` when even that cannot fit).
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from django.contrib.auth.models import AbstractBaseUser
+
+from compaction_app import broadcast
+from compaction_app.gateway.fit_rules import PASS_THROUGH, decide
+from compaction_app.gateway.messages import GatewayError
+from compaction_app.models import Trigger
+from sessions_app.context import context_prepare
+from sessions_app.errors import Unprocessable
+from sessions_app.models import Event, EventType, Session
+from sessions_app.services import model_registry
+
+logger = logging.getLogger("compaction_app.gateway")
+audit = logging.getLogger("context")
+
+
+class Wire(Protocol):
+    RENDER_FORMAT: str
+
+    def with_context(
+        self,
+        body: dict[str, Any],
+        *,
+        messages: list[dict[str, Any]],
+        system: str | None,
+        model: str,
+    ) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class Fitted:
+    """What to forward to `model`. `body` None means the client's own bytes, unchanged."""
+
+    model: str
+    body: dict[str, Any] | None
+    token_count: int
+    limit: int
+    compacted: bool
+    compression: dict[str, Any] | None = None
+
+    @property
+    def percent_used(self) -> float:
+        return round(100 * self.token_count / self.limit, 1) if self.limit else 0.0
+
+
+def model_window(session: Session, model: str) -> int:
+    """The window `model` is fitted to: the session's own limit for its model; for another
+    model (a fallback) the registry's window, never more than the session's limit."""
+    if model == session.model:
+        return session.context_limit
+    info = model_registry().lookup(model)
+    if info is None:
+        return session.context_limit
+    return min(info.context_limit, session.context_limit)
+
+
+def has_compaction(session: Session) -> bool:
+    """Whether a compaction is in effect (the client's history then is not what the model
+    should see). A session never compacted skips the query."""
+    if not session.last_compaction:
+        return False
+    return Event.objects.filter(session=session, type=EventType.COMPACTION, reverted=False).exists()
+
+
+def fit(
+    *,
+    session: Session,
+    user: AbstractBaseUser,
+    wire: Wire,
+    body: dict[str, Any],
+    model: str,
+    enabled: bool,
+    same_model_as_request: bool,
+) -> Fitted:
+    """Fit the session's context to `model` (sync: may compact)."""
+    limit = model_window(session, model)
+    tokens = session.context_tokens
+    unchanged = None if same_model_as_request else {**body, "model": model}
+    if not enabled:
+        return Fitted(model=model, body=unchanged, token_count=tokens, limit=limit, compacted=False)
+    settings = session.settings
+    compacted = has_compaction(session)
+    choice = decide(
+        tokens=tokens,
+        limit=limit,
+        compact_threshold=float(settings.get("compactThreshold", 0.8)),
+        hard_threshold=float(settings.get("hardLimitThreshold", 0.95)),
+        compacted=compacted,
+    )
+    if choice == PASS_THROUGH:
+        return Fitted(model=model, body=unchanged, token_count=tokens, limit=limit, compacted=False)
+    try:
+        prepared = context_prepare(
+            session=session,
+            user=user,
+            max_tokens=limit if limit < session.context_limit else None,
+            fmt=wire.RENDER_FORMAT,
+            trigger=Trigger.GATEWAY,
+        )
+    except Unprocessable as exc:
+        raise GatewayError(
+            f"This model's maximum context length is {exc.extra.get('limit', limit)} tokens; "
+            f"the messages that must be kept need {exc.extra.get('tokenCount')} tokens even "
+            "after compaction.",
+            code="context_length_exceeded",
+            param="messages",
+            tokenCount=exc.extra.get("tokenCount"),
+            limit=exc.extra.get("limit", limit),
+            model=model,
+        ) from None
+    compression = None
+    run = prepared.compaction
+    if run and run.get("status") == "completed" and run.get("tokensBefore") is not None:
+        compression = {
+            "type": "CONTEXT_COMPRESSED",
+            "sessionId": str(session.pk),
+            "originalTokenCount": run["tokensBefore"],
+            "compressedTokenCount": run["tokensAfter"],
+        }
+        audit.info(
+            "context_compressed %s",
+            compression,
+            extra={"session_id": str(session.pk), "model": model},
+        )
+        broadcast.broadcast(session_id=session.pk, owner_id=session.owner_id, message=compression)
+    return Fitted(
+        model=model,
+        body=wire.with_context(
+            body, messages=prepared.messages, system=prepared.system, model=model
+        ),
+        token_count=prepared.token_count,
+        limit=limit,
+        compacted=bool(compacted or prepared.pruned or compression),
+        compression=compression,
+    )

@@ -1,0 +1,148 @@
+"""Wire-format-neutral pieces of the gateway: a client message, the events it becomes, its
+stable hash and the idempotent ids derived from it. Pure: no Django, no ORM.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+# Event types as plain strings (sessions_app.models.EventType mirrors them) so this module
+# imports without Django.
+SYSTEM_PROMPT = "SYSTEM_PROMPT"
+USER_MESSAGE = "USER_MESSAGE"
+AGENT_MESSAGE = "AGENT_MESSAGE"
+TOOL_CALL = "TOOL_CALL"
+TOOL_RESULT = "TOOL_RESULT"
+
+# Event ids derived from (session, position, message hash, part): a retried or concurrently
+# repeated request maps to the ids already stored, which the append service returns as they
+# are instead of storing them again.
+_ID_NAMESPACE = uuid.UUID("6f1c3c0e-4b52-4d1e-9a57-2f0f6d3c9b10")
+
+
+class GatewayInputError(ValueError):
+    """The request body is not what the wire format allows (a 400 in the provider's shape)."""
+
+    def __init__(self, message: str, *, param: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
+class GatewayError(Exception):
+    """A request the gateway answers itself, in the provider's error shape."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int = 400,
+        code: str | None = None,
+        param: str | None = None,
+        **extra: Any,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.code = code
+        self.param = param
+        self.extra = extra
+
+
+@dataclass(frozen=True)
+class EventDraft:
+    """One ledger event a client message (or a reply) becomes."""
+
+    type: str
+    content: Any
+    name: str = ""
+    tool_call_id: str = ""
+
+
+@dataclass(frozen=True)
+class ClientMessage:
+    """A message as the client sent it: its role, what identifies it (text and tool ids) and
+    the events it is recorded as."""
+
+    role: str
+    hash_text: str
+    tool_ids: tuple[str, ...]
+    drafts: tuple[EventDraft, ...]
+
+    @property
+    def hash(self) -> str:
+        return message_hash(self.role, self.hash_text, self.tool_ids)
+
+
+@dataclass(frozen=True)
+class Reply:
+    """The provider's answer, in neutral form."""
+
+    message: ClientMessage
+    model: str
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+    total_tokens: int | None = None
+    raw_usage: dict[str, Any] = field(default_factory=dict)
+
+
+def message_hash(role: str, text: str, tool_ids: Sequence[str]) -> str:
+    """A stable 128-bit hash of a message's role, content and tool ids."""
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(role.encode())
+    digest.update(b"\x00")
+    digest.update(text.encode("utf-8", "surrogatepass"))
+    digest.update(b"\x00")
+    digest.update("\x1f".join(tool_ids).encode("utf-8", "surrogatepass"))
+    return digest.hexdigest()
+
+
+def event_id(session_id: uuid.UUID | str, position: int, msg_hash: str, part: int) -> uuid.UUID:
+    return uuid.uuid5(_ID_NAMESPACE, f"{session_id}:{position}:{msg_hash}:{part}")
+
+
+def canonical_json(value: Any) -> str:
+    """JSON that does not depend on key order or on how an SDK spells absent fields."""
+    return json.dumps(_drop_none(value), sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+
+
+def _drop_none(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _drop_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_drop_none(v) for v in value]
+    return value
+
+
+def require_str(value: Any, param: str, *, allow_empty: bool = True) -> str:
+    if not isinstance(value, str) or (not allow_empty and not value.strip()):
+        raise GatewayInputError(
+            f"{param} must be a {'non-empty ' if not allow_empty else ''}string", param=param
+        )
+    return value
+
+
+def text_and_json(parts: list[Any], param: str, *, text_type: str = "text") -> tuple[str, Any]:
+    """Content given as a list of parts: the text parts joined (counted exactly) when every
+    part is text, else the parts themselves (counted by the non-text rule). Returns the text
+    that identifies the message and the content to store."""
+    texts: list[str] = []
+    only_text = True
+    for index, part in enumerate(parts):
+        if not isinstance(part, dict) or not isinstance(part.get("type"), str):
+            raise GatewayInputError(
+                "each content part must be an object with a type", param=f"{param}[{index}]"
+            )
+        if part["type"] == text_type:
+            texts.append(require_str(part.get("text"), f"{param}[{index}].text"))
+        else:
+            only_text = False
+    if only_text:
+        text = "\n".join(texts)
+        return text, text
+    return canonical_json(parts), parts

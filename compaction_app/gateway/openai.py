@@ -1,0 +1,268 @@
+"""The OpenAI Chat Completions wire format: request messages <-> ledger events, replies,
+streamed chunks and error bodies. Pure: no Django, no ORM."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from compaction_app.gateway.messages import (
+    AGENT_MESSAGE,
+    SYSTEM_PROMPT,
+    TOOL_CALL,
+    TOOL_RESULT,
+    USER_MESSAGE,
+    ClientMessage,
+    EventDraft,
+    GatewayInputError,
+    Reply,
+    require_str,
+    text_and_json,
+)
+
+NAME = "openai"
+RENDER_FORMAT = "openai"
+ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+
+
+def upstream_url(base: str) -> str:
+    return base.rstrip("/") + "/chat/completions"
+
+
+def parse_request(body: Any) -> tuple[str, list[dict[str, Any]], bool]:
+    """Validate the fields the gateway reads: (model, raw messages, stream). Everything else
+    in the body passes through untouched."""
+    if not isinstance(body, dict):
+        raise GatewayInputError("the request body must be a JSON object")
+    model = require_str(body.get("model"), "model", allow_empty=False)
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise GatewayInputError("messages must be a non-empty array", param="messages")
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise GatewayInputError("each message must be an object", param=f"messages[{index}]")
+        if message.get("role") not in ROLES:
+            raise GatewayInputError(
+                f"role must be one of {', '.join(ROLES)}", param=f"messages[{index}].role"
+            )
+    stream = body.get("stream", False)
+    if stream is not None and not isinstance(stream, bool):
+        raise GatewayInputError("stream must be a boolean", param="stream")
+    return model, messages, bool(stream)
+
+
+def _content(value: Any, param: str) -> tuple[str, Any]:
+    if value is None:
+        return "", ""
+    if isinstance(value, str):
+        return value, value
+    if isinstance(value, list):
+        return text_and_json(value, param)
+    raise GatewayInputError("content must be a string, an array of parts or null", param=param)
+
+
+def to_client_message(message: dict[str, Any], index: int = 0) -> ClientMessage:
+    """One request message as the gateway identifies and records it."""
+    where = f"messages[{index}]"
+    role = message["role"]
+    name = message.get("name") or ""
+    if not isinstance(name, str):
+        raise GatewayInputError("name must be a string", param=f"{where}.name")
+    text, content = _content(message.get("content"), f"{where}.content")
+    if role in ("system", "developer"):
+        return ClientMessage(
+            role="system",
+            hash_text=text,
+            tool_ids=(),
+            drafts=(EventDraft(SYSTEM_PROMPT, content, name=name),),
+        )
+    if role == "user":
+        return ClientMessage(
+            role="user",
+            hash_text=text,
+            tool_ids=(),
+            drafts=(EventDraft(USER_MESSAGE, content, name=name),),
+        )
+    if role in ("tool", "function"):
+        call_id = message.get("tool_call_id") or ""
+        if not isinstance(call_id, str) or (role == "tool" and not call_id):
+            raise GatewayInputError(
+                "tool_call_id must be a non-empty string", param=f"{where}.tool_call_id"
+            )
+        return ClientMessage(
+            role="tool",
+            hash_text=text,
+            tool_ids=(call_id,),
+            drafts=(EventDraft(TOOL_RESULT, content, name=name, tool_call_id=call_id),),
+        )
+    # assistant
+    calls = message.get("tool_calls") or []
+    if not isinstance(calls, list):
+        raise GatewayInputError("tool_calls must be an array", param=f"{where}.tool_calls")
+    drafts: list[EventDraft] = []
+    if text or not calls:
+        drafts.append(EventDraft(AGENT_MESSAGE, content, name=name))
+    ids: list[str] = []
+    for number, call in enumerate(calls):
+        param = f"{where}.tool_calls[{number}]"
+        if not isinstance(call, dict):
+            raise GatewayInputError("each tool call must be an object", param=param)
+        call_id = require_str(call.get("id"), f"{param}.id", allow_empty=False)
+        function = call.get("function")
+        if not isinstance(function, dict):
+            raise GatewayInputError("function must be an object", param=f"{param}.function")
+        function_name = require_str(function.get("name"), f"{param}.function.name")
+        arguments = function.get("arguments") or ""
+        if not isinstance(arguments, str):
+            arguments = json.dumps(arguments)
+        ids.append(call_id)
+        drafts.append(EventDraft(TOOL_CALL, arguments, name=function_name, tool_call_id=call_id))
+    return ClientMessage(
+        role="assistant", hash_text=text, tool_ids=tuple(ids), drafts=tuple(drafts)
+    )
+
+
+def client_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
+    """The request's messages in conversation order (OpenAI keeps the system prompt inline)."""
+    return list(body["messages"])
+
+
+def with_context(
+    body: dict[str, Any], *, messages: list[dict[str, Any]], system: str | None, model: str
+) -> dict[str, Any]:
+    """The body to forward, with the fitted messages in place of the client's."""
+    return {**body, "model": model, "messages": messages}
+
+
+def reply_from_response(payload: Any, *, model: str) -> Reply | None:
+    """The assistant message and usage of a non-streamed response (None if it has none)."""
+    if not isinstance(payload, dict):
+        return None
+    choices = payload.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return None
+    message = choices[0].get("message")
+    if not isinstance(message, dict):
+        return None
+    try:
+        client_message = to_client_message({**message, "role": "assistant"})
+    except GatewayInputError:
+        return None
+    usage = payload.get("usage") if isinstance(payload.get("usage"), dict) else {}
+    return _reply(client_message, str(payload.get("model") or model), usage or {})
+
+
+def _reply(message: ClientMessage, model: str, usage: dict[str, Any]) -> Reply:
+    def number(key: str) -> int | None:
+        value = usage.get(key)
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    return Reply(
+        message=message,
+        model=model,
+        prompt_tokens=number("prompt_tokens"),
+        completion_tokens=number("completion_tokens"),
+        total_tokens=number("total_tokens"),
+        raw_usage=usage,
+    )
+
+
+def error_body(
+    message: str,
+    *,
+    status: int,
+    code: str | None = None,
+    param: str | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    kind = {401: "authentication_error", 404: "not_found_error", 413: "invalid_request_error"}
+    return {
+        "error": {
+            "message": message,
+            "type": kind.get(status, "invalid_request_error" if status < 500 else "api_error"),
+            "param": param,
+            "code": code,
+            **extra,
+        }
+    }
+
+
+def stream_error(message: str) -> bytes:
+    """An error relayed in the middle of a stream, as OpenAI sends one."""
+    payload = {"error": {"message": message, "type": "api_error", "param": None, "code": None}}
+    return f"data: {json.dumps(payload)}\n\n".encode()
+
+
+class StreamAccumulator:
+    """Follows a chat.completion.chunk SSE stream and rebuilds the reply it carries."""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self._buffer = b""
+        self._text: list[str] = []
+        self._calls: dict[int, dict[str, Any]] = {}
+        self._usage: dict[str, Any] = {}
+        self.done = False
+        self.errored = False
+
+    def feed(self, chunk: bytes) -> None:
+        self._buffer += chunk
+        while b"\n\n" in self._buffer:
+            event, self._buffer = self._buffer.split(b"\n\n", 1)
+            for line in event.split(b"\n"):
+                if line.startswith(b"data:"):
+                    self._data(line[5:].strip())
+
+    def _data(self, data: bytes) -> None:
+        if data == b"[DONE]":
+            self.done = True
+            return
+        try:
+            payload = json.loads(data)
+        except ValueError:
+            return
+        if not isinstance(payload, dict):
+            return
+        if "error" in payload:
+            self.errored = True
+            return
+        if payload.get("model"):
+            self.model = str(payload["model"])
+        if isinstance(payload.get("usage"), dict):
+            self._usage = payload["usage"]
+        for choice in payload.get("choices") or []:
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta") or {}
+            if isinstance(delta.get("content"), str):
+                self._text.append(delta["content"])
+            for call in delta.get("tool_calls") or []:
+                if not isinstance(call, dict):
+                    continue
+                slot = self._calls.setdefault(
+                    int(call.get("index", 0)), {"id": "", "name": "", "arguments": []}
+                )
+                function = call.get("function") or {}
+                if call.get("id"):
+                    slot["id"] = call["id"]
+                if function.get("name"):
+                    slot["name"] += function["name"]
+                if function.get("arguments"):
+                    slot["arguments"].append(function["arguments"])
+
+    def reply(self) -> Reply | None:
+        message: dict[str, Any] = {"role": "assistant", "content": "".join(self._text)}
+        calls = [
+            {
+                "id": slot["id"],
+                "type": "function",
+                "function": {"name": slot["name"], "arguments": "".join(slot["arguments"])},
+            }
+            for _, slot in sorted(self._calls.items())
+            if slot["id"]
+        ]
+        if calls:
+            message["tool_calls"] = calls
+        if not message["content"] and not calls:
+            return None
+        return _reply(to_client_message(message), self.model, self._usage)

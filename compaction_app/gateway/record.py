@@ -1,0 +1,258 @@
+"""Gateway services (sync, ORM): who is calling, which session, which of the resent messages
+are new, and the reply.
+
+Matching is O(new messages): the session remembers how many of the client's messages the
+ledger holds and the hash of the last one. When the next request still has that message at
+that position, everything after it is new and nothing before it is hashed. Otherwise (a
+client that edited its history, a retry, concurrent clients) the full request is matched
+against the stored hashes once.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.db import IntegrityError, transaction
+from rest_framework.authtoken.models import Token
+
+from compaction_app.gateway.messages import (
+    ClientMessage,
+    GatewayError,
+    Reply,
+    event_id,
+    message_hash,
+)
+from sessions_app import tokens
+from sessions_app.errors import LedgerError
+from sessions_app.models import ROLE_FOR_TYPE, Event, Session
+from sessions_app.services import EventInput, TokenUsage, event_append, session_create
+
+logger = logging.getLogger("compaction_app.gateway")
+
+MAX_CLIENT_KEY = 200
+
+Converter = Callable[[int], ClientMessage]
+
+
+def authenticate(key: str | None) -> AbstractBaseUser:
+    """The user whose API token is `key` (401 otherwise)."""
+    if not key:
+        raise GatewayError("X-Ledger-Key header is required", status=401, code="invalid_api_key")
+    token = Token.objects.select_related("user").filter(key=key).first()
+    if token is None or not token.user.is_active:
+        raise GatewayError(
+            "X-Ledger-Key is not a valid API token", status=401, code="invalid_api_key"
+        )
+    return token.user
+
+
+def resolve_session(*, user: AbstractBaseUser, header: str | None, model: str) -> Session:
+    """The session named by `X-Ledger-Session`: a session id of this user, or a client key
+    (any string up to 200 characters) that gets or creates the user's session for `model`.
+    Another user's session id is a 404, as if it did not exist."""
+    key = (header or "").strip()
+    if not key:
+        raise GatewayError(
+            "X-Ledger-Session header is required (a session id or your own thread id)",
+            code="missing_session",
+        )
+    if len(key) > MAX_CLIENT_KEY:
+        raise GatewayError(
+            f"X-Ledger-Session must be at most {MAX_CLIENT_KEY} characters", code="invalid_session"
+        )
+    try:
+        session_id: uuid.UUID | None = uuid.UUID(key)
+    except ValueError:
+        session_id = None
+    if session_id is not None:
+        session = Session.objects.filter(pk=session_id).first()
+        if session is not None:
+            if session.owner_id != user.pk:
+                raise GatewayError("session not found", status=404, code="session_not_found")
+            return session
+    existing = Session.objects.filter(owner_id=user.pk, client_key=key).first()
+    if existing is not None:
+        return existing
+    try:
+        with transaction.atomic():
+            return session_create(owner=user, model=model, title=key[:200], client_key=key)
+    except IntegrityError:
+        # Two first requests of one thread raced; the other one created it.
+        return Session.objects.get(owner_id=user.pk, client_key=key)
+    except LedgerError as exc:
+        raise GatewayError(exc.detail, code=exc.code, param="model") from None
+
+
+@dataclass(frozen=True)
+class Recorded:
+    session: Session
+    start: int  # index of the first message that was new
+    created: int
+
+
+def _match_start(session: Session, count: int, convert: Converter) -> int:
+    """Index of the first client message the ledger does not hold yet."""
+    known, known_hash = session.gateway_prefix_len, session.gateway_prefix_hash
+    if 0 < known <= count and convert(known - 1).hash == known_hash:
+        return known
+    hashes = [convert(index).hash for index in range(count)]
+    ids = {event_id(session.pk, index, h, 0): index for index, h in enumerate(hashes)}
+    stored = Event.objects.filter(session=session, id__in=list(ids)).values_list("id", flat=True)
+    positions = [ids[pk] for pk in stored]
+    if positions:
+        return max(positions) + 1
+    # No message at its own position: a session recorded some other way (the REST API, an
+    # import). Anything up to the last message the ledger already holds counts as recorded.
+    recorded = set(
+        Event.objects.filter(session=session, message_hash__in=set(hashes)).values_list(
+            "message_hash", flat=True
+        )
+    )
+    for event in Event.objects.filter(session=session, message_hash="").only(
+        "type", "content", "tool_call_id"
+    ):
+        tool_ids = (event.tool_call_id,) if event.tool_call_id else ()
+        recorded.add(message_hash(ROLE_FOR_TYPE[event.type], event.content, tool_ids))
+    last = max((index for index, h in enumerate(hashes) if h in recorded), default=-1)
+    return last + 1
+
+
+def record_request(
+    *,
+    session: Session,
+    count: int,
+    convert: Converter,
+    window: int | None,
+) -> Recorded:
+    """Append the request's new messages (ids derived from position and hash, so a retry or
+    a concurrent duplicate stores nothing twice). With `window` set, a new message that alone
+    exceeds it is refused before anything is stored."""
+    # No lock around the match: the ids derived from position and hash make the append
+    # idempotent under the append's own lock, and the remembered prefix is only a hint.
+    start = _match_start(session, count, convert)
+    new = [(index, convert(index)) for index in range(start, count)]
+    if window is not None and new:
+        counter = tokens.counter_for_model(session.model)
+        for index, message in new:
+            cost = (
+                sum(
+                    tokens.messages_batch_tokens(
+                        counter,
+                        [(ROLE_FOR_TYPE[d.type], d.content, d.name) for d in message.drafts],
+                    )
+                )
+                + tokens.REPLY_PRIMER
+            )
+            if cost > window:
+                raise GatewayError(
+                    f"message {index} alone is {cost} tokens; the context window of "
+                    f"{session.model} is {window}",
+                    code="context_length_exceeded",
+                    param="messages",
+                    tokenCount=cost,
+                    limit=window,
+                    model=session.model,
+                )
+    inputs = [
+        EventInput(
+            id=event_id(session.pk, index, message.hash, part),
+            type=draft.type,
+            content=draft.content,
+            name=draft.name,
+            tool_call_id=draft.tool_call_id,
+            message_hash=message.hash,
+        )
+        for index, message in new
+        for part, draft in enumerate(message.drafts)
+    ]
+    created = 0
+    fresh = session
+    if count and (count, convert(count - 1).hash) != (
+        session.gateway_prefix_len,
+        session.gateway_prefix_hash,
+    ):
+        Session.objects.filter(pk=session.pk, gateway_prefix_len__lte=count).update(
+            gateway_prefix_len=count, gateway_prefix_hash=convert(count - 1).hash
+        )
+    if inputs:
+        try:
+            result = event_append(session=session, events=inputs)
+        except LedgerError as exc:
+            raise GatewayError(exc.detail, code=exc.code, param="messages") from None
+        created = result.created
+        fresh = result.session or Session.objects.get(pk=session.pk)
+    return Recorded(session=fresh, start=start, created=created)
+
+
+def record_reply(
+    *,
+    session: Session,
+    position: int,
+    reply: Reply,
+    forwarded_tokens: int,
+    incomplete: bool = False,
+    metadata: dict[str, Any] | None = None,
+) -> Sequence[Event]:
+    """Append the provider's reply (AGENT_MESSAGE and TOOL_CALLs) with its usage, the serving
+    model, and our count of what was forwarded beside the provider's (count drift)."""
+    session_id = session.pk
+    message = reply.message
+    digest = message.hash
+    meta: dict[str, Any] = {"model": reply.model, "gateway": True, **(metadata or {})}
+    if incomplete:
+        meta["incomplete"] = True
+    usage = None
+    if reply.prompt_tokens is not None or reply.completion_tokens is not None:
+        usage = TokenUsage(
+            prompt_tokens=reply.prompt_tokens,
+            completion_tokens=reply.completion_tokens,
+            total_tokens=reply.total_tokens
+            if reply.total_tokens is not None
+            else (reply.prompt_tokens or 0) + (reply.completion_tokens or 0),
+        )
+    inputs = []
+    for part, draft in enumerate(message.drafts):
+        first = part == 0
+        inputs.append(
+            EventInput(
+                id=event_id(session_id, position, digest, part),
+                type=draft.type,
+                content=draft.content,
+                name=draft.name,
+                tool_call_id=draft.tool_call_id,
+                message_hash=digest,
+                token_usage=usage if first else None,
+                metadata={
+                    **meta,
+                    **(
+                        {
+                            "forwardedTokens": forwarded_tokens,
+                            "providerPromptTokens": reply.prompt_tokens,
+                            "usage": reply.raw_usage,
+                        }
+                        if first
+                        else {}
+                    ),
+                },
+            )
+        )
+    changes: dict[str, Any] = {"last_serving_model": reply.model[:200]}
+    if reply.prompt_tokens is not None and not incomplete:
+        changes.update(
+            last_forwarded_tokens=forwarded_tokens,
+            last_provider_prompt_tokens=reply.prompt_tokens,
+        )
+    with transaction.atomic():
+        # Before the append, so the usage it broadcasts already carries the drift.
+        Session.objects.filter(pk=session_id).update(**changes)
+        Session.objects.filter(pk=session_id, gateway_prefix_len__lte=position + 1).update(
+            gateway_prefix_len=position + 1, gateway_prefix_hash=digest
+        )
+        if not inputs:
+            return []
+        return event_append(session=session, events=inputs).events

@@ -1,0 +1,59 @@
+"""Helpers for the gateway tests: official SDK clients pointed at the gateway (the fixtures
+`gateway_url` and `upstream` live in conftest.py)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+CANARY = "sk-canary-7f3a9c1e-do-not-store"
+
+
+def token_for(user: Any) -> str:
+    from rest_framework.authtoken.models import Token
+
+    return Token.objects.get_or_create(user=user)[0].key
+
+
+def openai_client(base: str, *, key: str | None, session: str | None, **headers: str) -> Any:
+    import openai
+
+    default_headers = dict(headers)
+    if key is not None:
+        default_headers["X-Ledger-Key"] = key
+    if session is not None:
+        default_headers["X-Ledger-Session"] = session
+    return openai.OpenAI(
+        api_key=CANARY,
+        base_url=f"{base}/gateway/openai/v1",
+        default_headers=default_headers,
+        max_retries=0,
+        timeout=30,
+    )
+
+
+def anthropic_client(base: str, *, key: str | None, session: str | None, **headers: str) -> Any:
+    import anthropic
+
+    default_headers = dict(headers)
+    if key is not None:
+        default_headers["X-Ledger-Key"] = key
+    if session is not None:
+        default_headers["X-Ledger-Session"] = session
+    return anthropic.Anthropic(
+        api_key=CANARY,
+        base_url=f"{base}/gateway/anthropic",
+        default_headers=default_headers,
+        max_retries=0,
+        timeout=30,
+    )
+
+
+def wait_until(predicate: Any, *, timeout: float = 10.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.05)

@@ -1,0 +1,178 @@
+"""The gateway's pure parts, without a database: message <-> event conversion for both wire
+formats, the stable message hash, stream accumulators and the fit decision."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from compaction_app.gateway import anthropic, openai
+from compaction_app.gateway.fit_rules import LEDGER, PASS_THROUGH, decide
+from compaction_app.gateway.messages import GatewayInputError, event_id, message_hash
+
+
+def test_it_hashes_role_content_and_tool_ids_stably():
+    base = message_hash("user", "hi", ())
+    assert base == message_hash("user", "hi", ())
+    assert len(base) == 32
+    assert base != message_hash("assistant", "hi", ())
+    assert base != message_hash("user", "hi ", ())
+    assert message_hash("tool", "x", ("a",)) != message_hash("tool", "x", ("b",))
+    assert event_id("s", 1, base, 0) == event_id("s", 1, base, 0)
+    assert event_id("s", 1, base, 0) != event_id("s", 2, base, 0)
+
+
+def test_it_identifies_an_assistant_turn_however_the_sdk_resends_it():
+    sent = openai.to_client_message(
+        {
+            "role": "assistant",
+            "content": None,
+            "refusal": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "ls", "arguments": "{}"}}
+            ],
+        }
+    )
+    reply = openai.reply_from_response(
+        {
+            "model": "gpt-4o",
+            "choices": [
+                {
+                    "message": {
+                        "role": "assistant",
+                        "content": "",
+                        "tool_calls": [
+                            {
+                                "id": "c1",
+                                "type": "function",
+                                "function": {"name": "ls", "arguments": "{}"},
+                            }
+                        ],
+                    }
+                }
+            ],
+        },
+        model="gpt-4o",
+    )
+    assert reply is not None and reply.message.hash == sent.hash
+    assert [d.type for d in sent.drafts] == ["TOOL_CALL"]
+
+
+def test_it_converts_openai_messages_to_events():
+    system = openai.to_client_message({"role": "developer", "content": "be terse"})
+    assert [(d.type, d.content) for d in system.drafts] == [("SYSTEM_PROMPT", "be terse")]
+    parts = openai.to_client_message(
+        {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}
+    )
+    assert parts.drafts[0].content == "a\nb"  # all text: stored as text, counted exactly
+    image = openai.to_client_message(
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "a"},
+                {"type": "image_url", "image_url": {"url": "u"}},
+            ],
+        }
+    )
+    assert isinstance(image.drafts[0].content, list)  # non-text: the parts, by the non-text rule
+    tool = openai.to_client_message({"role": "tool", "tool_call_id": "c1", "content": "out"})
+    assert (tool.drafts[0].type, tool.drafts[0].tool_call_id) == ("TOOL_RESULT", "c1")
+    with pytest.raises(GatewayInputError):
+        openai.to_client_message({"role": "user", "content": {"x": 1}})
+
+
+def test_it_converts_anthropic_messages_to_events():
+    units = anthropic.parse_request(
+        {
+            "model": "claude-3.5-sonnet",
+            "system": [{"type": "text", "text": "sys"}],
+            "messages": [
+                {"role": "user", "content": "q"},
+                {
+                    "role": "assistant",
+                    "content": [
+                        {"type": "thinking", "thinking": "hmm", "signature": "s"},
+                        {"type": "text", "text": "let me look"},
+                        {"type": "tool_use", "id": "t1", "name": "ls", "input": {"d": "."}},
+                    ],
+                },
+                {
+                    "role": "user",
+                    "content": [
+                        {
+                            "type": "tool_result",
+                            "tool_use_id": "t1",
+                            "content": [{"type": "text", "text": "a.py"}],
+                        },
+                        {"type": "text", "text": "and?"},
+                    ],
+                },
+            ],
+        }
+    )[1]
+    converted = [anthropic.to_client_message(unit, i) for i, unit in enumerate(units)]
+    assert [[d.type for d in m.drafts] for m in converted] == [
+        ["SYSTEM_PROMPT"],
+        ["USER_MESSAGE"],
+        ["AGENT_MESSAGE", "TOOL_CALL"],
+        ["TOOL_RESULT", "USER_MESSAGE"],
+    ]
+    assert json.loads(converted[2].drafts[1].content) == {"d": "."}
+    assert converted[3].drafts[0].content == "a.py"
+    assert converted[3].tool_ids == ("t1",)
+
+
+def test_it_maps_anthropic_usage_including_cache_tokens():
+    reply = anthropic.reply_from_response(
+        {
+            "model": "claude-3.5-sonnet",
+            "content": [{"type": "text", "text": "hi"}],
+            "usage": {
+                "input_tokens": 10,
+                "cache_creation_input_tokens": 20,
+                "cache_read_input_tokens": 30,
+                "output_tokens": 5,
+            },
+        },
+        model="x",
+    )
+    assert reply is not None
+    assert (reply.prompt_tokens, reply.completion_tokens, reply.total_tokens) == (60, 5, 65)
+
+
+def test_it_rebuilds_a_streamed_openai_reply_from_split_chunks():
+    accumulator = openai.StreamAccumulator("gpt-4o")
+    stream = (
+        b'data: {"model":"gpt-4o-2024","choices":[{"index":0,"delta":{"content":"Hel"}}]}\n\n'
+        b'data: {"choices":[{"index":0,"delta":{"content":"lo","tool_calls":[{"index":0,"id":"c","function":{"name":"ls","arguments":"{\\"a\\""}}]}}]}\n\n'
+        b'data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":":1}"}}]}}]}\n\n'
+        b'data: {"choices":[],"usage":{"prompt_tokens":7,"completion_tokens":2,"total_tokens":9}}\n\n'
+        b"data: [DONE]\n\n"
+    )
+    for start in range(0, len(stream), 7):  # arbitrary network chunking
+        accumulator.feed(stream[start : start + 7])
+    reply = accumulator.reply()
+    assert accumulator.done and reply is not None
+    assert reply.model == "gpt-4o-2024"
+    assert reply.message.drafts[0].content == "Hello"
+    assert reply.message.drafts[1].content == '{"a":1}'
+    assert reply.prompt_tokens == 7
+
+
+def test_it_decides_pass_through_only_below_the_threshold_of_an_uncompacted_session():
+    common = {"limit": 1000, "compact_threshold": 0.8, "hard_threshold": 0.95}
+    assert decide(tokens=799, compacted=False, **common) == PASS_THROUGH
+    assert decide(tokens=799, compacted=True, **common) == LEDGER
+    assert decide(tokens=800, compacted=False, **common) == LEDGER
+    assert decide(tokens=990, compacted=False, **common) == LEDGER
+
+
+def test_it_shapes_errors_like_each_provider():
+    body = openai.error_body(
+        "too long", status=400, code="context_length_exceeded", param="messages", limit=5
+    )
+    assert body["error"]["type"] == "invalid_request_error"
+    assert body["error"]["code"] == "context_length_exceeded" and body["error"]["limit"] == 5
+    body = anthropic.error_body("nope", status=401)
+    assert body == {"type": "error", "error": {"type": "authentication_error", "message": "nope"}}
