@@ -28,7 +28,7 @@ from compaction_app.gateway.messages import (
     message_hash,
 )
 from sessions_app import tokens
-from sessions_app.errors import LedgerError
+from sessions_app.errors import Conflict, LedgerError
 from sessions_app.models import ROLE_FOR_TYPE, Event, Session
 from sessions_app.services import EventInput, TokenUsage, event_append, session_create
 
@@ -255,4 +255,15 @@ def record_reply(
         )
         if not inputs:
             return []
-        return event_append(session=session, events=inputs).events
+        # A retried request gets its reply again at the same position, usually with other
+        # usage figures: the reply recorded first stands, and a retry records nothing twice
+        # (event_append would refuse the changed body as an idempotency conflict).
+        ids = [item.id for item in inputs]
+        recorded = set(Event.objects.filter(pk__in=ids).values_list("pk", flat=True))
+        fresh = [item for item in inputs if item.id not in recorded]
+        if fresh:
+            try:
+                return event_append(session=session, events=fresh).events
+            except Conflict:
+                pass  # a concurrent retry recorded it between the check and the append
+        return list(Event.objects.filter(pk__in=ids).order_by("seq"))
