@@ -456,7 +456,9 @@ def _execute(run: CompactionRun) -> CompactionRun:
             )
         if plan.needs_summary and final_ids:
             final = set(final_ids)  # built once: a set per event made this loop quadratic
-            folded_messages = [e for e in folded if e.pk in final and e.type != EventType.COMPACTION]
+            folded_messages = [
+                e for e in folded if e.pk in final and e.type != EventType.COMPACTION
+            ]
             running.summary = summary_text
             running.summarized_message_ids = list(running.summarized_message_ids) + [
                 str(e.pk) for e in folded_messages
