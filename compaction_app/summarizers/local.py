@@ -922,9 +922,6 @@ class LocalSummarizer(Summarizer):
             if chars > max_tokens * 12 + 200:
                 break
             pool.append(item)
-        full = self._render(pool)
-        if self.count_tokens(full) <= max_tokens:
-            return full
         # Each bullet and heading is counted once: the tokenizer splits at newlines, so the
         # tokens of a rendering are the sum of its lines' within a token or two at the blank
         # lines between sections. The estimate picks the prefix; exact counts of the rendered
@@ -949,10 +946,16 @@ class LocalSummarizer(Summarizer):
             opened.add(item.section)
             size += 1
         # The largest prefix whose rendering fits.
-        while size < len(pool) and self.count_tokens(self._render(pool[: size + 1])) <= max_tokens:
-            size += 1
-        while size and self.count_tokens(self._render(pool[:size])) > max_tokens:
+        used = self.count_tokens(self._render(pool[:size])) if size else 0
+        if used <= max_tokens:
+            while size < len(pool):
+                longer = self.count_tokens(self._render(pool[: size + 1]))
+                if longer > max_tokens:
+                    break
+                size, used = size + 1, longer
+        while size and used > max_tokens:
             size -= 1
+            used = self.count_tokens(self._render(pool[:size])) if size else 0
         chosen = pool[:size]
         if not chosen and pool:
             # Not even one whole item fits: the best one, cut at a word end, beats nothing.
@@ -962,7 +965,6 @@ class LocalSummarizer(Summarizer):
         # The item that stopped the prefix may be long while later ones are short: offer a few
         # of the next-ranked items individually (only those the estimate says might fit are
         # rendered and counted).
-        used = self.count_tokens(self._render(chosen))
         sections = {item.section for item in chosen}
         for index in range(len(chosen) + 1, min(len(chosen) + 1 + _TOP_UP_TRIES, len(pool))):
             item = pool[index]
