@@ -157,8 +157,10 @@ _MAX_ITEM_CHARS = 280
 _MAX_TOOL_ERRORS = 12
 _MAX_FILES = 6
 _TOP_UP_TRIES = 12
-# How far the sum of line counts may undershoot the count of the joined text, in tokens.
-_ESTIMATE_SLACK = 4
+# How far the count of a rendering may fall below the sum of its line counts, in tokens: a
+# blank line before a heading can merge with the newline before it ("\n\n" is one token),
+# so the sum overshoots by 1 at most on o200k; 2 leaves a margin for other vocabularies.
+_ESTIMATE_SLACK = 2
 _MAX_CALLS = 5
 
 
@@ -922,6 +924,11 @@ class LocalSummarizer(Summarizer):
             if chars > max_tokens * 12 + 200:
                 break
             pool.append(item)
+        return self._fill(pool, max_tokens=max_tokens)
+
+    def _fill(self, pool: list[_Item], *, max_tokens: int) -> str:
+        """Render the longest prefix of the ranked `pool` that fits in `max_tokens`, topped up
+        with a few later items that still fit."""
         # Each bullet and heading is counted once: the tokenizer splits at newlines, so the
         # tokens of a rendering are the sum of its lines' within a token or two at the blank
         # lines between sections. The estimate picks the prefix; exact counts of the rendered
