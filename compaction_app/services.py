@@ -455,8 +455,9 @@ def _execute(run: CompactionRun) -> CompactionRun:
                 cleared_by=marker,
             )
         if plan.needs_summary and final_ids:
+            final = set(final_ids)  # built once: a set per event made this loop quadratic
             folded_messages = [
-                e for e in folded if e.pk in set(final_ids) and e.type != EventType.COMPACTION
+                e for e in folded if e.pk in final and e.type != EventType.COMPACTION
             ]
             running.summary = summary_text
             running.summarized_message_ids = list(running.summarized_message_ids) + [

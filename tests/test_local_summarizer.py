@@ -7,6 +7,7 @@ import re
 import pytest
 
 from bench.session_gen import generate_session
+from compaction_app.summarizers import local as local_summarizer
 from compaction_app.summarizers.base import SummaryMessage, summarizer_class
 from compaction_app.summarizers.local import SECTIONS, LocalSummarizer, truncate_to_tokens
 
@@ -522,3 +523,107 @@ def test_it_drops_a_folded_value_the_kept_events_have_corrected() -> None:
         previous_summary="", messages=messages, max_tokens=600
     )
     assert "WORKER_CONCURRENCY=8" in alone
+
+
+class RecordingSummarizer(LocalSummarizer):
+    """Keeps each ranked pool the summarizer fills its budget from, to check the fill."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.pools: list[tuple[list, int]] = []
+
+    def _fill(self, pool, *, max_tokens: int) -> str:
+        self.pools.append((list(pool), max_tokens))
+        return super()._fill(pool, max_tokens=max_tokens)
+
+
+def fill_by_counting_every_prefix(summarizer: LocalSummarizer, pool: list, max_tokens: int) -> str:
+    """The budget fill done the slow, obvious way: render and count each longer prefix."""
+
+    def fits(items: list) -> bool:
+        return summarizer.count_tokens(summarizer._render(items)) <= max_tokens
+
+    size = 0
+    while size < len(pool) and fits(pool[: size + 1]):
+        size += 1
+    chosen = pool[:size]
+    if not chosen and pool:
+        return truncate_to_tokens(
+            summarizer._render(pool[:1]),
+            max_tokens=max_tokens,
+            count_tokens=summarizer.count_tokens,
+        )
+    for item in pool[size + 1 : size + 1 + local_summarizer._TOP_UP_TRIES]:
+        if fits([*chosen, item]):
+            chosen.append(item)
+    return summarizer._render(chosen)
+
+
+def session_messages() -> list[SummaryMessage]:
+    session = generate_session(turns=120, seed=5, target_tokens=200_000)
+    return [
+        seq_msg(i + 1, e["type"], e["content"], e.get("name", ""))
+        for i, e in enumerate(session.events)
+    ]
+
+
+@pytest.mark.parametrize("max_tokens", [256, 2000])
+def test_it_fills_the_budget_as_counting_every_prefix_would(max_tokens: int) -> None:
+    summarizer = RecordingSummarizer(count_tokens=real_counter())
+    summary = summarizer.summarize(
+        previous_summary="", messages=session_messages(), max_tokens=max_tokens
+    )
+    pools = list(summarizer.pools)
+    assert len(pools) > 1  # one per piece of the input window
+    for pool, budget in pools:
+        expected = fill_by_counting_every_prefix(summarizer, pool, budget)
+        assert LocalSummarizer._fill(summarizer, pool, max_tokens=budget) == expected
+    assert summary == fill_by_counting_every_prefix(summarizer, *pools[-1])
+
+
+def test_it_counts_each_item_about_once_when_filling_the_budget() -> None:
+    counter = real_counter()
+    counted: list[int] = []
+
+    def counting(text: str) -> int:
+        counted.append(len(text))
+        return counter(text)
+
+    summarizer = RecordingSummarizer(count_tokens=counter)
+    summarizer.summarize(previous_summary="", messages=session_messages(), max_tokens=2000)
+    pool, budget = summarizer.pools[-1]
+    summarizer.count_tokens = counting
+    summary = LocalSummarizer._fill(summarizer, pool, max_tokens=budget)
+    # Counting the whole pool, a prefix per bisection step and each top-up try read 20-27 times
+    # the summary's length; per-line counts leave the edge of the prefix and the top-ups the
+    # estimate cannot rule out.
+    assert sum(counted) <= 12 * len(summary), (sum(counted), len(summary))
+
+
+def test_it_finds_every_error_line_its_pattern_matches() -> None:
+    output = "\n".join(
+        [
+            "collected 12 items",
+            "tests/test_orders.py::test_import FAILED",
+            "E       ValueError: bad row 17",
+            "Traceback (most recent call last):",
+            '  File "/srv/app/loader.py", line 40, in load',
+            "psycopg.errors.UniqueViolation: duplicate key value",  # no Error/Exception name
+            "=========== 2 failed, 10 passed in 1.23s ===========",
+            "error: pathspec 'main2' did not match any file(s) known to git",
+            "fatal: not a git repository (or any of the parent directories): .git",
+            "panic: runtime error: index out of range [3] with length 3",
+            "Error: unknown flag --frobnicate",  # no word before Error: not matched
+            "this line mentions ValueError but has no message",
+            "3 failedover is not a tally",
+            "everything fine",
+        ]
+    )
+    expected = [line for line in output.splitlines() if local_summarizer._TOOL_ERROR.search(line)]
+    found = list(
+        local_summarizer._lines_matching(
+            output, local_summarizer._TOOL_ERROR_NEEDLES, local_summarizer._TOOL_ERROR
+        )
+    )
+    assert found == expected
+    assert len(found) == 7

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 from compaction_app.evidence import extract, shape_of
@@ -135,6 +135,19 @@ _TOOL_ERROR = re.compile(
     r"Traceback \(most recent call last\)|\b[A-Z]\w*(?:Error|Exception): \S|\bFAILED\b"
     r"|\b\d+ failed\b|\berror: |\bfatal: |\bpanic: "
 )
+# Literals every `_TOOL_ERROR` match contains: str.find over megabytes of output is far
+# faster than the regex's scan (its `\b[A-Z]\w*` branch tries every capitalised word), so the
+# regex only runs on the lines these find.
+_TOOL_ERROR_NEEDLES = (
+    "Traceback (most recent call last)",
+    "Error: ",
+    "Exception: ",
+    "FAILED",
+    " failed",
+    "error: ",
+    "fatal: ",
+    "panic: ",
+)
 _SENTENCE_SPLIT = re.compile(r"(?<=[.!?])\s+(?=[A-Z`'\"(\[])|\s*\n+\s*")
 _BULLET = re.compile(r"^\s*(?:[-*•]|\d+[.)])\s+")
 _FOLDED_SO_FAR = re.compile(r"Folded so far: (\d+) messages")
@@ -144,6 +157,10 @@ _MAX_ITEM_CHARS = 280
 _MAX_TOOL_ERRORS = 12
 _MAX_FILES = 6
 _TOP_UP_TRIES = 12
+# How far the count of a rendering may fall below the sum of its line counts, in tokens: a
+# blank line before a heading can merge with the newline before it ("\n\n" is one token),
+# so the sum overshoots by 1 at most on o200k; 2 leaves a margin for other vocabularies.
+_ESTIMATE_SLACK = 2
 _MAX_CALLS = 5
 
 
@@ -617,6 +634,25 @@ def _novel(items: list[_Item], kept_text: str) -> list[_Item]:
     return result
 
 
+def _lines_matching(text: str, needles: tuple[str, ...], pattern: re.Pattern[str]) -> Iterator[str]:
+    """The lines of `text`, in order, that `pattern` matches, given literals one of which
+    every match contains (the pattern never spans lines)."""
+    starts: set[int] = set()
+    for needle in needles:
+        pos = text.find(needle)
+        while pos >= 0:
+            starts.add(text.rfind("\n", 0, pos) + 1)
+            line_end = text.find("\n", pos)
+            if line_end < 0:
+                break
+            pos = text.find(needle, line_end + 1)
+    for start in sorted(starts):
+        end = text.find("\n", start)
+        line = text[start : len(text) if end < 0 else end]
+        if pattern.search(line):
+            yield line
+
+
 @register
 class LocalSummarizer(Summarizer):
     """Extractive summarizer: offline, deterministic, no model call.
@@ -790,26 +826,18 @@ class LocalSummarizer(Summarizer):
 
     @staticmethod
     def _tool_result(collector: _Collector, content: str, name: str, *, seq: int) -> None:
-        # One regex pass over the whole output, expanding each hit to its line: tool output can
-        # be megabytes of code, so it is never split into sentences.
-        seen_lines = 0
+        # Only the lines an error pattern matches, found by literal search: tool output can be
+        # megabytes of code, so it is never split into sentences.
         added: set[str] = set()  # lines of this output already added
-        last_end = -1
         label = re.sub(r"[^\w.-]", "_", name) or "tool"
-        for match in _TOOL_ERROR.finditer(content):
-            start = content.rfind("\n", 0, match.start()) + 1
-            if start <= last_end:
-                continue
-            end = content.find("\n", match.end())
-            end = len(content) if end < 0 else end
-            last_end = end
-            line = content[start:end].strip()
+        lines = _lines_matching(content, _TOOL_ERROR_NEEDLES, _TOOL_ERROR)
+        for seen_lines, raw in enumerate(lines, start=1):
+            line = raw.strip()
             if line.startswith("E "):
                 line = line[1:].strip()
             item = f"{label} output: {line}"
             added.add(_key(_clip(item)))
             collector.add(_ISSUES, item, _score(_ISSUES, item), seq=seq, collapse=True)
-            seen_lines += 1
             if seen_lines >= _MAX_TOOL_ERRORS:
                 break
         # The evidence a continuation needs verbatim: exit codes, statuses, tallies, hashes,
@@ -896,28 +924,63 @@ class LocalSummarizer(Summarizer):
             if chars > max_tokens * 12 + 200:
                 break
             pool.append(item)
-        full = self._render(pool)
-        if self.count_tokens(full) <= max_tokens:
-            return full
-        lo, hi, best = 0, len(pool) - 1, -1
-        while lo <= hi:  # largest prefix of the ranking whose rendering fits
-            mid = (lo + hi) // 2
-            if self.count_tokens(self._render(pool[: mid + 1])) <= max_tokens:
-                best, lo = mid, mid + 1
-            else:
-                hi = mid - 1
-        # Token counts are not strictly monotonic in the item set, so verify and step back.
-        chosen = pool[: best + 1]
-        while chosen and self.count_tokens(self._render(chosen)) > max_tokens:
-            chosen.pop()
+        return self._fill(pool, max_tokens=max_tokens)
+
+    def _fill(self, pool: list[_Item], *, max_tokens: int) -> str:
+        """Render the longest prefix of the ranked `pool` that fits in `max_tokens`, topped up
+        with a few later items that still fit."""
+        # Each bullet and heading is counted once: the tokenizer splits at newlines, so the
+        # tokens of a rendering are the sum of its lines' within a token or two at the blank
+        # lines between sections. The estimate picks the prefix; exact counts of the rendered
+        # text (a handful, not one per bisection step) settle its edge.
+        costs: dict[int, int] = {}
+
+        def cost(index: int) -> int:
+            if index not in costs:
+                item = pool[index]
+                costs[index] = self.count_tokens(f"- {item.text}{_cite(item)}\n")
+            return costs[index]
+
+        heading = {name: self.count_tokens(f"## {name}\n") + 1 for name in SECTIONS}
+        opened: set[str] = set()
+        estimate = 0
+        size = 0
+        for index, item in enumerate(pool):
+            extra = cost(index) + (0 if item.section in opened else heading[item.section])
+            if estimate + extra > max_tokens:
+                break
+            estimate += extra
+            opened.add(item.section)
+            size += 1
+        # The largest prefix whose rendering fits.
+        used = self.count_tokens(self._render(pool[:size])) if size else 0
+        if used <= max_tokens:
+            while size < len(pool):
+                longer = self.count_tokens(self._render(pool[: size + 1]))
+                if longer > max_tokens:
+                    break
+                size, used = size + 1, longer
+        while size and used > max_tokens:
+            size -= 1
+            used = self.count_tokens(self._render(pool[:size])) if size else 0
+        chosen = pool[:size]
         if not chosen and pool:
             # Not even one whole item fits: the best one, cut at a word end, beats nothing.
             return truncate_to_tokens(
                 self._render(pool[:1]), max_tokens=max_tokens, count_tokens=self.count_tokens
             )
         # The item that stopped the prefix may be long while later ones are short: offer a few
-        # of the next-ranked items individually.
-        for item in pool[len(chosen) + 1 : len(chosen) + 1 + _TOP_UP_TRIES]:
-            if self.count_tokens(self._render([*chosen, item])) <= max_tokens:
+        # of the next-ranked items individually (only those the estimate says might fit are
+        # rendered and counted).
+        sections = {item.section for item in chosen}
+        for index in range(len(chosen) + 1, min(len(chosen) + 1 + _TOP_UP_TRIES, len(pool))):
+            item = pool[index]
+            extra = cost(index) + (0 if item.section in sections else heading[item.section])
+            if used + extra > max_tokens + _ESTIMATE_SLACK:
+                continue
+            rendered = self.count_tokens(self._render([*chosen, item]))
+            if rendered <= max_tokens:
                 chosen.append(item)
+                sections.add(item.section)
+                used = rendered
         return self._render(chosen)
