@@ -147,7 +147,11 @@ class Stack:
 
     def tracebacks(self) -> int:
         self.log.seek(0)
-        return self.log.read().decode("utf-8", "replace").count("Traceback")
+        text = self.log.read().decode("utf-8", "replace")
+        if os.environ.get("BENCH_SERVER_LOG"):
+            with open(os.environ["BENCH_SERVER_LOG"], "a") as out:
+                out.write(text)
+        return text.count("Traceback")
 
 
 def _token(stack: Stack) -> str:
@@ -436,9 +440,11 @@ def bench_production(*, writers: int, appends: int, outage_seconds: float) -> li
         )
         if outage_seconds > 0:
             rows += _outage(stack, redis, token, seconds=outage_seconds)
+        stack.stop()
         rows.append(("production", "tracebacks in the servers' logs", str(stack.tracebacks())))
     finally:
         stack.stop()
+        stack.close()
         redis.stop()
         _pg_admin(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
         shutil.rmtree(var_dir, ignore_errors=True)
@@ -457,9 +463,11 @@ def bench_embedded(*, writers: int, appends: int) -> list[Row]:
         result = _writers(stack, token, writers=writers, appends=appends)
         stored = _sqlite_events(var_dir, str(result["session_id"]))
         rows = _append_rows("embedded", result, stored, writers, appends)
+        stack.stop()
         rows.append(("embedded", "tracebacks in the servers' logs", str(stack.tracebacks())))
     finally:
         stack.stop()
+        stack.close()
         shutil.rmtree(var_dir, ignore_errors=True)
     return rows
 

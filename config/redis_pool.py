@@ -17,12 +17,12 @@ import redis
 
 class SharedBlockingConnectionPool(redis.BlockingConnectionPool):
     _shared: dict[str, SharedBlockingConnectionPool] = {}
-    _lock = threading.Lock()
+    _shared_lock = threading.Lock()
 
     @classmethod
     def from_url(cls, url: str, **kwargs: Any) -> SharedBlockingConnectionPool:  # type: ignore[override]
         key = repr((url, sorted(kwargs.items())))
-        with cls._lock:
+        with cls._shared_lock:
             pool = cls._shared.get(key)
             if pool is None:
                 pool = super().from_url(url, **kwargs)
