@@ -92,7 +92,9 @@ class Stack:
         self.processes: list[subprocess.Popen] = []
         self.ports: list[int] = []
         self.worker = worker
-        self.log = tempfile.TemporaryFile()  # noqa: SIM115 - read and closed in stop()
+        # Read by tracebacks(), closed by close().
+        self.log = tempfile.TemporaryFile()  # noqa: SIM115
+        self.worker_log = tempfile.TemporaryFile()  # noqa: SIM115
 
     def manage(self, *args: str) -> str:
         result = subprocess.run(
@@ -129,7 +131,7 @@ class Stack:
                     cwd=ROOT,
                     env=self.env,
                     stdout=subprocess.DEVNULL,
-                    stderr=self.log,
+                    stderr=self.worker_log,
                 )
             )
 
@@ -144,10 +146,14 @@ class Stack:
 
     def close(self) -> None:
         self.log.close()
+        self.worker_log.close()
 
-    def tracebacks(self) -> int:
-        self.log.seek(0)
-        text = self.log.read().decode("utf-8", "replace")
+    def tracebacks(self, *, worker: bool = False) -> int:
+        """Tracebacks in the daphne processes' stderr (or the worker's); the text is appended
+        to $BENCH_SERVER_LOG when set."""
+        log = self.worker_log if worker else self.log
+        log.seek(0)
+        text = log.read().decode("utf-8", "replace")
         if os.environ.get("BENCH_SERVER_LOG"):
             with open(os.environ["BENCH_SERVER_LOG"], "a") as out:
                 out.write(text)
@@ -441,7 +447,14 @@ def bench_production(*, writers: int, appends: int, outage_seconds: float) -> li
         if outage_seconds > 0:
             rows += _outage(stack, redis, token, seconds=outage_seconds)
         stack.stop()
-        rows.append(("production", "tracebacks in the servers' logs", str(stack.tracebacks())))
+        rows.append(("production", "tracebacks in the daphne logs", str(stack.tracebacks())))
+        rows.append(
+            (
+                "production",
+                "tracebacks in the worker's log (Celery reporting the lost broker, then reconnecting)",
+                str(stack.tracebacks(worker=True)),
+            )
+        )
     finally:
         stack.stop()
         stack.close()
@@ -464,7 +477,7 @@ def bench_embedded(*, writers: int, appends: int) -> list[Row]:
         stored = _sqlite_events(var_dir, str(result["session_id"]))
         rows = _append_rows("embedded", result, stored, writers, appends)
         stack.stop()
-        rows.append(("embedded", "tracebacks in the servers' logs", str(stack.tracebacks())))
+        rows.append(("embedded", "tracebacks in the daphne logs", str(stack.tracebacks())))
     finally:
         stack.stop()
         stack.close()
