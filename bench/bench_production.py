@@ -127,7 +127,7 @@ class Stack:
             self.processes.append(
                 subprocess.Popen(
                     [sys.executable, "-m", "celery", "-A", "config", "worker", "-l", "warning"]
-                    + ["--pool", "solo"],
+                    + ["--concurrency", "2"],
                     cwd=ROOT,
                     env=self.env,
                     stdout=subprocess.DEVNULL,
@@ -441,7 +441,7 @@ def bench_production(*, writers: int, appends: int, outage_seconds: float) -> li
             (
                 "production",
                 "peak PostgreSQL connections (pg_stat_activity, whole stack)",
-                f"{peak.peak} (2 daphne + 1 worker, DB_POOL_MAX_SIZE={pool})",
+                f"{peak.peak} (2 daphne + 1 worker of 2 processes, DB_POOL_MAX_SIZE={pool})",
             )
         )
         if outage_seconds > 0:
