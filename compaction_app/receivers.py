@@ -17,6 +17,7 @@ from sessions_app.signals import (
     context_hard_limit,
     events_appended,
     session_compaction_requested,
+    token_counts_updated,
 )
 
 logger = logging.getLogger("compaction_app")
@@ -58,7 +59,8 @@ def on_context_hard_limit(
         run = services.compaction_run_sync(session=session, user=user, trigger=Trigger.HARD_LIMIT)
     except Conflict:
         return None  # a run is already under way; the ladder prunes meanwhile
-    return run_to_dict(run)
+    # None: the plan folds nothing, so no run was made and the ladder prunes.
+    return run_to_dict(run) if run is not None else None
 
 
 @receiver(session_compaction_requested)
@@ -78,3 +80,12 @@ def on_admin_compaction(
         except (Conflict, ServiceUnavailable):
             continue
     return started
+
+
+@receiver(token_counts_updated)
+def on_token_counts_updated(sender: Any, *, session: Session, **kwargs: Any) -> None:
+    # Exact counts replaced local ones: the totals moved, so watchers get the new usage.
+    try:
+        services.broadcast_usage(session)
+    except Exception:
+        logger.exception("usage broadcast after exact counts failed for session %s", session.pk)

@@ -485,13 +485,7 @@ def _announce_complete(run_id: uuid.UUID) -> None:
 
 def complete_message(run: CompactionRun) -> dict[str, Any]:
     success = run.status == RunStatus.COMPLETED
-    if success:
-        text = (
-            f"Compaction complete! Reduced from {run.events_before} to {run.events_after} events "
-            f"({run.event_reduction_percent or 0}% reduction)"
-        )
-    else:
-        text = f"Compaction failed: {run.error}"
+    text = completion_text(run) if success else f"Compaction failed: {run.error}"
     return {
         "type": "COMPACTION_COMPLETE",
         "sessionId": str(run.session_id),
@@ -505,6 +499,21 @@ def complete_message(run: CompactionRun) -> dict[str, Any]:
         "error": run.error or None,
         "message": text,
     }
+
+
+def completion_text(run: CompactionRun) -> str:
+    """The human line for a completed run, tokens first (what a run is for), e.g.
+    "Compaction complete! 11,319 → 3,495 tokens (69% reduction), 21 events folded"."""
+    before, after = run.tokens_before or 0, run.tokens_after or 0
+    change = round(100 * (before - after) / before) if before else 0
+    effect = f"{change}% reduction" if change >= 0 else f"{-change}% increase"
+    count = run.folded_count
+    # clear_tool_results folds nothing: what it counts are the results it cleared.
+    if run.strategy == "clear_tool_results":
+        what = "tool result cleared" if count == 1 else "tool results cleared"
+    else:
+        what = "event folded" if count == 1 else "events folded"
+    return f"Compaction complete! {before:,} → {after:,} tokens ({effect}), {count:,} {what}"
 
 
 def run_snapshot(run: CompactionRun) -> dict[str, Any]:
@@ -529,9 +538,12 @@ def compaction_revert(*, run: CompactionRun) -> CompactionRun:
         latest = latest_revertible_run(session=locked)
         if latest is None or latest.pk != run.pk or run.compaction_event_id is None:
             raise Conflict(
-                "only the session's latest completed compaction can be reverted",
+                "only the session's latest completed compaction can be reverted"
+                + (f": that is {latest.pk}" if latest is not None else "; there is none"),
                 code="not_revertible",
+                revertibleCompactionId=str(latest.pk) if latest is not None else None,
             )
+        tokens_before = locked.context_tokens
         if CompactionRun.objects.filter(session=locked, status__in=ACTIVE_STATUSES).exists():
             raise Conflict("a compaction is pending or running", code="compaction_in_progress")
         marker_id = run.compaction_event_id
@@ -562,7 +574,20 @@ def compaction_revert(*, run: CompactionRun) -> CompactionRun:
         session_record_compaction(
             session_id=locked.pk, snapshot={**run_snapshot(run), "reverted": True}
         )
-        transaction.on_commit(lambda: broadcast_usage(Session.objects.get(pk=locked.pk)))
+        reverted_message = {
+            "type": "COMPACTION_REVERTED",
+            "sessionId": str(locked.pk),
+            "compactionId": str(run.pk),
+            "tokensBefore": tokens_before,
+            "tokensAfter": locked.context_tokens,
+        }
+        session_id, owner_id = locked.pk, locked.owner_id
+
+        def announce() -> None:
+            broadcast.broadcast(session_id=session_id, owner_id=owner_id, message=reverted_message)
+            broadcast_usage(Session.objects.get(pk=session_id))
+
+        transaction.on_commit(announce)
     return run
 
 
@@ -622,7 +647,13 @@ def compaction_run_sync(
     session: Session,
     user: AbstractBaseUser | AnonymousUser | None,
     trigger: str = Trigger.HARD_LIMIT,
-) -> CompactionRun:
-    """Request and execute a run in this thread (the /context hard-limit path)."""
+) -> CompactionRun | None:
+    """Request and execute a run in this thread (the /context hard-limit path).
+
+    Plans first: when the session's strategy would fold and clear nothing, no run is created
+    and None is returned, so a read that reaches the hard limit writes (and broadcasts)
+    nothing needlessly; the caller prunes instead."""
+    if compaction_plan(session=session).plan.is_empty:
+        return None
     run = compaction_request(session=session, user=user, trigger=trigger, enqueue=False)
     return compaction_execute(run_id=run.pk, final_attempt=True)

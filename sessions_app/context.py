@@ -9,9 +9,11 @@ from typing import Any
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 
 from sessions_app import context_window
+from sessions_app import tokens as token_counting
 from sessions_app.errors import Unprocessable
 from sessions_app.models import Event, EventType, Session
-from sessions_app.selectors import active_events, render_messages
+from sessions_app.render import Repair
+from sessions_app.selectors import active_events, render_context
 from sessions_app.signals import context_hard_limit
 
 logger = logging.getLogger("context")
@@ -39,6 +41,17 @@ def _items(events: list[Event]) -> list[context_window.WindowItem]:
         )
         for event in events
     ]
+
+
+def _repair_cost(session: Session, events: list[Event], repairs: list[Repair]) -> int:
+    counter = token_counting.counter_for_model(session.model)
+    costs = {str(event.id): event.effective_token_count for event in events}
+    delta = 0
+    for repair in repairs:
+        delta += token_counting.message_tokens(counter, role=repair.role, content=repair.content)
+        if repair.replaces is not None:
+            delta -= costs.get(repair.replaces, 0)
+    return delta
 
 
 def context_prepare(
@@ -112,11 +125,15 @@ def context_prepare(
         pruned = len(keep) < len(events)
         events = [event for event in events if str(event.id) in keep]
         tokens = context_window.context_cost([event.effective_token_count for event in events])
-    messages, system = render_messages(events, fmt=fmt)
+    rendered = render_context(events, fmt=fmt)
+    if rendered.repairs:
+        # The renderer rewrote or added messages to keep the list valid: price them, so
+        # tokenCount is the cost of what is actually sent.
+        tokens += _repair_cost(session, events, rendered.repairs)
     summary = next((event.content for event in events if event.type == EventType.COMPACTION), None)
     return PreparedContext(
-        messages=messages,
-        system=system,
+        messages=rendered.messages,
+        system=rendered.system,
         token_count=tokens,
         limit=limit,
         pruned=pruned,

@@ -19,6 +19,11 @@ class EventType(models.TextChoices):
     CONTEXT_REFRESH = "CONTEXT_REFRESH"
 
 
+class TokenProvenance(models.TextChoices):
+    LOCAL = "local"
+    ANTHROPIC_API = "anthropic-api"
+
+
 # The chat role each event type is sent to the model as. LOCAL_SYSTEM_MESSAGE is for people
 # only; it is counted (so its cost is known) but never part of the model's context.
 ROLE_FOR_TYPE: dict[str, str] = {
@@ -141,6 +146,13 @@ class Event(models.Model):
     )
     # Set on a COMPACTION event whose run was reverted.
     reverted = models.BooleanField(default=False)
+    # Where `token_count` came from: the local tiktoken counter, or Anthropic's count-tokens
+    # API, which replaces the local count after ingest (see sessions_app.exact_counts).
+    token_provenance = models.CharField(max_length=32, default=TokenProvenance.LOCAL)
+    # The exact count as the API answered it, and the count of the whole request up to and
+    # including this event (the next event's cost is measured against it).
+    exact_token_count = models.PositiveIntegerField(null=True, blank=True)
+    exact_cumulative_count = models.PositiveBigIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     objects = EventQuerySet.as_manager()

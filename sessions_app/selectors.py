@@ -9,9 +9,9 @@ from typing import Any
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db.models import QuerySet
 
-from sessions_app import tokens
+from sessions_app import render, tokens
 from sessions_app.errors import NotFound
-from sessions_app.models import Event, EventType, Session
+from sessions_app.models import Event, EventType, Session, TokenProvenance
 
 
 def sessions_visible_to(*, user: AbstractBaseUser | AnonymousUser) -> QuerySet[Session]:
@@ -67,7 +67,17 @@ def usage_for_session(*, session: Session) -> dict[str, Any]:
 
 def counter_is_exact(*, session: Session) -> bool:
     """Counts are exact when the encoding loaded and is the model's own (Claude and Gemini
-    are counted with cl100k_base as a documented approximation)."""
+    are counted with cl100k_base as a documented approximation). A Claude session counted by
+    Anthropic's API is exact once every event of its active context has the API's count."""
+    from sessions_app.exact_counts import exact_counting_enabled
+
+    if exact_counting_enabled(model=session.model):
+        return (
+            session.active_event_count > 0
+            and not session.events.active()
+            .exclude(token_provenance=TokenProvenance.ANTHROPIC_API)
+            .exists()
+        )
     counter = tokens.counter_for_model(session.model)
     return bool(counter.exact and tokens.resolve_encoding(session.model).native)
 
@@ -75,24 +85,24 @@ def counter_is_exact(*, session: Session) -> bool:
 def events_page(
     *, session: Session, after: int = 0, limit: int = 100, include_compacted: bool = False
 ) -> tuple[list[Event], int | None]:
-    """Events with seq > after, in order; returns the page and the cursor for the next one."""
+    """Events with seq > after, in order; returns the page and the cursor for the next one.
+    By default only events still standing: not folded, not a reverted run's."""
     queryset = Event.objects.filter(session=session, seq__gt=after)
     if not include_compacted:
-        queryset = queryset.filter(compacted_by__isnull=True)
+        # A reverted run's COMPACTION event (and a reverted refresh's CONTEXT_REFRESH) is
+        # history, like a folded event: listed only with includeCompacted.
+        queryset = queryset.filter(compacted_by__isnull=True, reverted=False)
     page = list(queryset.order_by("seq")[: limit + 1])
     next_after = page[limit - 1].seq if len(page) > limit else None
     return page[:limit], next_after
 
 
 def active_events(*, session: Session) -> list[Event]:
-    """The active context in send order: system prompts, the summary, then every event not
-    folded, by seq."""
-    events = list(Event.objects.filter(session=session).active().order_by("seq"))
-    first = (EventType.SYSTEM_PROMPT, EventType.COMPACTION)
-    system = [event for event in events if event.type == EventType.SYSTEM_PROMPT]
-    summaries = [event for event in events if event.type == EventType.COMPACTION]
-    rest = [event for event in events if event.type not in first]
-    return system + summaries + rest
+    """The active context in send order (render.context_order): system prompts, the summary,
+    then every event not folded, by seq."""
+    return render.context_order(
+        list(Event.objects.filter(session=session).active().order_by("seq"))
+    )
 
 
 def event_content(event: Event) -> Any:
@@ -102,83 +112,34 @@ def event_content(event: Event) -> Any:
     return json.loads(event.content) if event.content_is_json else event.content
 
 
+def event_record(event: Event, *, original: bool = False) -> render.Record:
+    """An event as the renderer takes it; `original` sends a cleared tool result's original
+    content instead of its placeholder (the export's choice)."""
+    content = (
+        (json.loads(event.content) if event.content_is_json else event.content)
+        if original
+        else event_content(event)
+    )
+    return render.Record(
+        key=str(event.id),
+        type=event.type,
+        content=content,
+        name=event.name,
+        tool_call_id=event.tool_call_id,
+    )
+
+
+def render_context(events: list[Event], *, fmt: str = "openai") -> render.Rendered:
+    """Events rendered for a provider, valid whatever they hold (see sessions_app.render)."""
+    return render.render([event_record(event) for event in events], fmt=fmt)
+
+
 def render_messages(
     events: list[Event], *, fmt: str = "openai"
 ) -> tuple[list[dict[str, Any]], str | None]:
     """Messages in a provider's chat format; for anthropic the system text is returned apart."""
-    if fmt == "anthropic":
-        return _render_anthropic(events)
-    messages: list[dict[str, Any]] = []
-    # The assistant turn later tool calls join: parallel calls (and the text the assistant
-    # said before them) are one turn in OpenAI's format, since a tool_calls turn must be
-    # followed directly by its tool messages.
-    agent_turn: dict[str, Any] | None = None
-    for event in events:
-        content = event_content(event)
-        if event.type == EventType.TOOL_CALL:
-            arguments = content if isinstance(content, str) else json.dumps(content)
-            call = {
-                "id": event.tool_call_id,
-                "type": "function",
-                "function": {"name": event.name, "arguments": arguments},
-            }
-            if agent_turn is not None:
-                agent_turn.setdefault("tool_calls", []).append(call)
-            else:
-                agent_turn = {"role": "assistant", "content": None, "tool_calls": [call]}
-                messages.append(agent_turn)
-            continue
-        if event.type == EventType.TOOL_RESULT:
-            messages.append(
-                {"role": "tool", "tool_call_id": event.tool_call_id, "content": content}
-            )
-            agent_turn = None
-        else:
-            message: dict[str, Any] = {"role": event.role, "content": content}
-            if event.name and event.type != EventType.COMPACTION:
-                message["name"] = event.name
-            messages.append(message)
-            agent_turn = message if event.type == EventType.AGENT_MESSAGE else None
-    return messages, None
-
-
-def _render_anthropic(events: list[Event]) -> tuple[list[dict[str, Any]], str | None]:
-    system_parts: list[str] = []
-    messages: list[dict[str, Any]] = []
-
-    def add(role: str, block: dict[str, Any]) -> None:
-        # Anthropic wants alternating roles: consecutive same-role turns merge their blocks.
-        if messages and messages[-1]["role"] == role:
-            messages[-1]["content"].append(block)
-        else:
-            messages.append({"role": role, "content": [block]})
-
-    for event in events:
-        content = event_content(event)
-        text = content if isinstance(content, str) else json.dumps(content)
-        if event.type in (EventType.SYSTEM_PROMPT, EventType.COMPACTION):
-            system_parts.append(text)
-        elif event.type == EventType.TOOL_CALL:
-            try:
-                arguments = content if isinstance(content, dict) else json.loads(text)
-            except json.JSONDecodeError:
-                arguments = {"input": text}
-            add(
-                "assistant",
-                {
-                    "type": "tool_use",
-                    "id": event.tool_call_id,
-                    "name": event.name,
-                    "input": arguments,
-                },
-            )
-        elif event.type == EventType.TOOL_RESULT:
-            add("user", {"type": "tool_result", "tool_use_id": event.tool_call_id, "content": text})
-        else:
-            add(
-                "assistant" if event.role == "assistant" else "user", {"type": "text", "text": text}
-            )
-    return messages, ("\n\n".join(system_parts) or None)
+    rendered = render_context(events, fmt=fmt)
+    return rendered.messages, rendered.system
 
 
 def active_summary(*, session: Session) -> Event | None:

@@ -8,6 +8,8 @@
 - `context_hard_limit` fires when `/context` finds the session at its hard limit; a receiver
   compacts synchronously and returns the compaction (or raises a LedgerError).
 - `session_compaction_requested` is for the Django admin action; kwargs `session_ids`, `user`.
+- `token_counts_updated` fires after exact counts (Anthropic's count-tokens API) replaced local
+  ones and moved the session's counters; kwargs `session` (as committed).
 """
 
 from django.dispatch import Signal
@@ -16,3 +18,4 @@ events_appended = Signal()
 compaction_command = Signal()
 context_hard_limit = Signal()
 session_compaction_requested = Signal()
+token_counts_updated = Signal()

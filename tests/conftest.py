@@ -130,3 +130,60 @@ def _close_stray_database_sessions(request):
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
             "WHERE datname = current_database() AND pid <> pg_backend_pid()"
         )
+
+
+@pytest.fixture(scope="session")
+def live_url(django_db_setup, django_db_blocker):
+    """daphne in a thread of this process, so the server, the Celery worker thread and the
+    in-memory channel layer are one process, as in `manage.py serve`. One per test run:
+    Twisted's reactor cannot be started twice in a process."""
+    import threading
+    import time
+
+    from daphne.endpoints import build_endpoint_description_strings
+    from daphne.server import Server
+    from twisted.internet import reactor
+
+    from config.asgi import application
+
+    server = Server(
+        application=application,
+        endpoints=build_endpoint_description_strings(host="127.0.0.1", port=0),
+        signal_handlers=False,
+        verbosity=0,
+    )
+    with django_db_blocker.unblock():
+        thread = threading.Thread(target=server.run, name="daphne", daemon=True)
+        thread.start()
+        deadline = time.monotonic() + 10
+        while not server.listening_addresses:
+            if time.monotonic() > deadline:
+                raise RuntimeError("daphne did not start listening")
+            time.sleep(0.05)
+        host, port = server.listening_addresses[0]
+        yield f"http://{host}:{port}"
+        reactor.callFromThread(reactor.stop)
+        thread.join(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Debian's Chromium through Playwright (never a downloaded browser). Per module: while
+    Playwright runs, its asyncio loop is registered on the main thread, which would make
+    Django refuse the ORM in every later test of the process."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(
+            executable_path="/usr/bin/chromium",
+            args=[
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+            ],
+        )
+        yield browser
+        browser.close()

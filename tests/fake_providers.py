@@ -29,6 +29,7 @@ import pytest
 
 OPENAI_PATH = "/v1/chat/completions"
 ANTHROPIC_PATH = "/v1/messages"
+ANTHROPIC_COUNT_PATH = "/v1/messages/count_tokens"
 
 
 @dataclass(frozen=True)
@@ -265,7 +266,7 @@ def _make_handler(fake: FakeProvider) -> type[BaseHTTPRequestHandler]:
                     body=body,
                 )
             )
-            if path not in (OPENAI_PATH, ANTHROPIC_PATH):
+            if path not in (OPENAI_PATH, ANTHROPIC_PATH, ANTHROPIC_COUNT_PATH):
                 self._send(404, {"error": {"message": f"no route {path}", "type": "not_found"}})
                 return
             behaviour = fake._next()
@@ -274,7 +275,9 @@ def _make_handler(fake: FakeProvider) -> type[BaseHTTPRequestHandler]:
             is_openai = path == OPENAI_PATH
             request_body = body if isinstance(body, dict) else {}
             headers = dict(behaviour.headers)
-            if behaviour.kind == "reply":
+            if behaviour.kind == "reply" and path == ANTHROPIC_COUNT_PATH:
+                self._send(200, {"input_tokens": fake_token_count(request_body)}, headers)
+            elif behaviour.kind == "reply":
                 build = _openai_completion if is_openai else _anthropic_message
                 self._send(200, build(behaviour.text, request_body, counter), headers)
             elif behaviour.kind == "error":
@@ -307,6 +310,22 @@ def _make_handler(fake: FakeProvider) -> type[BaseHTTPRequestHandler]:
                 pass  # the client gave up (timeout); nothing to answer
 
     return Handler
+
+
+def fake_token_count(body: dict[str, Any]) -> int:
+    """The count-tokens stand-in's answer: deterministic and additive, so tests can predict it.
+    7 per request, plus len(system) // 3 + 2 for a system prompt, plus per turn 4 and
+    len(text) // 3 for each text block."""
+    total = 7
+    system = body.get("system")
+    if isinstance(system, str) and system:
+        total += len(system) // 3 + 2
+    for message in body.get("messages") or []:
+        total += 4
+        content = message.get("content")
+        blocks = [{"text": content}] if isinstance(content, str) else content or []
+        total += sum(len(block.get("text", "")) // 3 for block in blocks)
+    return total
 
 
 def _error_body(is_openai: bool, behaviour: Behaviour) -> dict[str, Any]:

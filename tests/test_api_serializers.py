@@ -63,4 +63,5 @@ def test_it_renders_events_exactly_as_the_serializer_does(alice):
     events = list(Event.objects.filter(session=session).order_by("seq"))
     events[1].compacted_by = events[2]
     events[3].cleared_content = "[cleared]"
+    events[2].reverted = True
     assert s.event_out(events) == s.EventOutSerializer(events, many=True).data

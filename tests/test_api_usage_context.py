@@ -492,3 +492,55 @@ def test_it_never_sends_more_than_the_limit_at_the_hard_limit(alice_api):
     body = response.json()
     assert body["tokenCount"] <= cap
     assert body["messages"][-1] == {"role": "user", "content": "the last question"}
+
+
+def _runs(api, session) -> list[dict]:
+    return api.get(f"{SESSIONS}/{session['id']}/compactions").json()["results"]
+
+
+def test_it_creates_no_run_when_a_hard_limit_read_has_nothing_to_fold(alice_api):
+    session = create(alice_api, systemPrompt="Be terse.")
+    append(
+        alice_api,
+        session,
+        [
+            {"type": "USER_MESSAGE", "content": "Here is the whole log: " + "line ok " * 400},
+            {"type": "AGENT_MESSAGE", "content": "Read it."},
+            {"type": "USER_MESSAGE", "content": "Anything wrong?"},
+        ],
+    )
+    assert usage(alice_api, session)["contextTokens"] > 500
+    for _ in range(2):
+        response = context(alice_api, session, maxTokens=500)
+        assert response.status_code == 200, response.json()
+        body = response.json()
+        assert body["pruned"] is True and "compaction" not in body
+    # The session's strategy folds nothing here: no run, no lastCompaction.
+    assert _runs(alice_api, session) == []
+    assert usage(alice_api, session)["lastCompaction"] is None
+
+
+def test_it_creates_at_most_one_run_for_two_identical_hard_limit_reads(alice_api):
+    session = create(
+        alice_api,
+        systemPrompt="You are the system prompt.",
+        settings={"autoCompact": False, "maxSummaryTokens": 100},
+    )
+    turns = []
+    for i in range(12):
+        turns += [
+            {"type": "USER_MESSAGE", "content": f"request {i}: please look at this"},
+            {"type": "TOOL_CALL", "name": "grep", "toolCallId": f"c{i}", "content": '{"q": "x"}'},
+            {"type": "TOOL_RESULT", "toolCallId": f"c{i}", "content": f"hit {i} " * 40},
+            {"type": "AGENT_MESSAGE", "content": f"answer {i} " * 15},
+        ]
+    append(alice_api, session, turns + [{"type": "USER_MESSAGE", "content": "the last question"}])
+    first = context(alice_api, session, maxTokens=400)
+    assert first.status_code == 200, first.json()
+    assert first.json()["compaction"]["trigger"] == "hard_limit"
+    second = context(alice_api, session, maxTokens=400)
+    assert second.status_code == 200, second.json()
+    # Still over the cap after the run, but nothing is left to fold: the ladder prunes.
+    assert second.json()["pruned"] is True and "compaction" not in second.json()
+    assert [run["id"] for run in _runs(alice_api, session)] == [first.json()["compaction"]["id"]]
+    assert usage(alice_api, session)["lastCompaction"]["id"] == first.json()["compaction"]["id"]

@@ -37,8 +37,8 @@ DESIGN_FIELDS = {
     "startedAt",
     "finishedAt",
 }
-# Documented additions: which summarizer the run used, and when it was reverted.
-EXTRA_FIELDS = {"summarizer", "revertedAt"}
+# Documented additions: which summarizer the run used, whether and when it was reverted.
+EXTRA_FIELDS = {"summarizer", "revertedAt", "reverted"}
 
 
 def _snapshot(api, session_id: str) -> dict[str, Any]:

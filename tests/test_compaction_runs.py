@@ -385,3 +385,32 @@ def test_it_compacts_a_session_over_its_limit_in_summarizer_sized_pieces(
     summary = alice_api.get(f"/api/v1/sessions/{session_id}/summary").json()
     assert summary["summary"] == f"PIECE-{len(fake.requests)} summary"
     assert alice_api.get(f"/api/v1/sessions/{session_id}/context").status_code == 200
+
+
+def test_it_shows_a_revert_on_events_and_runs_and_names_the_revertible_run(worker, alice_api):
+    session_id = create_session(alice_api, limit=8000)
+    append_events(alice_api, session_id=session_id, events=_turns(0, 10))
+    first = compact_and_wait(alice_api, session_id=session_id)
+    append_events(alice_api, session_id=session_id, events=_turns(10, 10))
+    second = compact_and_wait(alice_api, session_id=session_id)
+    assert first["reverted"] is second["reverted"] is False
+
+    refused = alice_api.post(f"/api/v1/compactions/{first['id']}/revert")
+    assert refused.status_code == 409
+    assert refused.json()["error"] == "not_revertible"
+    assert refused.json()["revertibleCompactionId"] == second["id"]
+    assert second["id"] in refused.json()["detail"]
+
+    reverted = alice_api.post(f"/api/v1/compactions/{second['id']}/revert").json()
+    assert reverted["reverted"] is True
+    assert alice_api.get(f"/api/v1/compactions/{second['id']}").json()["reverted"] is True
+    # The first run is now the one a revert may undo.
+    again = alice_api.post(f"/api/v1/compactions/{second['id']}/revert").json()
+    assert again["revertibleCompactionId"] == first["id"]
+
+    listed = alice_api.get(f"/api/v1/sessions/{session_id}/events?limit=1000").json()["results"]
+    assert all(e["reverted"] is False for e in listed)
+    assert second["id"] not in {e["metadata"].get("compactionId") for e in listed}
+    assert first["id"] in {e["metadata"].get("compactionId") for e in listed}
+    marker = compaction_marker(all_events(alice_api, session_id=session_id), run_id=second["id"])
+    assert marker["reverted"] is True and marker["content"]

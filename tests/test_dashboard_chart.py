@@ -28,7 +28,7 @@ def test_it_accumulates_visible_event_tokens_with_the_reply_primer():
 
 def test_it_drops_to_tokens_after_at_a_compaction_and_marks_the_tokens_freed():
     events = [ChartEvent(seq, 100) for seq in range(1, 6)] + [ChartEvent(6, 40), ChartEvent(7, 50)]
-    run = ChartCompaction(seq=6, tokens_before=503, tokens_after=143, label="summarize (manual)")
+    run = ChartCompaction(seq=6, tokens_before=503, tokens_after=143, label="summarize · manual")
     series = context_series(events=events, compactions=[run])
     values = [(p.seq, p.tokens) for p in series.points]
     # The vertical drop: the size just before the run, then the run's result, at the same seq.
@@ -37,7 +37,7 @@ def test_it_drops_to_tokens_after_at_a_compaction_and_marks_the_tokens_freed():
     # The marker event's own tokens are part of tokens_after, not added again.
     assert values[-1] == (7, 143 + 50)
     (mark,) = series.marks
-    assert (mark.seq, mark.freed, mark.label) == (6, 360, "summarize (manual)")
+    assert (mark.seq, mark.freed, mark.label) == (6, 360, "summarize · manual")
 
 
 def test_it_does_not_count_a_refresh_event_the_run_already_counted():
@@ -88,3 +88,45 @@ def test_it_scales_the_series_into_the_svg_box():
     assert x == geometry.plot_right and y_before < y_after and mark.freed == 143
     assert geometry.y_ticks[0] == (geometry.plot_bottom, 0)
     assert all(geometry.plot_left <= tx <= geometry.plot_right for tx, _ in geometry.x_ticks)
+
+
+def test_it_scales_the_y_axis_to_the_limit_with_round_ticks():
+    series = context_series(events=[ChartEvent(1, 50_000), ChartEvent(2, 30_000)])
+    geometry = chart_geometry(series=series, limit=128_000)
+    assert geometry.limit_y == geometry.plot_top  # not a 200,000 axis for a 128k window
+    assert [value for _, value in geometry.y_ticks] == [0, 50_000, 100_000]
+    over = chart_geometry(series=series, limit=60_000)
+    assert over.limit_y is not None and over.limit_y > over.plot_top  # over its limit: stretched
+
+
+def test_it_draws_a_line_per_threshold():
+    series = context_series(events=[ChartEvent(1, 10)])
+    geometry = chart_geometry(
+        series=series, limit=1000, thresholds=[(0.8, "compact 80 %"), (0.95, "hard limit 95 %")]
+    )
+    (compact, hard) = geometry.thresholds
+    assert compact[1:] == ("compact 80 %", "threshold-0") and hard[1] == "hard limit 95 %"
+    assert geometry.plot_top < hard[0] < compact[0] < geometry.plot_bottom
+
+
+def test_it_offers_a_time_axis_and_falls_back_to_seq_without_times():
+    base = 1_800_000_000.0
+    series = context_series(
+        events=[
+            ChartEvent(1, 10, at=base),
+            ChartEvent(2, 10, at=base + 60),
+            ChartEvent(3, 10, at=base + 3600),
+        ]
+    )
+    geometry = chart_geometry(series=series, limit=100, axis="time", x_tick_count=2)
+    assert geometry.axis == "time"
+    xs = [x for x, _ in geometry.x_ticks]
+    assert [label for _, label in geometry.x_ticks] == ["14:00", "15:00"] or all(
+        ":" in label for _, label in geometry.x_ticks
+    )
+    assert xs[0] == geometry.plot_left and xs[-1] == geometry.plot_right
+    # Event 2 sits near the left on a time axis (one minute of an hour), mid-way by seq.
+    path_x = [float(part[1:].split(",")[0]) for part in geometry.path.split()]
+    assert path_x[1] < geometry.plot_left + 30
+    untimed = context_series(events=[ChartEvent(1, 10), ChartEvent(2, 10)])
+    assert chart_geometry(series=untimed, limit=100, axis="time").axis == "seq"

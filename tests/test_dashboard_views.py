@@ -312,6 +312,40 @@ def test_it_pushes_html_fragments_to_the_session_page(alice, bob):
 
 
 @pytest.mark.django_db(transaction=True)
+def test_it_pushes_a_revert_notice_with_the_tokens_to_the_session_page(alice):
+    session = make_session(alice)
+    headers = _cookie_headers(alice)
+
+    async def scenario():
+        communicator = WebsocketCommunicator(
+            application, f"/ws/dashboard/sessions/{session.pk}/", headers=headers
+        )
+        connected, _ = await communicator.connect()
+        assert connected
+        await sync_to_async(broadcast.broadcast)(
+            session_id=session.pk,
+            owner_id=alice.pk,
+            message={
+                "type": "COMPACTION_REVERTED",
+                "sessionId": str(session.pk),
+                "compactionId": "00000000-0000-0000-0000-000000000001",
+                "tokensBefore": 1234,
+                "tokensAfter": 5678,
+            },
+        )
+        frame = await communicator.receive_from(timeout=10)
+        await communicator.disconnect()
+        return frame
+
+    frame = async_to_sync(scenario)()
+    assert frame.startswith('<div id="notice"') and "notice-success" in frame
+    assert (
+        "Compaction reverted: the folded events are active again (1,234 → 5,678 tokens)." in frame
+    )
+    assert 'id="gauge"' in frame and 'id="timeline"' in frame
+
+
+@pytest.mark.django_db(transaction=True)
 def test_it_pushes_the_row_to_the_sessions_list(alice):
     session = make_session(alice)
     headers = _cookie_headers(alice)

@@ -215,13 +215,14 @@ def test_it_exports_only_active_events_unless_asked(alice, tmp_path):
     )
 
     active = [json.loads(line) for line in run_export(session_id)[0].splitlines()]
+    # The order /context sends: system prompt, summary, kept events.
     assert active == [
         MESSAGES[0],
+        {"role": "system", "content": "Summary: bug fixed."},
         MESSAGES[5],
         MESSAGES[6],
         MESSAGES[7],
         MESSAGES[8],
-        {"role": "system", "content": "Summary: bug fixed."},
     ]
     everything = [
         json.loads(line) for line in run_export(session_id, "--include-compacted")[0].splitlines()
@@ -234,3 +235,24 @@ def test_it_refuses_an_unknown_session(db):
         run_export("00000000-0000-0000-0000-000000000000")
     with pytest.raises(CommandError, match="no session"):
         run_export("nope")
+
+
+def test_it_exports_the_active_context_in_the_order_context_sends_it(alice_api):
+    from compaction_app import services
+    from tests.helpers import SYSTEM_PROMPT, append_events, coding_turns, create_session
+
+    session_id = create_session(alice_api, limit=8000)
+    append_events(alice_api, session_id=session_id, events=coding_turns(count=8))
+    run = services.compaction_request(
+        session=Session.objects.get(pk=session_id), user=None, strategy="summarize", enqueue=False
+    )
+    assert services.compaction_execute(run_id=run.pk).status == "completed"
+
+    sent = alice_api.get(f"/api/v1/sessions/{session_id}/context").json()
+    exported = [json.loads(line) for line in run_export(session_id)[0].splitlines()]
+    # The export keeps each tool message's name (import reads it back); the API has no such field.
+    assert [{k: v for k, v in m.items() if k != "name"} for m in exported] == sent["messages"]
+    # System prompt, summary, kept events.
+    assert exported[0] == {"role": "system", "content": SYSTEM_PROMPT}
+    assert exported[1] == {"role": "system", "content": sent["summary"]}
+    assert all(m["role"] != "system" for m in exported[2:])

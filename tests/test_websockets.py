@@ -27,6 +27,7 @@ from tests.helpers import (
     api_token,
     append_events,
     coding_turns,
+    compact_and_wait,
     create_session,
     grown_session,
     receive_until,
@@ -306,8 +307,43 @@ def test_it_pushes_compaction_start_then_complete_to_the_session_feed(worker, al
     assert complete["success"] is True and complete["error"] is None
     assert complete["tokensAfter"] < complete["tokensBefore"]
     assert complete["eventsAfter"] < complete["eventsBefore"]
-    assert complete["message"].startswith("Compaction complete! Reduced from ")
+    assert complete["message"] == (
+        f"Compaction complete! {complete['tokensBefore']:,} → {complete['tokensAfter']:,} tokens "
+        f"({round(100 * (1 - complete['tokensAfter'] / complete['tokensBefore']))}% reduction), "
+        f"{complete['eventsBefore'] - complete['eventsAfter'] + 1} events folded"
+    )
     assert usage["usage"]["contextTokens"] == complete["tokensAfter"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_pushes_compaction_reverted_with_context_tokens_before_and_after(
+    worker, alice, alice_api
+):
+    session_id = _grown_session(alice_api)
+    run = compact_and_wait(alice_api, session_id=session_id)
+    assert run["status"] == "completed"
+    token = api_token(alice)
+
+    async def scenario():
+        feed = ws_communicator(f"/ws/sessions/{session_id}/", token=token)
+        assert await _connected(feed)
+        response = await sync_to_async(alice_api.post)(f"/api/v1/compactions/{run['id']}/revert")
+        assert response.status_code == 200, response.json()
+        reverted = await receive_until(feed, wanted="COMPACTION_REVERTED", session_id=session_id)
+        usage = await receive_until(feed, wanted="USAGE_UPDATED", session_id=session_id)
+        await feed.disconnect()
+        return reverted, usage
+
+    reverted, usage = async_to_sync(scenario)()
+    assert reverted == {
+        "type": "COMPACTION_REVERTED",
+        "sessionId": session_id,
+        "compactionId": run["id"],
+        "tokensBefore": run["tokensAfter"],
+        "tokensAfter": usage["usage"]["contextTokens"],
+    }
+    # Nothing was appended since the run: the revert restores the context it started from.
+    assert reverted["tokensAfter"] == run["tokensBefore"]
 
 
 @pytest.mark.django_db(transaction=True)

@@ -33,6 +33,7 @@ class CompactionSerializer(serializers.Serializer):
     startedAt = serializers.DateTimeField(allow_null=True)
     finishedAt = serializers.DateTimeField(allow_null=True)
     revertedAt = serializers.DateTimeField(allow_null=True)
+    reverted = serializers.BooleanField()
 
 
 def run_to_dict(run: CompactionRun) -> dict[str, Any]:
@@ -57,6 +58,7 @@ def run_to_dict(run: CompactionRun) -> dict[str, Any]:
         "startedAt": iso(run.started_at),
         "finishedAt": iso(run.finished_at),
         "revertedAt": iso(run.reverted_at),
+        "reverted": run.reverted_at is not None,
     }
 
 

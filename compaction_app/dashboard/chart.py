@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 
 # A context that holds any message also pays the reply primer.
 from sessions_app.tokens import REPLY_PRIMER
@@ -38,6 +39,8 @@ class ChartEvent:
     # False for events never sent to the model (LOCAL_SYSTEM_MESSAGE, trim markers, reverted
     # compaction markers): they do not change the context's size.
     visible: bool = True
+    # When it was stored (seconds since the epoch), for the chart's time axis.
+    at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,7 @@ class ChartCompaction:
 class Point:
     seq: int
     tokens: int
+    at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -103,9 +107,9 @@ def context_series(
             before = total + REPLY_PRIMER if count else 0
             # Draw a vertical drop: the size just before the run, then just after it.
             anchors.add(len(points))
-            points.append(Point(event.seq, before))
+            points.append(Point(event.seq, before, event.at))
             anchors.add(len(points))
-            points.append(Point(event.seq, run.tokens_after))
+            points.append(Point(event.seq, run.tokens_after, event.at))
             marks.append(Mark(event.seq, run.tokens_before, run.tokens_after, run.label))
             count = 1 if run.tokens_after else 0
             total = max(run.tokens_after - REPLY_PRIMER, 0) if count else 0
@@ -115,7 +119,7 @@ def context_series(
             continue
         total += event.tokens
         count += 1
-        points.append(Point(event.seq, total + REPLY_PRIMER))
+        points.append(Point(event.seq, total + REPLY_PRIMER, event.at))
     return Series(
         points=tuple(downsample(points, max_points=max_points, keep=anchors)), marks=tuple(marks)
     )
@@ -159,11 +163,14 @@ class ChartGeometry:
     limit_y: float | None
     marks: tuple[tuple[float, float, float, Mark], ...]  # x, y_before, y_after, mark
     y_ticks: tuple[tuple[float, int], ...]
-    x_ticks: tuple[tuple[float, int], ...]
+    x_ticks: tuple[tuple[float, str], ...]
     plot_left: int
     plot_right: int
     plot_top: int
     plot_bottom: int
+    # Horizontal lines at the session's thresholds: y, label, css class.
+    thresholds: tuple[tuple[float, str, str], ...] = ()
+    axis: str = "seq"
 
 
 def _nice_ceiling(value: int) -> int:
@@ -177,40 +184,87 @@ def _nice_ceiling(value: int) -> int:
     return 10 * magnitude
 
 
+def _nice_step(raw: float) -> int:
+    """The smallest 1, 2, 2.5 or 5 × 10^k at least `raw` (a tick spacing people read)."""
+    if raw <= 1:
+        return 1
+    magnitude = 10 ** (len(str(int(raw))) - 1)
+    for step in (1, 2, 2.5, 5, 10):
+        if step * magnitude >= raw:
+            return int(step * magnitude)
+    return 10 * magnitude
+
+
+def _time_label(at: float, *, span: float) -> str:
+    stamp = datetime.fromtimestamp(at, tz=UTC)
+    return stamp.strftime("%m-%d %H:%M" if span >= 86_400 else "%H:%M")
+
+
 def chart_geometry(
     *,
     series: Series,
     limit: int,
     width: int = 720,
-    height: int = 240,
+    height: int = 200,
     pad_left: int = 56,
     pad_right: int = 40,
     pad_top: int = 12,
     pad_bottom: int = 28,
+    thresholds: Sequence[tuple[float, str]] = (),
+    axis: str = "seq",
+    y_tick_count: int = 4,
+    x_tick_count: int = 3,
 ) -> ChartGeometry:
-    """Scale a series into an SVG viewBox: a step-free polyline, the limit line, and a
-    vertical marker per compaction."""
+    """Scale a series into an SVG viewBox: a step-free polyline, the limit line, a dashed
+    line per threshold (ratio, label) and a vertical marker per compaction.
+
+    The y axis ends at the context limit, so a 128k window reads 0 … 128,000 and the limit line
+    is the top of the plot; only a session over its limit stretches it to a round number above.
+    With `axis="time"` the x axis is the events' storage time (when every point has one)."""
     left, right = pad_left, width - pad_right
     top, bottom = pad_top, height - pad_bottom
     points = series.points
-    y_max = _nice_ceiling(max(series.max_tokens, limit, 1))
-    first = points[0].seq if points else 0
-    last = points[-1].seq if points else 1
-    span = max(last - first, 1)
+    peak = max(series.max_tokens, 1)
+    y_max = limit if limit and peak <= limit else _nice_ceiling(max(peak, limit))
+    use_time = axis == "time" and bool(points) and all(p.at is not None for p in points)
 
-    def x(seq: int) -> float:
-        return round(left + (seq - first) * (right - left) / span, 1)
+    def coord(point_seq: int, point_at: float | None) -> float:
+        return float(point_at) if use_time and point_at is not None else float(point_seq)
+
+    first = coord(points[0].seq, points[0].at) if points else 0.0
+    last = coord(points[-1].seq, points[-1].at) if points else 1.0
+    span = max(last - first, 1.0)
+
+    def x_of(value: float) -> float:
+        return round(left + (value - first) * (right - left) / span, 1)
 
     def y(tokens: int) -> float:
         return round(bottom - tokens * (bottom - top) / y_max, 1)
 
-    coords = [(x(p.seq), y(p.tokens)) for p in points]
+    coords = [(x_of(coord(p.seq, p.at)), y(p.tokens)) for p in points]
     path = " ".join(f"{'M' if i == 0 else 'L'}{cx},{cy}" for i, (cx, cy) in enumerate(coords))
     area = f"{path} L{coords[-1][0]},{bottom} L{coords[0][0]},{bottom} Z" if coords else ""
-    marks = tuple((x(m.seq), y(m.tokens_before), y(m.tokens_after), m) for m in series.marks)
-    y_ticks = tuple((y(v), v) for v in (0, y_max // 4, y_max // 2, 3 * y_max // 4, y_max))
-    x_values = sorted({first, first + span // 2, last}) if points else []
-    x_ticks = tuple((x(v), v) for v in x_values)
+    at_by_seq = {p.seq: p.at for p in points}
+    marks = tuple(
+        (x_of(coord(m.seq, at_by_seq.get(m.seq))), y(m.tokens_before), y(m.tokens_after), m)
+        for m in series.marks
+    )
+    step = _nice_step(y_max / max(y_tick_count, 1))
+    y_ticks = tuple((y(value), value) for value in range(0, y_max + 1, step))
+    x_ticks: tuple[tuple[float, str], ...] = ()
+    if points:
+        count = max(x_tick_count, 2)
+        values = sorted({first + span * k / (count - 1) for k in range(count)} | {last})
+        values = [v for v in values if v <= last][:count]
+        if use_time:
+            x_ticks = tuple((x_of(v), _time_label(v, span=span)) for v in values)
+        else:
+            x_ticks = tuple((x_of(v), f"#{round(v)}") for v in values)
+    lines = tuple(
+        (y(int(limit * ratio)), label, f"threshold-{index}")
+        for index, (ratio, label) in enumerate(thresholds)
+        if limit and 0 < ratio < 1
+    )
     return ChartGeometry(
         width=width,
         height=height,
@@ -224,4 +278,6 @@ def chart_geometry(
         plot_right=right,
         plot_top=top,
         plot_bottom=bottom,
+        thresholds=lines,
+        axis="time" if use_time else "seq",
     )

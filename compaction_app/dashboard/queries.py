@@ -9,7 +9,8 @@ from __future__ import annotations
 import math
 import uuid
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from datetime import datetime
 from decimal import Decimal
 from typing import Any
 
@@ -18,12 +19,15 @@ from django.core.paginator import Page, Paginator
 from django.db.models import Case, F, FloatField, Q, QuerySet, Value, When
 from django.db.models.fields.json import KT
 from django.db.models.functions import Cast, Coalesce
+from django.utils import timezone
 
 from compaction_app.dashboard.chart import ChartCompaction, ChartEvent, Series, context_series
+from compaction_app.dashboard.trace import Item, build_trace
 from compaction_app.models import ACTIVE_STATUSES, CompactionRun, RunningSummary, RunStatus
 from compaction_app.selectors import latest_revertible_run, runs_for_session
 from sessions_app.model_registry import estimate_cost_usd
 from sessions_app.models import MODEL_INVISIBLE_TYPES, Event, EventType, Session
+from sessions_app.search import sessions_matching_content
 from sessions_app.selectors import counter_is_exact, sessions_visible_to, usage_for_session
 from sessions_app.session_settings import DEFAULTS as SETTING_DEFAULTS
 from sessions_app.session_settings import STRATEGY_NAMES
@@ -31,7 +35,6 @@ from sessions_app.tokens import REPLY_PRIMER
 
 PAGE_SIZE = 25
 TIMELINE_LIMIT = 200
-CONTENT_PREVIEW_CHARS = 4000
 # Bar colours of the issue: amber from 80 %, red from 95 % of the window.
 AMBER_PERCENT = 80.0
 RED_PERCENT = 95.0
@@ -177,7 +180,9 @@ def sessions_page(
 ) -> tuple[Page, list[SessionRow]]:
     queryset = _with_usage(sessions_visible_to(user=user))
     if filters.q:
-        queryset = queryset.filter(Q(title__icontains=filters.q) | Q(model__icontains=filters.q))
+        text = Q(title__icontains=filters.q) | Q(model__icontains=filters.q)
+        content = sessions_matching_content(text=filters.q)  # any event's text, folded too
+        queryset = queryset.filter(text | content if content is not None else text)
     if filters.model:
         queryset = queryset.filter(model=filters.model)
     if filters.near:
@@ -203,71 +208,45 @@ def models_in_use(*, user: AbstractBaseUser | AnonymousUser) -> list[str]:
 
 
 @dataclass
-class TimelineItem:
-    event: Event
-    children: list[TimelineItem] = field(default_factory=list)
-    run: CompactionRun | None = None
-
-    @property
-    def folded_count(self) -> int:
-        return len(self.children)
-
-    @property
-    def folded_tokens(self) -> int:
-        return sum(child.event.token_count for child in self.children)
-
-    @property
-    def content_preview(self) -> str:
-        return self.event.content[:CONTENT_PREVIEW_CHARS]
-
-    @property
-    def truncated(self) -> bool:
-        return len(self.event.content) > CONTENT_PREVIEW_CHARS
-
-    @property
-    def visible(self) -> bool:
-        event = self.event
-        if event.type in MODEL_INVISIBLE_TYPES or event.reverted:
-            return False
-        return not (event.type == EventType.COMPACTION and event.content == "")
-
-
-@dataclass
 class Timeline:
-    items: list[TimelineItem]
-    total_top_level: int
+    """The trace of the session page: the newest TIMELINE_LIMIT events (or all of them)."""
+
+    items: list[Item]
+    total: int
+    shown: int
     shown_all: bool
 
 
 def timeline(*, session: Session, show_all: bool = False) -> Timeline:
-    """Top-level events (not folded) newest-last, each COMPACTION with the events it folded
-    nested under it (recursively: an older summary folded by a newer one keeps its own)."""
-    top_qs = Event.objects.filter(session=session, compacted_by__isnull=True)
-    total = top_qs.count()
+    """The conversation as a trace (see trace.build_trace): every event in `seq` order, the
+    ones a compaction folded kept in place and grouped, not moved under their summary."""
+    events_qs = Event.objects.filter(session=session)
+    total = session.event_count
     if show_all or total <= TIMELINE_LIMIT:
-        top = list(top_qs.order_by("seq"))
+        events = list(events_qs.order_by("seq"))
     else:
-        top = list(reversed(top_qs.order_by("-seq")[:TIMELINE_LIMIT]))
-    items = [TimelineItem(event) for event in top]
-    runs = {
-        run.compaction_event_id: run
-        for run in CompactionRun.objects.filter(session=session, compaction_event__isnull=False)
+        events = list(reversed(events_qs.order_by("-seq")[:TIMELINE_LIMIT]))
+    runs = list(
+        CompactionRun.objects.filter(
+            session=session, compaction_event__isnull=False
+        ).select_related("compaction_event")
+    )
+    runs_by_marker = {run.compaction_event_id: run for run in runs}
+    marker_seqs = {
+        run.compaction_event_id: run.compaction_event.seq for run in runs if run.compaction_event
     }
-    frontier = [item for item in items if item.event.type == EventType.COMPACTION]
-    while frontier:
-        by_marker = {item.event.pk: item for item in frontier}
-        for item in frontier:
-            item.run = runs.get(item.event.pk)
-        children = Event.objects.filter(compacted_by_id__in=list(by_marker)).order_by("seq")
-        frontier = []
-        for child in children:
-            node = TimelineItem(child)
-            assert child.compacted_by_id is not None  # selected by it
-            by_marker[child.compacted_by_id].children.append(node)
-            if child.type == EventType.COMPACTION:
-                frontier.append(node)
+
+    def cost_of(event: Event) -> Decimal | None:
+        return _cost(session.model, event.prompt_tokens or 0, event.completion_tokens or 0)
+
+    items = build_trace(
+        events, runs_by_marker=runs_by_marker, marker_seqs=marker_seqs, cost_of=cost_of
+    )
     return Timeline(
-        items=items, total_top_level=total, shown_all=show_all or total <= TIMELINE_LIMIT
+        items=items,
+        total=total,
+        shown=len(events),
+        shown_all=show_all or total <= TIMELINE_LIMIT,
     )
 
 
@@ -276,7 +255,7 @@ def chart_series(*, session: Session) -> Series:
     rows = (
         Event.objects.filter(session=session)
         .order_by("seq")
-        .values_list("seq", "token_count", "type", "reverted")
+        .values_list("seq", "token_count", "type", "reverted", "created_at")
     )
     events = [
         ChartEvent(
@@ -285,8 +264,9 @@ def chart_series(*, session: Session) -> Series:
             visible=kind not in MODEL_INVISIBLE_TYPES
             and kind != EventType.COMPACTION
             and not reverted,
+            at=created.timestamp(),
         )
-        for seq, tokens, kind, reverted in rows
+        for seq, tokens, kind, reverted, created in rows
     ]
     compactions = []
     runs = CompactionRun.objects.filter(
@@ -305,7 +285,7 @@ def chart_series(*, session: Session) -> Series:
                 tokens_after=run.tokens_after or 0,
                 # A refresh run appends its CONTEXT_REFRESH right after its marker.
                 covers_through=seq + 1 if run.trigger == "refresh" else seq,
-                label=f"{run.strategy} ({run.trigger})",
+                label=run_label(run),
             )
         )
     return context_series(events=events, compactions=compactions)
@@ -322,6 +302,7 @@ class SessionView:
     revertible_id: uuid.UUID | None
     active_run: CompactionRun | None
     summary: RunningSummary | None
+    schedule: Schedule
     strategies: tuple[str, ...] = STRATEGY_NAMES
 
 
@@ -344,8 +325,134 @@ def session_view(*, session: Session) -> SessionView:
         revertible_id=latest.pk if latest is not None else None,
         active_run=active,
         summary=RunningSummary.objects.filter(session=session).exclude(summary="").first(),
+        schedule=schedule_for(session=session),
+    )
+
+
+def run_label(run: CompactionRun) -> str:
+    """ "summarize · manual": strategy and trigger, no brackets to nest inside others."""
+    return f"{run.strategy} · {run.trigger}"
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """When the session will compact next: the thresholds as tokens and how far away they are."""
+
+    auto_compact: bool
+    compact_ratio: float
+    hard_ratio: float
+    compact_at: int
+    hard_at: int
+    tokens_to_compact: int
+    tokens_to_hard: int
+    cooldown_seconds: int
+    cooldown_left: int
+    refresh_at: int
+    tokens_to_refresh: int
+
+    @property
+    def compact_percent(self) -> int:
+        return round(100 * self.compact_ratio)
+
+    @property
+    def hard_percent(self) -> int:
+        return round(100 * self.hard_ratio)
+
+    @property
+    def gauge_ticks(self) -> list[tuple[float, float, float, float, str]]:
+        """Marks across the gauge's ring (r = 52 around 60,60, starting at the top) at the
+        compact threshold and the hard limit: x1, y1, x2, y2, css class."""
+        ticks = []
+        for ratio, css in ((self.compact_ratio, "tick-compact"), (self.hard_ratio, "tick-hard")):
+            angle = 2 * math.pi * ratio - math.pi / 2
+            inner, outer = GAUGE_RADIUS - 9, GAUGE_RADIUS + 8
+            ticks.append(
+                (
+                    round(60 + inner * math.cos(angle), 1),
+                    round(60 + inner * math.sin(angle), 1),
+                    round(60 + outer * math.cos(angle), 1),
+                    round(60 + outer * math.sin(angle), 1),
+                    css,
+                )
+            )
+        return ticks
+
+
+def schedule_for(*, session: Session, now: datetime | None = None) -> Schedule:
+    settings = {**SETTING_DEFAULTS, **session.settings}
+    compact_ratio = float(settings["compactThreshold"])
+    hard_ratio = float(settings["hardLimitThreshold"])
+    cooldown = int(settings["cooldownSeconds"])
+    compact_at = int(session.context_limit * compact_ratio)
+    hard_at = int(session.context_limit * hard_ratio)
+    last_auto = (
+        CompactionRun.objects.filter(session=session, trigger="auto")
+        .order_by("-created_at")
+        .values_list("created_at", flat=True)
+        .first()
+    )
+    now = now or timezone.now()
+    left = 0
+    if last_auto is not None:
+        left = max(int(cooldown - (now - last_auto).total_seconds()), 0)
+    refresh_at = int(settings["refreshThresholdTokens"])
+    context = session.context_tokens
+    return Schedule(
+        auto_compact=bool(settings["autoCompact"]),
+        compact_ratio=compact_ratio,
+        hard_ratio=hard_ratio,
+        compact_at=compact_at,
+        hard_at=hard_at,
+        tokens_to_compact=max(compact_at - context, 0),
+        tokens_to_hard=max(hard_at - context, 0),
+        cooldown_seconds=cooldown,
+        cooldown_left=left,
+        refresh_at=refresh_at,
+        tokens_to_refresh=max(refresh_at - session.cumulative_tokens, 0),
     )
 
 
 def is_exact(*, session: Session) -> bool:
     return counter_is_exact(session=session)
+
+
+@dataclass
+class RunDetail:
+    """One run's before / after: its numbers, the summary it wrote, what it folded, and the
+    evidence its loss report says it dropped."""
+
+    run: CompactionRun
+    summary: str
+    folded: list[Event]
+    folded_total: int
+    cleared_total: int
+    loss: Mapping[str, Any] | None
+
+    @property
+    def dropped_by_kind(self) -> list[tuple[str, list[Mapping[str, Any]]]]:
+        groups: dict[str, list[Mapping[str, Any]]] = {}
+        for item in (self.loss or {}).get("dropped", []) or []:
+            groups.setdefault(str(item.get("kind", "other")), []).append(item)
+        return sorted(groups.items())
+
+
+FOLDED_LIST_LIMIT = 500
+
+
+def run_detail(*, run: CompactionRun) -> RunDetail:
+    marker = run.compaction_event
+    folded_qs = (
+        Event.objects.filter(compacted_by=marker).order_by("seq")
+        if marker is not None
+        else Event.objects.none()
+    )
+    cleared = Event.objects.filter(cleared_by=marker).count() if marker is not None else 0
+    loss = getattr(run, "loss_report", None)
+    return RunDetail(
+        run=run,
+        summary=marker.content if marker is not None else "",
+        folded=list(folded_qs[:FOLDED_LIST_LIMIT]),
+        folded_total=folded_qs.count(),
+        cleared_total=cleared,
+        loss=loss if isinstance(loss, Mapping) and loss else None,
+    )

@@ -14,7 +14,6 @@ from django.template.loader import render_to_string
 
 from compaction_app.dashboard import queries
 from compaction_app.dashboard.chart import chart_geometry
-from compaction_app.models import CompactionRun
 from sessions_app.models import Session
 
 SESSION_TEMPLATE = "dashboard/session.html"
@@ -24,22 +23,58 @@ SESSIONS_TEMPLATE = "dashboard/sessions.html"
 SESSION_PARTS = ("gauge", "chart", "history", "summary", "timeline")
 
 
+def chart_context(*, session: Session, schedule: queries.Schedule, axis: str) -> dict[str, Any]:
+    """The chart twice: a wide drawing and a narrow one for phones (fewer ticks, text that
+    stays legible when the SVG is not scaled down); CSS shows one of them."""
+    series = queries.chart_series(session=session)
+    if not series.points:
+        return {"series": series, "geometry": None, "chart_variants": [], "axis": axis}
+    thresholds = [
+        (schedule.compact_ratio, f"compact {schedule.compact_percent} %"),
+        (schedule.hard_ratio, f"hard limit {schedule.hard_percent} %"),
+    ]
+    limit = session.context_limit
+    wide = chart_geometry(series=series, limit=limit, thresholds=thresholds, axis=axis)
+    narrow = chart_geometry(
+        series=series,
+        limit=limit,
+        thresholds=thresholds,
+        axis=axis,
+        width=360,
+        height=220,
+        pad_left=52,
+        pad_right=14,
+        pad_bottom=30,
+        y_tick_count=2,
+        x_tick_count=2,
+    )
+    return {
+        "series": series,
+        "axis": axis,
+        "geometry": wide,
+        "chart_variants": [{"variant": "wide", "geo": wide}, {"variant": "narrow", "geo": narrow}],
+    }
+
+
 def session_context(
-    *, session: Session, user: Any, show_all: bool = False, **extra: Any
+    *, session: Session, user: Any, show_all: bool = False, axis: str = "seq", **extra: Any
 ) -> dict[str, Any]:
     """The context every session-page partial renders from."""
     view = queries.session_view(session=session)
-    series = queries.chart_series(session=session)
+    timeline = queries.timeline(session=session, show_all=show_all)
     return {
         "session": session,
         "view": view,
         "usage": view.usage,
         "row": view.row,
-        "geometry": chart_geometry(series=series, limit=session.context_limit)
-        if series.points
-        else None,
-        "series": series,
-        "timeline": queries.timeline(session=session, show_all=show_all),
+        "schedule": view.schedule,
+        **chart_context(
+            session=session, schedule=view.schedule, axis="time" if axis == "time" else "seq"
+        ),
+        "timeline": timeline,
+        # Where a citation's event lives: this page, or the full list when it is cut short.
+        "cite_base": "" if timeline.shown_all else "?all=1",
+        "detail": None,
         "is_staff": bool(getattr(user, "is_staff", False)),
         "user": user,
         **extra,
@@ -87,6 +122,16 @@ def session_frame(
             )
         )
         parts = ["notice", "controls", *SESSION_PARTS]
+    elif kind == "COMPACTION_REVERTED":
+        extra.update(
+            notice_context(
+                "Compaction reverted: the folded events are active again "
+                f"({message.get('tokensBefore') or 0:,} → {message.get('tokensAfter') or 0:,} "
+                "tokens).",
+                level="success",
+            )
+        )
+        parts = ["notice", "controls", *SESSION_PARTS]
     context = session_context(session=session, user=user, **extra)
     return render_parts(SESSION_TEMPLATE, parts, context)
 
@@ -99,7 +144,3 @@ def row_context(*, session: Session, user: Any) -> dict[str, Any]:
 def list_frame(*, session: Session, user: Any) -> str:
     """The HTML frame the sessions list receives: the session's row, swapped by id."""
     return render_parts(SESSIONS_TEMPLATE, ["row"], row_context(session=session, user=user))
-
-
-def run_label(run: CompactionRun) -> str:
-    return f"{run.strategy} ({run.trigger})"

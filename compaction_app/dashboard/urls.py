@@ -14,10 +14,21 @@ urlpatterns = [
     ),
     path("sessions/<uuid:session_id>/compact/", views.compaction_start, name="compaction-start"),
     path(
+        "sessions/<uuid:session_id>/auto-compact/",
+        views.auto_compact_toggle,
+        name="auto-compact",
+    ),
+    path(
+        "sessions/<uuid:session_id>/compactions/<uuid:run_id>/",
+        views.compaction_detail,
+        name="compaction",
+    ),
+    path(
         "sessions/<uuid:session_id>/compactions/<uuid:run_id>/revert/",
         views.compaction_revert,
         name="compaction-revert",
     ),
+    path("sessions/<uuid:session_id>/search/", views.session_search, name="session-search"),
     path(
         "sessions/<uuid:session_id>/events/<uuid:event_id>/pin/",
         views.event_pin,

@@ -29,6 +29,7 @@ from compaction_app.dashboard.render import (
     session_context,
 )
 from compaction_app.selectors import run_get
+from sessions_app import search as session_search_module
 from sessions_app import services as session_services
 from sessions_app.errors import LedgerError, NotFound
 from sessions_app.models import Session
@@ -91,31 +92,77 @@ def sessions_list(request: HtmxHttpRequest) -> HttpResponse:
     return render(request, SESSIONS_TEMPLATE, context)
 
 
+def _page_options(request: HtmxHttpRequest) -> dict[str, Any]:
+    return {
+        "show_all": request.GET.get("all") == "1",
+        "axis": "time" if request.GET.get("axis") == "time" else "seq",
+    }
+
+
 def _session_page(
     request: HtmxHttpRequest, session: Session, *, status: int = 200, **extra: Any
 ) -> HttpResponse:
     context = session_context(
-        session=session,
-        user=request.user,
-        show_all=request.GET.get("all") == "1",
-        oob=False,
-        **extra,
+        session=session, user=request.user, oob=False, **_page_options(request), **extra
     )
     return render(request, SESSION_TEMPLATE, context, status=status)
+
+
+# htmx targets the session page may ask for by themselves.
+PAGE_PARTS = {"timeline": "timeline", "chart": "chart", "run-detail": "run_detail"}
 
 
 @login_required
 @require_GET
 def session_detail(request: HtmxHttpRequest, session_id: Any) -> HttpResponse:
     session = _session_or_404(request, session_id)
-    if request.htmx and request.htmx.target == "timeline":
-        context = session_context(
-            session=session, user=request.user, show_all=request.GET.get("all") == "1"
-        )
+    part = PAGE_PARTS.get(request.htmx.target or "") if request.htmx else None
+    if part is not None:
+        context = session_context(session=session, user=request.user, **_page_options(request))
         return HttpResponse(
-            render_parts(SESSION_TEMPLATE, ["timeline"], context, request=request, oob=False)
+            render_parts(SESSION_TEMPLATE, [part], context, request=request, oob=False)
         )
     return _session_page(request, session)
+
+
+@login_required
+@require_GET
+def compaction_detail(request: HtmxHttpRequest, session_id: Any, run_id: Any) -> HttpResponse:
+    """A run's before / after: the panel alone for htmx, else the session page with it open."""
+    session = _session_or_404(request, session_id)
+    try:
+        run = run_get(user=request.user, run_id=run_id)
+    except NotFound:
+        raise Http404("compaction not found") from None
+    if run.session_id != session.pk:
+        raise Http404("compaction not found")
+    detail = queries.run_detail(run=run)
+    if request.htmx:
+        context = session_context(
+            session=session, user=request.user, detail=detail, **_page_options(request)
+        )
+        return HttpResponse(
+            render_parts(SESSION_TEMPLATE, ["run_detail"], context, request=request, oob=False)
+        )
+    return _session_page(request, session, detail=detail)
+
+
+@staff_required
+@require_POST
+def auto_compact_toggle(request: HtmxHttpRequest, session_id: Any) -> HttpResponse:
+    """Switch the session's auto compaction on or off (staff, like "Compact now")."""
+    session = _session_or_404(request, session_id)
+    enabled = request.POST.get("enabled") == "1"
+    session = session_services.session_update(session=session, settings={"autoCompact": enabled})
+    if request.htmx:
+        state = "on" if enabled else "off"
+        return _htmx_parts(
+            request,
+            session,
+            ["gauge"],
+            **notice_context(f"Auto compaction is {state}.", level="success"),
+        )
+    return redirect(reverse("dashboard:session", args=[session.pk]))
 
 
 def _htmx_parts(
@@ -138,6 +185,23 @@ def _error(request: HtmxHttpRequest, session: Session, exc: LedgerError) -> Http
         # htmx does not swap 4xx answers; the notice is the answer, so send it as a 200.
         return _htmx_parts(request, session, ["notice"], **notice_context(text, level="error"))
     return _session_page(request, session, status=exc.status, **notice_context(text, level="error"))
+
+
+@login_required
+@require_GET
+def session_search(request: HtmxHttpRequest, session_id: Any) -> HttpResponse:
+    """Search the session's events, folded ones included: the results partial for htmx (as
+    the user types), the whole page with the results otherwise."""
+    session = _session_or_404(request, session_id)
+    text = request.GET.get("q", "").strip()[: session_search_module.MAX_QUERY_CHARS]
+    try:
+        hits = session_search_module.search_session(session=session, text=text) if text else []
+    except LedgerError:
+        hits = []
+    if request.htmx:
+        context = {"session": session, "search_q": text, "search_hits": hits}
+        return render(request, "dashboard/_search.html#results", context)
+    return _session_page(request, session, search_q=text, search_hits=hits)
 
 
 @staff_required

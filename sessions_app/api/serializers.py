@@ -132,6 +132,7 @@ class EventOutSerializer(serializers.ModelSerializer):
     content = serializers.SerializerMethodField()
     toolCallId = serializers.CharField(source="tool_call_id", read_only=True)
     tokenCount = serializers.IntegerField(source="token_count", read_only=True)
+    tokenProvenance = serializers.CharField(source="token_provenance", read_only=True)
     tokenUsage = serializers.SerializerMethodField()
     compactedBy = serializers.UUIDField(source="compacted_by_id", read_only=True, allow_null=True)
     cleared = serializers.SerializerMethodField()
@@ -149,11 +150,13 @@ class EventOutSerializer(serializers.ModelSerializer):
             "name",
             "toolCallId",
             "tokenCount",
+            "tokenProvenance",
             "tokenUsage",
             "pinned",
             "metadata",
             "compactedBy",
             "cleared",
+            "reverted",
             "createdAt",
         ]
         read_only_fields = fields
@@ -260,6 +263,11 @@ class ContextSerializer(serializers.Serializer):
     limit = serializers.IntegerField()
     pruned = serializers.BooleanField()
     summary = serializers.CharField(allow_null=True)
+    tools = serializers.ListField(
+        child=serializers.JSONField(),
+        required=False,
+        help_text="[ledger_recall] once the session has folded or cleared events.",
+    )
 
 
 class TokenCountInSerializer(serializers.Serializer):
@@ -334,11 +342,13 @@ def _event_dict(event: Event) -> dict[str, Any]:
         "name": event.name,
         "toolCallId": event.tool_call_id,
         "tokenCount": event.token_count,
+        "tokenProvenance": event.token_provenance,
         "tokenUsage": usage,
         "pinned": event.pinned,
         "metadata": event.metadata,
         "compactedBy": str(event.compacted_by_id) if event.compacted_by_id else None,
         "cleared": event.cleared_content is not None,
+        "reverted": event.reverted,
         "createdAt": iso_datetime(event.created_at),
     }
 

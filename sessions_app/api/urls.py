@@ -1,6 +1,6 @@
 from django.urls import path
 
-from sessions_app.api import views
+from sessions_app.api import search_views, views
 
 urlpatterns = [
     path("sessions", views.SessionListView.as_view(), name="session-list"),
@@ -21,4 +21,14 @@ urlpatterns = [
     ),
     path("tokens/count", views.TokenCountView.as_view(), name="tokens-count"),
     path("models", views.ModelListView.as_view(), name="model-list"),
+    # Search and recall (sessions_app/api/search_views.py).
+    path(
+        "sessions/<str:session_id>/search",
+        search_views.SessionSearchView.as_view(),
+        name="session-search",
+    ),
+    path("search", search_views.SearchView.as_view(), name="search"),
+    path(
+        "sessions/<str:session_id>/recall", search_views.RecallView.as_view(), name="session-recall"
+    ),
 ]

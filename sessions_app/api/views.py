@@ -14,7 +14,7 @@ from rest_framework.response import Response
 from rest_framework.settings import APISettings
 from rest_framework.views import APIView
 
-from sessions_app import selectors, services, tokens
+from sessions_app import search, selectors, services, tokens
 from sessions_app.api import serializers as s
 from sessions_app.context import context_prepare
 from sessions_app.errors import InvalidInput, LedgerError
@@ -245,6 +245,9 @@ class SessionContextView(APIView):
             payload["system"] = prepared.system
         if prepared.compaction is not None:
             payload["compaction"] = prepared.compaction
+        # Once some originals are out of the context, the model may ask for them back.
+        if search.session_has_recallable(session=session):
+            payload["tools"] = [search.recall_tool(fmt=fmt)]
         return Response(payload)
 
 

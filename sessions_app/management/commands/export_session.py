@@ -1,9 +1,10 @@
 """Export a session as a JSONL file of OpenAI-style chat messages (the format import_session
 reads).
 
-By default the active ledger is written: events not folded by a compaction, with each live
-summary as a system message. ``--include-compacted`` writes the whole conversation as recorded
-instead: every event, folded or not, and no summaries. LOCAL_SYSTEM_MESSAGE events are for
+By default the active context is written, in the order /context sends it: the system prompt,
+the running summary (a system message), then every event not folded. ``--include-compacted``
+writes the whole conversation as recorded instead: every event, folded or not, and no
+summaries. LOCAL_SYSTEM_MESSAGE events are for
 people, not the model, and have no chat role: they are left out. Content is the original
 text (a cleared tool result exports what the tool returned).
 """
@@ -13,79 +14,27 @@ from __future__ import annotations
 import json
 import sys
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
+from sessions_app import render
 from sessions_app.models import Event, EventType, Session
-
-_ROLES: dict[str, str] = {
-    EventType.SYSTEM_PROMPT: "system",
-    EventType.USER_MESSAGE: "user",
-    EventType.CONTEXT_REFRESH: "user",
-    EventType.AGENT_MESSAGE: "assistant",
-    EventType.COMPACTION: "system",
-}
+from sessions_app.selectors import event_record
 
 
-def _original(event: Event) -> Any:
-    return json.loads(event.content) if event.content_is_json else event.content
-
-
-def events_to_messages(
-    events: Iterable[Event], *, include_summaries: bool
-) -> Iterator[dict[str, Any]]:
-    """Chat messages for ledger events in seq order; an assistant's text and the tool calls
-    right after it form one message, as in OpenAI's format."""
-    pending: dict[str, Any] | None = None
-    for event in events:
-        if event.type == EventType.TOOL_CALL:
-            content = _original(event)
-            call = {
-                "id": event.tool_call_id,
-                "type": "function",
-                "function": {
-                    "name": event.name,
-                    "arguments": content
-                    if isinstance(content, str)
-                    else json.dumps(content, ensure_ascii=False),
-                },
-            }
-            if pending is None:
-                pending = {"role": "assistant", "content": None}
-            pending.setdefault("tool_calls", []).append(call)
-            continue
-        if pending is not None:
-            yield pending
-            pending = None
-        if event.type == EventType.LOCAL_SYSTEM_MESSAGE:
-            continue
-        if event.type == EventType.COMPACTION and (
-            not include_summaries or not event.content or event.reverted
-        ):
-            continue
-        if event.type == EventType.TOOL_RESULT:
-            message: dict[str, Any] = {
-                "role": "tool",
-                "tool_call_id": event.tool_call_id,
-                "content": _original(event),
-            }
-            if event.name:
-                message["name"] = event.name
-            yield message
-            continue
-        message = {"role": _ROLES[event.type], "content": _original(event)}
-        if event.name and event.type != EventType.COMPACTION:
-            message["name"] = event.name
-        if event.type == EventType.AGENT_MESSAGE:
-            # Held back: tool calls that follow join this message.
-            pending = message
-            continue
-        yield message
-    if pending is not None:
-        yield pending
+def events_to_messages(events: Iterable[Event], *, include_summaries: bool) -> list[dict[str, Any]]:
+    """Chat messages for ledger events (seq order), through the renderer /context uses: the
+    same order (system prompt, summary, the rest) and the same repairs of unpaired tool
+    calls and results. Contents are the originals."""
+    records = [
+        event_record(event, original=True)
+        for event in events
+        if include_summaries or event.type != EventType.COMPACTION
+    ]
+    return render.to_openai(records, tool_result_names=True).messages
 
 
 class Command(BaseCommand):
@@ -110,7 +59,7 @@ class Command(BaseCommand):
         include = options["include_compacted"]
         events = Event.objects.filter(session=session).order_by("seq")
         if not include:
-            events = events.filter(compacted_by__isnull=True)
+            events = events.active()
         messages = events_to_messages(
             events.iterator(chunk_size=2000), include_summaries=not include
         )

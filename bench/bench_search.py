@@ -1,0 +1,279 @@
+"""Search benchmark (issue 11): query latency over a 2,000-event session, and whether every
+planted fact is found by searching for its key. Prints one markdown table.
+
+    .venv/bin/python bench/bench_search.py [--profile embedded|postgres|both] [--rounds 5]
+
+The session is `session_gen.py`'s coding-agent session cut to 2,000 events (about 620k
+tokens, 40 planted facts), appended in one `POST /events`. Every query goes through the whole
+HTTP stack in-process (`django.test.Client`, Token auth): `GET /api/v1/sessions/{id}/search`.
+
+- Latency: the planted facts' keys plus a few everyday queries (a common word, a prefix being
+  typed, a path, a two-word phrase), `--rounds` times each after one warm-up round; p50 / p95.
+- Findability: a fact counts as found when the event that states it is among the 20 hits for
+  its key. A key is the fact's most specific word: its longest word holding a digit (an
+  identifier, a port, a number), as the user would type it.
+- Indexing runs in a Celery task after the append (no worker here), so the first session
+  search indexes what the task has not reached; its time is reported. On PostgreSQL a
+  cross-session search before that is timed too (it computes missing vectors in the query).
+
+Each profile runs in a child process against a throwaway database (see bench_ledger.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from child_env import child_env
+
+ROOT = Path(__file__).resolve().parent.parent
+ROW_MARKER = "BENCH_ROWS "
+PG_ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
+PG_DB = "bench_search"
+EVENTS = 2000
+TURNS = 333  # session_gen turns that give just over 2,000 events
+LIMIT = 20
+P50_TARGET_MS = 20.0
+EVERYDAY_QUERIES = ["tenant", "invo", "src/billing", "retry backoff", "AssertionError", "limit"]
+
+Row = dict[str, Any]
+
+
+def _row(profile: str, figure: str, value: str, target: str = "—", ok: bool | None = None) -> Row:
+    return {"profile": profile, "figure": figure, "value": value, "target": target, "ok": ok}
+
+
+def fact_key(fact: str) -> str:
+    """The fact's most specific word: the longest one holding a digit, without quotes."""
+    words = [word.strip("'\".,;:") for word in fact.split()]
+    with_digit = [word for word in words if re.search(r"\d", word)]
+    return max(with_digit or words, key=len)
+
+
+def _child(profile: str, rounds: int) -> list[Row]:
+    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT / "bench"))
+    os.chdir(ROOT)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    if profile == "postgres" and not os.environ.get("DATABASE_URL", "").endswith(f"/{PG_DB}"):
+        raise SystemExit(f"refusing to run: DATABASE_URL is not the {PG_DB} bench database")
+    if profile == "embedded" and (os.environ.get("DATABASE_URL") or not os.environ.get("VAR_DIR")):
+        raise SystemExit("refusing to run: the embedded bench needs a temporary VAR_DIR")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+    from django.db import connection
+    from django.test import Client
+
+    call_command("migrate", verbosity=0, interactive=False)
+    from django.contrib.auth import get_user_model
+    from rest_framework.authtoken.models import Token
+    from session_gen import generate_session
+
+    from sessions_app.search import search_index_pending
+
+    user = get_user_model().objects.create_user(username="bench", password="bench-password")
+    token = Token.objects.create(user=user).key
+    client = Client(HTTP_AUTHORIZATION=f"Token {token}")
+    generated = generate_session(turns=TURNS, target_tokens=int(940_000 * TURNS / 500))
+    events = generated.events[:EVENTS]
+    planted = {fact: index for fact, index in generated.fact_events.items() if index < EVENTS}
+
+    response = client.post(
+        "/api/v1/sessions",
+        {
+            "model": "gpt-4.1",
+            "title": "search bench",
+            "settings": {"autoCompact": False, "refreshThresholdTokens": 100_000_000},
+        },
+        content_type="application/json",
+    )
+    session_id = response.json()["id"]
+    body = json.dumps(events)
+    started = time.perf_counter()
+    response = client.post(
+        f"/api/v1/sessions/{session_id}/events", body, content_type="application/json"
+    )
+    ingest = time.perf_counter() - started
+    assert response.status_code == 201, response.content[:300]
+    rows = [
+        _row(
+            profile,
+            f"session: one bulk append of {len(events):,} events (indexing is not part of it)",
+            f"{ingest:.2f} s",
+        )
+    ]
+
+    def search(q: str) -> tuple[float, list[int]]:
+        started = time.perf_counter()
+        response = client.get(f"/api/v1/sessions/{session_id}/search", {"q": q, "limit": LIMIT})
+        elapsed = (time.perf_counter() - started) * 1000
+        assert response.status_code == 200, response.content[:300]
+        return elapsed, [hit["seq"] for hit in response.json()["results"]]
+
+    if connection.vendor == "postgresql":
+        started = time.perf_counter()
+        response = client.get("/api/v1/search", {"q": EVERYDAY_QUERIES[0], "limit": LIMIT})
+        assert response.status_code == 200, response.content[:300]
+        rows.append(
+            _row(
+                profile,
+                "cross-session search before indexing (vectors computed in the query)",
+                f"{(time.perf_counter() - started) * 1000:.0f} ms",
+            )
+        )
+    rows.append(
+        _row(
+            profile,
+            f"first search after the append (indexes the {len(events):,} events first, as "
+            "the Celery task would have)",
+            f"{search(EVERYDAY_QUERIES[0])[0]:.0f} ms",
+        )
+    )
+    assert search_index_pending(session_id=session_id) == 0
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("ANALYZE sessions_app_event")
+
+    keys = {fact: fact_key(fact) for fact in planted}
+    queries = list(keys.values()) + EVERYDAY_QUERIES
+    for q in queries:  # warm-up
+        search(q)
+    timings: list[float] = []
+    for _ in range(rounds):
+        for q in queries:
+            timings.append(search(q)[0])
+    timings.sort()
+    p50 = statistics.median(timings)
+    p95 = timings[int(len(timings) * 0.95) - 1]
+    rows.append(
+        _row(
+            profile,
+            f"GET /search over {len(events):,} events, {len(queries)} queries × {rounds} "
+            f"(limit {LIMIT}): p50 / p95",
+            f"{p50:.1f} ms / {p95:.1f} ms",
+            f"p50 ≤ {P50_TARGET_MS:.0f} ms",
+            p50 <= P50_TARGET_MS,
+        )
+    )
+    found = first = 0
+    misses = []
+    for fact, index in planted.items():
+        seqs = search(keys[fact])[1]
+        seq = index + 1  # the system prompt is the first appended event, seq 1
+        if seq in seqs:
+            found += 1
+            first += seqs[0] == seq
+        else:
+            misses.append(keys[fact])
+    rows.append(
+        _row(
+            profile,
+            "planted facts found by searching their key (event in the hits)",
+            f"{found}/{len(planted)} ({first} ranked first)"
+            + (f"; missed: {', '.join(misses)}" if misses else ""),
+            "100 %",
+            found == len(planted),
+        )
+    )
+    return rows
+
+
+# --- parent ---------------------------------------------------------------------------------
+
+
+def _pg_admin(sql: str) -> None:
+    import psycopg
+
+    with psycopg.connect(PG_ADMIN_DSN, autocommit=True, connect_timeout=5) as conn:
+        conn.execute(sql)
+
+
+def _run_profile(profile: str, rounds: int) -> list[Row]:
+    tmp = Path(tempfile.mkdtemp(prefix=f"bench_search_{profile}_"))
+    env = child_env(var_dir=tmp)
+    created_db = False
+    try:
+        if profile == "postgres":
+            try:
+                _pg_admin(f"DROP DATABASE IF EXISTS {PG_DB} WITH (FORCE)")
+                _pg_admin(f"CREATE DATABASE {PG_DB}")
+                created_db = True
+            except Exception as exc:
+                return [
+                    _row(profile, "PostgreSQL at 127.0.0.1:5432", f"unavailable: {exc}", ok=False)
+                ]
+            env["DATABASE_URL"] = f"postgres://postgres@127.0.0.1:5432/{PG_DB}"
+            env["DJANGO_SECRET_KEY"] = "bench"
+        command = [sys.executable, __file__, "--child", profile, "--rounds", str(rounds)]
+        proc = subprocess.run(
+            command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900
+        )
+        for line in proc.stdout.splitlines():
+            if line.startswith(ROW_MARKER):
+                return json.loads(line[len(ROW_MARKER) :])
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        sys.stderr.write(proc.stderr)
+        return [
+            _row(profile, "benchmark run", f"failed (exit {proc.returncode}): {tail[0]}", ok=False)
+        ]
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if created_db:
+            try:
+                _pg_admin(f"DROP DATABASE IF EXISTS {PG_DB} WITH (FORCE)")
+            except Exception as exc:
+                sys.stderr.write(f"could not drop {PG_DB}: {exc}\n")
+
+
+def _table(rows: list[Row]) -> str:
+    lines = ["| profile | figure | value | target | ok |", "|---|---|---|---|---|"]
+    for r in rows:
+        ok = "" if r["ok"] is None else ("✅" if r["ok"] else "❌")
+        cells = [
+            str(r[k]).replace("|", "\\|").replace("\n", " ")
+            for k in ("profile", "figure", "value", "target")
+        ]
+        lines.append("| " + " | ".join([*cells, ok]) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Context Ledger search benchmark (issue 11).")
+    parser.add_argument("--profile", choices=["embedded", "postgres", "both"], default="both")
+    parser.add_argument("--rounds", type=int, default=5, help="timed rounds over all queries")
+    parser.add_argument("--child", choices=["embedded", "postgres"], help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        print(ROW_MARKER + json.dumps(_child(args.child, args.rounds)), flush=True)
+        return 0
+    profiles = ["embedded", "postgres"] if args.profile == "both" else [args.profile]
+    started = time.perf_counter()
+    rows: list[Row] = []
+    for profile in profiles:
+        rows += _run_profile(profile, args.rounds)
+    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(
+        f"Context Ledger search benchmark — {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M UTC}, "
+        f"{os.cpu_count()} cores ({platform.processor() or platform.machine()}), load average "
+        f"{load}, Python {platform.python_version()}, total {time.perf_counter() - started:.0f} s\n"
+    )
+    print(_table(rows))
+    return 0 if all(r["ok"] is not False for r in rows) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

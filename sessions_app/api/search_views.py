@@ -1,0 +1,169 @@
+"""Search and recall endpoints: validate, call sessions_app.search, serialise."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from drf_spectacular.utils import OpenApiParameter, OpenApiTypes, extend_schema, inline_serializer
+from rest_framework import serializers
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from sessions_app import search, selectors
+from sessions_app.errors import InvalidInput
+
+_HIT_FIELDS: dict[str, serializers.Field] = {
+    "seq": serializers.IntegerField(),
+    "eventId": serializers.UUIDField(),
+    "type": serializers.CharField(),
+    "name": serializers.CharField(),
+    "folded": serializers.BooleanField(),
+    "snippet": serializers.CharField(help_text="HTML: the text escaped, matches in <mark>."),
+}
+_SEARCH_PARAMETERS = [
+    OpenApiParameter("q", str, required=True, description="Words, identifiers or paths."),
+    OpenApiParameter("limit", int, description=f"1..{search.MAX_LIMIT} (default 20)."),
+]
+
+
+def _limit(request: Request) -> int:
+    raw = request.query_params.get("limit") or str(search.DEFAULT_LIMIT)
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= search.MAX_LIMIT:
+        raise InvalidInput(
+            f"limit must be an integer between 1 and {search.MAX_LIMIT}",
+            code="invalid_parameter",
+            fields={"limit": f"between 1 and {search.MAX_LIMIT}"},
+        )
+    return value
+
+
+def hit_out(hit: search.SearchHit, *, with_session: bool = False) -> dict[str, Any]:
+    event = hit.event
+    out: dict[str, Any] = {
+        "seq": event.seq,
+        "eventId": str(event.pk),
+        "type": event.type,
+        "name": event.name,
+        "folded": hit.folded,
+        "snippet": hit.snippet,
+    }
+    if with_session:
+        out["sessionId"] = str(event.session_id)
+        out["sessionTitle"] = hit.session_title
+    return out
+
+
+class SessionSearchView(APIView):
+    @extend_schema(
+        parameters=_SEARCH_PARAMETERS,
+        responses=inline_serializer(
+            "SessionSearchOut",
+            {"results": inline_serializer("SearchHit", _HIT_FIELDS, many=True)},
+        ),
+        description="Full-text search over every event of the session, folded ones included.",
+    )
+    def get(self, request: Request, session_id: str) -> Response:
+        session = selectors.session_get(user=request.user, session_id=session_id)
+        text = search.check_query(request.query_params.get("q"))
+        hits = search.search_session(session=session, text=text, limit=_limit(request))
+        return Response({"results": [hit_out(hit) for hit in hits]})
+
+
+class SearchView(APIView):
+    @extend_schema(
+        parameters=_SEARCH_PARAMETERS,
+        responses=inline_serializer(
+            "SearchOut",
+            {
+                "results": inline_serializer(
+                    "SessionSearchHit",
+                    {
+                        **_HIT_FIELDS,
+                        "sessionId": serializers.UUIDField(),
+                        "sessionTitle": serializers.CharField(),
+                    },
+                    many=True,
+                )
+            },
+        ),
+        description="Full-text search across your sessions (staff: every session).",
+    )
+    def get(self, request: Request) -> Response:
+        text = search.check_query(request.query_params.get("q"))
+        hits = search.search_sessions(user=request.user, text=text, limit=_limit(request))
+        return Response({"results": [hit_out(hit, with_session=True) for hit in hits]})
+
+
+class RecallInSerializer(serializers.Serializer):
+    query = serializers.CharField(required=False, max_length=search.MAX_QUERY_CHARS)
+    seqs = serializers.ListField(
+        child=serializers.IntegerField(min_value=1),
+        required=False,
+        min_length=1,
+        max_length=search.RECALL_MAX_SEQS,
+    )
+    maxTokens = serializers.IntegerField(required=False, min_value=1)  # noqa: N815 - API name
+    format = serializers.ChoiceField(choices=["openai", "anthropic"], default="openai")
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if ("query" in attrs) == ("seqs" in attrs):
+            raise serializers.ValidationError({"query": "give exactly one of query or seqs"})
+        return attrs
+
+
+class RecallView(APIView):
+    @extend_schema(
+        request=RecallInSerializer,
+        responses=OpenApiTypes.OBJECT,
+        description="Original events (folded ones included) as messages ready to send, "
+        "within maxTokens; a TOOL_CALL and its TOOL_RESULT always come together.",
+    )
+    def post(self, request: Request, session_id: str) -> Response:
+        session = selectors.session_get(user=request.user, session_id=session_id)
+        if not isinstance(request.data, dict):
+            raise InvalidInput(
+                "body must be a JSON object",
+                code="invalid_request",
+                fields={"body": "must be an object"},
+            )
+        body = RecallInSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        data = body.validated_data
+        max_tokens = data.get("maxTokens", min(search.RECALL_DEFAULT_TOKENS, session.context_limit))
+        if max_tokens > session.context_limit:
+            raise InvalidInput(
+                "maxTokens must not exceed the session's contextLimit",
+                code="invalid_request",
+                fields={"maxTokens": f"at most {session.context_limit}"},
+            )
+        result = search.recall(
+            session=session,
+            text=data.get("query"),
+            seqs=data.get("seqs"),
+            max_tokens=max_tokens,
+            fmt=data["format"],
+        )
+        payload: dict[str, Any] = {
+            "messages": result.messages,
+            "tokenCount": result.token_count,
+            "maxTokens": result.max_tokens,
+            "events": [
+                {
+                    "seq": event.seq,
+                    "eventId": str(event.pk),
+                    "type": event.type,
+                    "folded": event.compacted_by_id is not None,
+                }
+                for event in result.events
+            ],
+            "omitted": result.omitted,
+            "missing": result.missing,
+        }
+        if data["format"] == "anthropic":
+            payload["system"] = result.system
+        return Response(payload)

@@ -1,0 +1,63 @@
+"""sessions_app's own signal receivers (connected in SessionsAppConfig.ready)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from django.db.models.signals import post_migrate
+from django.dispatch import receiver
+
+from sessions_app.search_schema import ensure_search_schema
+from sessions_app.signals import events_appended
+
+logger = logging.getLogger("sessions_app")
+
+
+# After the broker refused a message, appends stop trying for a while: indexing is optional
+# (search covers unindexed events), and each attempt against a dead broker costs its timeout.
+BROKER_BACKOFF_SECONDS = 30.0
+_broker_failed_at: float | None = None
+
+
+@receiver(events_appended, dispatch_uid="sessions_app.search_index")
+def index_appended_events(sender: Any, *, session_id: Any, **kwargs: Any) -> None:
+    """Queue the indexing of the new events for search (search_schema explains why it is not
+    done inside the append). The signal fires after the append committed; a broker outage must
+    not fail or slow it, so the message is sent once, without publish retries, and a failure
+    is only logged."""
+    global _broker_failed_at
+    if _broker_failed_at is not None:
+        if time.monotonic() - _broker_failed_at < BROKER_BACKOFF_SECONDS:
+            return
+        _broker_failed_at = None
+    from sessions_app.tasks import search_index_session
+
+    try:
+        search_index_session.apply_async(args=[str(session_id)], retry=False)
+    except Exception as exc:
+        _broker_failed_at = time.monotonic()
+        logger.warning(
+            "could not queue search indexing for session %s (search indexes on read "
+            "meanwhile): %s: %s",
+            session_id,
+            type(exc).__name__,
+            exc,
+        )
+
+
+@receiver(post_migrate, dispatch_uid="sessions_app.search_schema")
+def repair_search_schema(sender: Any, *, app_config: Any, using: str, **kwargs: Any) -> None:
+    """Re-create the search index's triggers if a later migration rebuilt the SQLite event
+    table (which drops them), and index what was stored meanwhile."""
+    if app_config.label != "sessions_app":
+        return
+    from django.db import connections
+    from django.db.migrations.recorder import MigrationRecorder
+
+    target = connections[using]
+    applied = MigrationRecorder(target).applied_migrations()
+    # Only while the search migration is applied (not after a migrate back before it).
+    if any(app == "sessions_app" and name.endswith("_search") for app, name in applied):
+        ensure_search_schema(target, backfill=False)

@@ -1,0 +1,52 @@
+"""Celery tasks of sessions_app: ids in, re-fetch, call a service."""
+
+from __future__ import annotations
+
+import logging
+import random
+
+from celery import shared_task
+from django.conf import settings
+
+from sessions_app.exact_counts import CountError, count_session_exactly
+from sessions_app.models import Session
+from sessions_app.search import search_index_pending
+
+logger = logging.getLogger("sessions_app.tasks")
+
+
+@shared_task(bind=True, acks_late=True, max_retries=None, name="sessions_app.count_exact_tokens")
+def count_exact_tokens(self, session_id: str) -> str:  # type: ignore[no-untyped-def]
+    """Replace a Claude session's local counts by Anthropic's. Rate limits and outages are
+    retried (`retry-after` when the API gives one, else exponential backoff with jitter) up to
+    LEDGER_ANTHROPIC_COUNT_MAX_RETRIES times; then the local counts stay, with one warning."""
+    try:
+        changed = count_session_exactly(session_id=session_id)
+    except Session.DoesNotExist:
+        return "missing"
+    except CountError as exc:
+        attempts = self.request.retries
+        if exc.transient and attempts < settings.LEDGER_ANTHROPIC_COUNT_MAX_RETRIES:
+            if exc.retry_after is not None:
+                countdown = exc.retry_after
+            else:
+                base = float(settings.LEDGER_ANTHROPIC_COUNT_BACKOFF_SECONDS)
+                delay = min(base * (2**attempts), 60.0)
+                countdown = random.uniform(delay / 2, delay)  # noqa: S311 - jitter
+            logger.info("exact count of %s: %s; retry in %.1fs", session_id, exc, countdown)
+            raise self.retry(exc=exc, countdown=countdown) from exc
+        logger.warning(
+            "exact count of session %s gave up after %s attempt(s), local counts kept: %s",
+            session_id,
+            attempts + 1,
+            exc,
+        )
+        return "gave_up"
+    return f"counted {changed}"
+
+
+@shared_task(acks_late=True, ignore_result=True, name="sessions_app.search_index_session")
+def search_index_session(session_id: str) -> int:
+    """Index the session's new events for search (idempotent: only events not yet indexed
+    are touched; a deleted session has none)."""
+    return search_index_pending(session_id=session_id)
