@@ -5,6 +5,7 @@ import uuid
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+from django.utils import timezone
 
 from sessions_app.models import Event, Session
 
@@ -48,6 +49,11 @@ class CompactionRun(models.Model):
     folded_count = models.PositiveIntegerField(default=0)
     error = models.TextField(blank=True, default="")
     attempts = models.PositiveIntegerField(default=0)
+    # Last sign of life: set when the run is queued, when a worker starts it and periodically
+    # while it works. The sweeper (compaction_app/sweeper.py) fails a running run whose
+    # heartbeat stopped and re-queues a pending one whose task never arrived.
+    heartbeat_at = models.DateTimeField(default=timezone.now)
+    requeues = models.PositiveIntegerField(default=0)
     # The COMPACTION event this run appended (folded events point at it).
     compaction_event = models.OneToOneField(
         Event, null=True, blank=True, on_delete=models.SET_NULL, related_name="compaction_run"
@@ -68,7 +74,15 @@ class CompactionRun(models.Model):
                 name="one_active_compaction_per_session",
             )
         ]
-        indexes = [models.Index(fields=["session", "-created_at"])]
+        indexes = [
+            models.Index(fields=["session", "-created_at"]),
+            # The sweeper's scan: only active runs, oldest heartbeat first.
+            models.Index(
+                fields=["heartbeat_at"],
+                condition=Q(status__in=["pending", "running"]),
+                name="active_run_heartbeat",
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.strategy} {self.trigger} {self.status} ({self.session_id})"

@@ -21,6 +21,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from compaction_app import broadcast
+from compaction_app.heartbeat import beating
 from compaction_app.models import ACTIVE_STATUSES, CompactionRun, RunningSummary, RunStatus, Trigger
 from compaction_app.selectors import latest_revertible_run
 from compaction_app.signals import memory_flush
@@ -231,19 +232,31 @@ def _summary_messages(events: Sequence[Event]) -> list[SummaryMessage]:
     return messages
 
 
-def compaction_execute(*, run_id: uuid.UUID | str, final_attempt: bool = True) -> CompactionRun:
+def compaction_execute(
+    *, run_id: uuid.UUID | str, final_attempt: bool = True, attempt: int | None = None
+) -> CompactionRun:
     """Execute a pending run (the Celery task's body). Idempotent: a finished run is returned
     unchanged. A transient provider error raises TransientCompactionError unless this is the
-    final attempt, in which case the run fails cleanly like a permanent error."""
+    final attempt, in which case the run fails cleanly like a permanent error.
+
+    `attempt` is the number of earlier attempts this delivery follows (the task's retry
+    count). A delivery that finds more attempts recorded is a duplicate — the broker
+    redelivered the task after its visibility timeout, or the sweeper re-queued a run whose
+    task was only late — and leaves the run to the delivery that started it (or, if that one
+    died, to the sweeper)."""
     with transaction.atomic():
         run = CompactionRun.objects.select_for_update().select_related("session").get(pk=run_id)
         if run.status in (RunStatus.COMPLETED, RunStatus.FAILED):
             return run
+        if attempt is not None and run.attempts > attempt:
+            logger.info("compaction %s: duplicate delivery ignored", run_id)
+            return run
         first_start = run.status == RunStatus.PENDING
         run.status = RunStatus.RUNNING
         run.started_at = run.started_at or timezone.now()
+        run.heartbeat_at = timezone.now()
         run.attempts += 1
-        run.save(update_fields=["status", "started_at", "attempts"])
+        run.save(update_fields=["status", "started_at", "heartbeat_at", "attempts"])
     session = run.session
     if first_start:
         broadcast.broadcast(
@@ -259,7 +272,8 @@ def compaction_execute(*, run_id: uuid.UUID | str, final_attempt: bool = True) -
             },
         )
     try:
-        run = _execute(run)
+        with beating(run.pk):
+            run = _execute(run)
     except SummarizerError as exc:
         if not exc.permanent and not final_attempt:
             raise TransientCompactionError(str(exc)) from exc
@@ -596,7 +610,8 @@ def maybe_auto_compact(
 ) -> CompactionRun | None:
     """After an append: start a refresh when the cumulative counter crossed its threshold, or
     an auto compaction when the context crossed the compact threshold (at most once per
-    cooldown). `session` is the row as the append committed it, when the caller has it.
+    cooldown), or, within the cooldown, a `hard_limit` one when it crossed the hard limit.
+    `session` is the row as the append committed it, when the caller has it.
     Never raises: a failure here must not reach the appending client."""
     try:
         if session is None:
@@ -627,14 +642,21 @@ def maybe_auto_compact(
             return None
         cooldown = int(settings.get("cooldownSeconds", 60))
         since = timezone.now() - timedelta(seconds=cooldown)
+        trigger = Trigger.AUTO
         if CompactionRun.objects.filter(
             Q(created_at__gte=since) | Q(status__in=ACTIVE_STATUSES),
             session=session,
             trigger=Trigger.AUTO,
         ).exists():
-            return None
+            # The cooldown only spaces threshold-triggered runs. Past the hard limit the
+            # context no longer fits: compact now, unless there is nothing left to fold.
+            if session.usage_ratio < float(settings.get("hardLimitThreshold", 0.95)):
+                return None
+            if compaction_plan(session=session).plan.is_empty:
+                return None
+            trigger = Trigger.HARD_LIMIT
         try:
-            return compaction_request(session=session, user=None, trigger=Trigger.AUTO)
+            return compaction_request(session=session, user=None, trigger=trigger)
         except (Conflict, ServiceUnavailable):
             return None  # ServiceUnavailable: logged by _enqueue; the next append retries
     except Exception:

@@ -31,7 +31,9 @@ def run_compaction(self, run_id: str) -> str:  # type: ignore[no-untyped-def]
     Transient provider errors are retried; the last attempt fails the run cleanly."""
     final_attempt = self.request.retries >= self.max_retries
     try:
-        run = compaction_execute(run_id=run_id, final_attempt=final_attempt)
+        run = compaction_execute(
+            run_id=run_id, final_attempt=final_attempt, attempt=self.request.retries
+        )
     except CompactionRun.DoesNotExist:
         # Its session was deleted since (or the message outlived its database): nothing to do.
         logger.warning("compaction %s no longer exists; task dropped", run_id)
@@ -82,3 +84,12 @@ def memory_flush_webhook(self, run_id: str, event_ids: list[str]) -> int | None:
     if response.status_code >= 400:
         logger.warning("memory_flush webhook refused run %s: %s", run_id, response.status_code)
     return response.status_code
+
+
+@shared_task(acks_late=True, ignore_result=True)
+def sweep_stale_compactions() -> dict[str, list[str]]:
+    """Celery beat's periodic sweep: fail or re-queue compaction runs whose worker is gone."""
+    from compaction_app.sweeper import sweep_stale_runs
+
+    result = sweep_stale_runs()
+    return {"failed": result.failed, "requeued": result.requeued}

@@ -189,9 +189,6 @@ else:
 # The in-memory transport ignores the host, but kombu warns "No hostname was supplied" on
 # every enqueue without one.
 CELERY_BROKER_URL = REDIS_URL or "memory://localhost/"
-CELERY_BROKER_TRANSPORT_OPTIONS: dict[str, object] = {
-    "socket_connect_timeout": REDIS_CONNECT_TIMEOUT_SECONDS,
-}
 # An enqueue during a Redis outage retries briefly, then the request answers 503.
 CELERY_TASK_PUBLISH_RETRY_POLICY = {
     "max_retries": 2,
@@ -206,6 +203,28 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_TASK_DEFAULT_QUEUE = env_str("CELERY_QUEUE", "context-ledger" + _TEST_SUFFIX)
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# A running compaction beats every COMPACTION_STALE_SECONDS / 4; the sweeper fails a running
+# run whose heartbeat is older than this, and re-queues a pending one queued longer ago.
+COMPACTION_STALE_SECONDS = env_float("COMPACTION_STALE_SECONDS", 120.0, minimum=1.0)
+COMPACTION_SWEEP_SECONDS = env_float("COMPACTION_SWEEP_SECONDS", 30.0, minimum=0.1)
+# Redis redelivers a task nobody acknowledged within this window (default: an hour). Matched to
+# the sweeper: a task lost with a killed worker comes back when the sweeper would act anyway,
+# and a redelivered compaction task whose run another delivery started does nothing.
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": COMPACTION_STALE_SECONDS,
+    # An enqueue during a Redis outage gives up in this time (then the request answers 503).
+    "socket_connect_timeout": REDIS_CONNECT_TIMEOUT_SECONDS,
+}
+# Production's periodic sweep (run `celery -A config beat`, or a worker with -B). The embedded
+# profile sweeps on a timer thread started by `manage.py serve` instead.
+CELERY_BEAT_SCHEDULE = {
+    "sweep-stale-compactions": {
+        "task": "compaction_app.tasks.sweep_stale_compactions",
+        "schedule": COMPACTION_SWEEP_SECONDS,
+        # A sweep that waited longer than one interval is superseded by the next one.
+        "options": {"expires": COMPACTION_SWEEP_SECONDS},
+    }
+}
 # Embedded profile: the server process runs a Celery worker thread itself.
 EMBEDDED_WORKER = env_bool("EMBEDDED_WORKER", not REDIS_URL)
 

@@ -131,9 +131,10 @@ def test_it_starts_one_auto_run_when_an_append_crosses_the_threshold_then_cools_
     assert not _usage(alice_api, session_id)["nearLimit"]
 
     append_events(
-        alice_api, session_id=session_id, events=coding_turns(start=8, count=6)
-    )  # crosses again, within the cooldown
-    assert _usage(alice_api, session_id)["nearLimit"]
+        alice_api, session_id=session_id, events=coding_turns(start=8, count=5)
+    )  # crosses again, within the cooldown (below the hard limit, which ignores it)
+    usage = _usage(alice_api, session_id)
+    assert usage["nearLimit"] and not usage["atLimit"]
     assert [r["id"] for r in _runs(alice_api, session_id)] == [runs[0]["id"]]
 
 
@@ -147,6 +148,24 @@ def test_it_starts_another_auto_run_once_the_cooldown_has_passed(worker, alice_a
     runs = _runs(alice_api, session_id)
     assert [r["trigger"] for r in runs] == ["auto", "auto"]
     wait_for_run(alice_api, run_id=runs[0]["id"])
+
+
+def test_it_compacts_past_the_hard_limit_within_the_cooldown(worker, alice_api):
+    session_id = create_session(alice_api, limit=2000, autoCompact=True, cooldownSeconds=3600)
+    append_events(alice_api, session_id=session_id, events=coding_turns(count=8))
+    first = _runs(alice_api, session_id)
+    assert [r["trigger"] for r in first] == ["auto"]
+    assert wait_for_run(alice_api, run_id=first[0]["id"])["status"] == "completed"
+
+    # Well within the hour's cooldown, an append pushes the context past hardLimitThreshold.
+    append_events(alice_api, session_id=session_id, events=coding_turns(start=8, count=6))
+    runs = _runs(alice_api, session_id)
+    assert [r["trigger"] for r in runs] == ["hard_limit", "auto"]
+    assert runs[0]["tokensBefore"] is None  # queued for the worker, not run in the request
+    done = wait_for_run(alice_api, run_id=runs[0]["id"])
+    assert done["status"] == "completed"
+    assert done["tokensBefore"] >= 0.95 * 2000 > done["tokensAfter"]
+    assert not _usage(alice_api, session_id)["atLimit"]
 
 
 def test_it_never_starts_an_auto_run_when_auto_compact_is_off(worker, alice_api):

@@ -256,3 +256,39 @@ def test_it_exports_the_active_context_in_the_order_context_sends_it(alice_api):
     assert exported[0] == {"role": "system", "content": SYSTEM_PROMPT}
     assert exported[1] == {"role": "system", "content": sent["summary"]}
     assert all(m["role"] != "system" for m in exported[2:])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_leaves_no_compaction_pending_after_an_import_past_the_threshold(
+    alice, alice_api, tmp_path, settings, request
+):
+    from tests.helpers import request_compaction, wait_for_run
+
+    in_memory_broker = settings.CELERY_BROKER_URL.startswith("memory://")
+    if not in_memory_broker:
+        request.getfixturevalue("worker")  # production: the server's workers take the run
+    messages = [{"role": "system", "content": "You are a coding agent."}]
+    for turn in range(40):
+        messages += [
+            {"role": "user", "content": f"Please fix bug {turn} in src/module_{turn}.py"},
+            {"role": "assistant", "content": f"Fixed bug {turn}: KeyError in handler_{turn}."},
+        ]
+    counter = tokens.counter_for_model("gpt-4o")
+    context_tokens = 3 + sum(
+        tokens.message_tokens(counter, role=m["role"], content=m["content"]) for m in messages
+    )
+    path = write_jsonl(tmp_path / "chat.jsonl", messages)
+    # Lands at 84 %: above the compact threshold, below the hard limit.
+    limit = int(context_tokens / 0.84)
+    session_id, err = run_import(path, user="alice", model="gpt-4o", context_limit=limit)
+
+    runs = alice_api.get(f"/api/v1/sessions/{session_id}/compactions").json()["results"]
+    assert [r["trigger"] for r in runs] == ["auto"]
+    # The command's in-memory broker dies with it: the run happened in the command.
+    run = runs[0] if in_memory_broker else wait_for_run(alice_api, run_id=runs[0]["id"])
+    assert run["status"] == "completed", run
+    assert run["tokensBefore"] == context_tokens
+    if in_memory_broker:
+        assert "Compaction (auto, summarize) ran in this process: completed" in err
+    # Nothing is left pending, so the next compaction is accepted.
+    request_compaction(alice_api, session_id=session_id, strategy="trim")

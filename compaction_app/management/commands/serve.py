@@ -49,12 +49,22 @@ class Command(BaseCommand):
             return
         if settings.EMBEDDED_WORKER:
             from compaction_app.embedded_worker import start_embedded_worker
+            from compaction_app.sweeper import start_embedded_sweeper
             from config.celery import app
 
             start_embedded_worker(app)
-            self.stdout.write("Celery worker: embedded thread (in-memory broker).")
+            # No beat process here: a timer thread frees runs orphaned by a restart (their
+            # tasks died with the previous process's in-memory broker).
+            start_embedded_sweeper()
+            self.stdout.write(
+                "Celery worker: embedded thread (in-memory broker), stale-run sweeper every "
+                f"{settings.COMPACTION_SWEEP_SECONDS:g} s."
+            )
         else:
-            self.stdout.write("Celery worker: external — run `celery -A config worker`.")
+            self.stdout.write(
+                "Celery worker: external — run `celery -A config worker` and "
+                "`celery -A config beat` (the stale-run sweeper)."
+            )
         self.stdout.write(
             self.style.SUCCESS(f"Serving on http://{host}:{port}/ (dashboard) and /api/v1/docs/")
         )

@@ -18,9 +18,10 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.db import transaction
 from tqdm import tqdm
 
+from config.celery import tasks_inline_unless_broker_outlives_process
 from sessions_app import services
 from sessions_app.errors import LedgerError
-from sessions_app.models import EventType
+from sessions_app.models import EventType, Session
 from sessions_app.services import EventInput
 
 BATCH_SIZE = 500
@@ -180,8 +181,11 @@ class Command(BaseCommand):
             file=getattr(self.stderr, "_out", self.stderr),
             disable=options.get("verbosity", 1) == 0,
         )
+        # The append's auto compaction starts when this transaction commits. A command's
+        # in-memory broker dies with the command, so then the run happens here, before exit.
+        inline = tasks_inline_unless_broker_outlives_process()
         try:
-            with transaction.atomic():
+            with inline as runs_inline, transaction.atomic():
                 session = services.session_create(
                     owner=owner,
                     model=options["model"],
@@ -202,6 +206,13 @@ class Command(BaseCommand):
         finally:
             progress.close()
         self.stderr.write(f"Imported {len(events)} events from {path} into session {session.pk}")
+        compaction = Session.objects.get(pk=session.pk).last_compaction
+        if runs_inline and compaction:
+            self.stderr.write(
+                f"Compaction ({compaction.get('trigger')}, {compaction.get('strategy')}) ran in "
+                f"this process: {compaction.get('status')}, {compaction.get('tokensBefore')} → "
+                f"{compaction.get('tokensAfter')} context tokens"
+            )
         return str(session.pk)
 
 

@@ -1,0 +1,68 @@
+"""Django admin for compaction runs: history to inspect (read-only) and a way to clear a run
+whose worker is gone, for the operator who cannot wait for the sweeper."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.contrib import admin, messages
+from django.db.models import Q, QuerySet
+from django.http import HttpRequest
+
+from compaction_app.models import CompactionRun
+from compaction_app.sweeper import clear_runs
+
+
+@admin.register(CompactionRun)
+class CompactionRunAdmin(admin.ModelAdmin):
+    list_display = (
+        "id",
+        "session",
+        "strategy",
+        "trigger",
+        "status",
+        "created_at",
+        "heartbeat_at",
+        "tokens_before",
+        "tokens_after",
+    )
+    list_filter = ("status", "trigger", "strategy")
+    list_select_related = ("session",)
+    # A UUID in the search box matches the run id or the session id (get_search_results).
+    search_fields = ("error",)
+    search_help_text = "Compaction id, session id, or text of the error."
+    ordering = ("-created_at",)
+    actions = ("clear_selected",)
+    readonly_fields = tuple(
+        f.name for f in CompactionRun._meta.get_fields() if f.concrete and not f.many_to_many
+    )
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[CompactionRun], search_term: str
+    ) -> tuple[QuerySet[CompactionRun], bool]:
+        try:
+            key = uuid.UUID(search_term.strip())
+        except ValueError:
+            return super().get_search_results(request, queryset, search_term)
+        return queryset.filter(Q(pk=key) | Q(session_id=key)), False
+
+    # Runs are created by compaction requests and changed only by their worker (or a clear).
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: CompactionRun | None = None) -> bool:
+        return False
+
+    @admin.action(
+        description="Fail selected pending/running runs (their worker is gone)",
+        permissions=["change"],
+    )
+    def clear_selected(self, request: HttpRequest, queryset: QuerySet[CompactionRun]) -> None:
+        ids = list(queryset.values_list("pk", flat=True))
+        cleared = clear_runs(run_ids=ids, cleared_by=f"admin, {request.user.get_username()}")
+        skipped = len(ids) - len(cleared)
+        self.message_user(
+            request,
+            f"Failed {len(cleared)} run(s); {skipped} already finished run(s) left as they were.",
+            level=messages.SUCCESS if cleared else messages.WARNING,
+        )
