@@ -10,6 +10,7 @@ from typing import Any
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
+from redis.exceptions import RedisError
 
 logger = logging.getLogger("compaction_app.broadcast")
 
@@ -52,6 +53,10 @@ def broadcast(*, session_id: uuid.UUID | str, owner_id: int | str, message: dict
     try:
         # One hop into async for all three groups: each async_to_sync costs a thread switch.
         async_to_sync(send_all)()
+    except (RedisError, OSError) as exc:
+        # A Redis outage: one line per skipped push, not a traceback (the connect timeout in
+        # settings bounds how long this takes).
+        logger.warning("websocket broadcast for session %s skipped: %s", session_id, exc)
     except Exception:
         logger.exception("websocket broadcast failed for session %s", session_id)
 

@@ -10,7 +10,7 @@ from django.dispatch import receiver
 from compaction_app import services
 from compaction_app.api.serializers import run_to_dict
 from compaction_app.models import Trigger
-from sessions_app.errors import Conflict
+from sessions_app.errors import Conflict, ServiceUnavailable
 from sessions_app.models import EventType, Session
 from sessions_app.signals import (
     compaction_command,
@@ -79,7 +79,7 @@ def on_admin_compaction(
                     ).pk
                 )
             )
-        except Conflict:
+        except (Conflict, ServiceUnavailable):
             continue
     return started
 

@@ -31,7 +31,7 @@ from compaction_app.summarizers.factory import build_summarizer
 from compaction_app.summarizers.local import truncate_to_tokens
 from compaction_app.types import Budget, Plan, PlanEvent
 from sessions_app import tokens
-from sessions_app.errors import Conflict, InvalidInput
+from sessions_app.errors import Conflict, InvalidInput, ServiceUnavailable
 from sessions_app.models import Event, EventType, Session
 from sessions_app.selectors import event_content, usage_for_session
 from sessions_app.services import EventInput, event_append, session_record_compaction
@@ -167,20 +167,24 @@ def compaction_request(
     return run
 
 
+ENQUEUE_RETRY_AFTER_SECONDS = 10
+
+
 def _enqueue(run_id: uuid.UUID) -> None:
-    """Send the run's task. If the broker refuses, fail the run: a pending run nobody will
-    execute would block every later compaction of the session with a 409."""
+    """Send the run's task. If the broker refuses, remove the run and answer 503: a pending
+    run nobody will execute would block every later compaction of the session with a 409, and
+    a failed one would record a compaction that never started."""
     from compaction_app.tasks import run_compaction
 
     try:
         run_compaction.delay(str(run_id))
     except Exception as exc:
-        logger.exception("could not queue compaction %s", run_id)
-        CompactionRun.objects.filter(pk=run_id, status=RunStatus.PENDING).update(
-            status=RunStatus.FAILED,
-            error=f"could not queue the compaction: {exc.__class__.__name__}: {exc}"[:2000],
-            finished_at=timezone.now(),
-        )
+        logger.warning("could not queue compaction %s: %s: %s", run_id, type(exc).__name__, exc)
+        CompactionRun.objects.filter(pk=run_id, status=RunStatus.PENDING).delete()
+        raise ServiceUnavailable(
+            "the task queue is unreachable; no compaction was started, try again shortly",
+            retryAfter=ENQUEUE_RETRY_AFTER_SECONDS,
+        ) from exc
 
 
 def _running_summary(session: Session) -> RunningSummary:
@@ -679,9 +683,9 @@ def maybe_auto_compact(
             if won:
                 try:
                     return compaction_request(session=session, user=None, trigger=Trigger.REFRESH)
-                except Conflict:
+                except (Conflict, ServiceUnavailable):
                     # Postponed, not lost: give the tokens back so the next append after the
-                    # active run retries the refresh.
+                    # active run (or the broker's return) retries the refresh.
                     Session.objects.filter(pk=session_id).update(
                         cumulative_tokens=F("cumulative_tokens") + session.cumulative_tokens
                     )
@@ -722,8 +726,8 @@ def maybe_auto_compact(
         )
         try:
             return compaction_request(session=session, user=None, trigger=trigger)
-        except Conflict:
-            return None
+        except (Conflict, ServiceUnavailable):
+            return None  # ServiceUnavailable: logged by _enqueue; the next append retries
     except Exception:
         logger.exception("auto compaction check failed for session %s", session_id)
         return None

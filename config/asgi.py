@@ -10,7 +10,6 @@ django_asgi_app = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from compaction_app.routing import websocket_urlpatterns  # noqa: E402
@@ -23,9 +22,9 @@ application = ProtocolTypeRouter(
         # server; production deployments may put a CDN or proxy in front instead.
         # The body limit is enforced while the body streams in (see StreamingBodyLimit).
         "http": StreamingBodyLimit(ASGIStaticFilesHandler(django_asgi_app)),
-        "websocket": AllowedHostsOriginValidator(
-            AuthMiddlewareStack(TokenAuthMiddleware(URLRouter(websocket_urlpatterns)))
-        ),
+        # The Origin check lives in TokenAuthMiddleware: it applies to cookie-authenticated
+        # connections only (token clients such as Python agents send no Origin).
+        "websocket": AuthMiddlewareStack(TokenAuthMiddleware(URLRouter(websocket_urlpatterns))),
     }
 )
 

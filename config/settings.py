@@ -29,6 +29,23 @@ if not SECRET_KEY:
 ALLOWED_HOSTS = env_list("DJANGO_ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
+# --- Deployment behind TLS (all off by default: the embedded profile serves plain HTTP) ------
+# `manage.py check --deploy --fail-level WARNING` passes once these are set (CI checks it).
+SECURE_SSL_REDIRECT = env_bool("DJANGO_SECURE_SSL_REDIRECT", False)
+SECURE_HSTS_SECONDS = env_int("DJANGO_SECURE_HSTS_SECONDS", 0, minimum=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("DJANGO_SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_HSTS_PRELOAD = env_bool("DJANGO_SECURE_HSTS_PRELOAD", False)
+SESSION_COOKIE_SECURE = env_bool("DJANGO_SESSION_COOKIE_SECURE", False)
+CSRF_COOKIE_SECURE = env_bool("DJANGO_CSRF_COOKIE_SECURE", False)
+# Behind a proxy that terminates TLS the request reaches us as plain HTTP; trusting the proxy's
+# X-Forwarded-Proto is what keeps SECURE_SSL_REDIRECT from looping. Only set this when the proxy
+# always overwrites that header (a client could otherwise claim https itself).
+SECURE_PROXY_SSL_HEADER = (
+    ("HTTP_X_FORWARDED_PROTO", "https")
+    if env_bool("DJANGO_SECURE_PROXY_SSL_HEADER", False)
+    else None
+)
+
 INSTALLED_APPS = [
     "daphne",
     "django.contrib.admin",
@@ -82,7 +99,18 @@ TEMPLATES = [
 # --- Database -------------------------------------------------------------------------------
 DATABASE_URL = env_str("DATABASE_URL")
 if DATABASE_URL:
-    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
+    # Under ASGI every request may run on a different thread, and a persistent connection per
+    # thread piles up to max_connections; a per-process pool bounds them instead (pooling
+    # requires conn_max_age=0: a connection goes back to the pool when the request ends).
+    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0)}
+    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+    DB_POOL_MAX_SIZE = env_int("DB_POOL_MAX_SIZE", 10, minimum=1)
+    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+        "min_size": min(env_int("DB_POOL_MIN_SIZE", 2, minimum=0), DB_POOL_MAX_SIZE),
+        "max_size": DB_POOL_MAX_SIZE,
+        # A request that cannot get a connection in this time fails instead of queueing forever.
+        "timeout": env_float("DB_POOL_TIMEOUT_SECONDS", 10.0, minimum=0.1),
+    }
     # Per-process test database, so parallel test runs on one machine never share one.
     DATABASES["default"]["TEST"] = {"NAME": f"test_ledger_{os.getpid()}"}
 else:
@@ -110,18 +138,47 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # database), so two test runs sharing one Redis never consume each other's tasks.
 _TEST_SUFFIX = f"-test-{os.getpid()}" if "pytest" in sys.modules else ""
 REDIS_URL = env_str("REDIS_URL")
+# How long connecting to Redis may take before the caller gives up: a broadcast, a throttle
+# lookup or an enqueue during an outage fails in this time instead of holding the request.
+REDIS_CONNECT_TIMEOUT_SECONDS = env_float("REDIS_CONNECT_TIMEOUT_SECONDS", 2.0, minimum=0.1)
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
             "BACKEND": "channels_redis.core.RedisChannelLayer",
             "CONFIG": {
-                "hosts": [REDIS_URL],
+                "hosts": [
+                    {
+                        "address": REDIS_URL,
+                        # A websocket's receive is a BZPOPMIN that blocks for 5 s
+                        # (RedisChannelLayer.brpop_timeout), exactly redis-py's default socket
+                        # timeout: an idle socket lost that race and closed with 1011. Reads
+                        # get three times the blocking time; keepalive and a health check
+                        # notice a dead connection instead.
+                        "socket_timeout": 15,
+                        "socket_connect_timeout": REDIS_CONNECT_TIMEOUT_SECONDS,
+                        "socket_keepalive": True,
+                        "health_check_interval": 30,
+                    }
+                ],
                 "prefix": env_str("CHANNELS_PREFIX", "ledger" + _TEST_SUFFIX),
             },
         }
     }
     CACHES = {
-        "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REDIS_URL,
+            "OPTIONS": {
+                # Django makes one cache object per request context under ASGI, each with its
+                # own pool that nothing closes; one shared, bounded pool per process instead.
+                "pool_class": "config.redis_pool.SharedBlockingConnectionPool",
+                "max_connections": env_int("REDIS_CACHE_MAX_CONNECTIONS", 20, minimum=1),
+                "timeout": REDIS_CONNECT_TIMEOUT_SECONDS,
+                "socket_connect_timeout": REDIS_CONNECT_TIMEOUT_SECONDS,
+                "socket_timeout": REDIS_CONNECT_TIMEOUT_SECONDS,
+                "health_check_interval": 30,
+            },
+        }
     }
 else:
     CHANNEL_LAYERS = {
@@ -129,7 +186,16 @@ else:
     }
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 
-CELERY_BROKER_URL = REDIS_URL or "memory://"
+# The in-memory transport ignores the host, but kombu warns "No hostname was supplied" on
+# every enqueue without one.
+CELERY_BROKER_URL = REDIS_URL or "memory://localhost/"
+# An enqueue during a Redis outage retries briefly, then the request answers 503.
+CELERY_TASK_PUBLISH_RETRY_POLICY = {
+    "max_retries": 2,
+    "interval_start": 0,
+    "interval_step": 0.5,
+    "interval_max": 0.5,
+}
 CELERY_TASK_IGNORE_RESULT = True
 CELERY_RESULT_BACKEND = None
 CELERY_TASK_ACKS_LATE = True
@@ -144,7 +210,11 @@ COMPACTION_SWEEP_SECONDS = env_float("COMPACTION_SWEEP_SECONDS", 30.0, minimum=0
 # Redis redelivers a task nobody acknowledged within this window (default: an hour). Matched to
 # the sweeper: a task lost with a killed worker comes back when the sweeper would act anyway,
 # and a redelivered compaction task whose run another delivery started does nothing.
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": COMPACTION_STALE_SECONDS}
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "visibility_timeout": COMPACTION_STALE_SECONDS,
+    # An enqueue during a Redis outage gives up in this time (then the request answers 503).
+    "socket_connect_timeout": REDIS_CONNECT_TIMEOUT_SECONDS,
+}
 # Production's periodic sweep (run `celery -A config beat`, or a worker with -B). The embedded
 # profile sweeps on a timer thread started by `manage.py serve` instead.
 CELERY_BEAT_SCHEDULE = {
@@ -229,8 +299,8 @@ OPENAI_SUMMARY_MODEL = env_str("OPENAI_SUMMARY_MODEL", "gpt-4o-mini")
 ANTHROPIC_API_KEY = env_str("ANTHROPIC_API_KEY")
 ANTHROPIC_BASE_URL = env_str("ANTHROPIC_BASE_URL")
 ANTHROPIC_SUMMARY_MODEL = env_str("ANTHROPIC_SUMMARY_MODEL", "claude-haiku-4-5")
-# Anthropic's count-tokens API as the exact counter of Claude sessions (off unless asked for).
-LEDGER_ANTHROPIC_UPSTREAM = env_str("LEDGER_ANTHROPIC_UPSTREAM", "https://api.anthropic.com")
+# Anthropic's count-tokens API as the exact counter of Claude sessions (off unless asked for);
+# it calls LEDGER_ANTHROPIC_UPSTREAM (see the gateway settings below).
 LEDGER_ANTHROPIC_COUNT_TOKENS = env_bool("LEDGER_ANTHROPIC_COUNT_TOKENS", False)
 LEDGER_ANTHROPIC_COUNT_TIMEOUT_SECONDS = env_float(
     "LEDGER_ANTHROPIC_COUNT_TIMEOUT_SECONDS", 10.0, minimum=0.1

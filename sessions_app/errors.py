@@ -35,3 +35,11 @@ class NotFound(LedgerError):
 class Unprocessable(LedgerError):
     status = 422
     code = "unprocessable"
+
+
+class ServiceUnavailable(LedgerError):
+    """A backing service (the task broker) is unreachable; the client should retry later.
+    `retryAfter` (seconds) is sent in the body and as the Retry-After header."""
+
+    status = 503
+    code = "service_unavailable"

@@ -75,7 +75,10 @@ def error_response(code: str, detail: str, status_code: int, **extra: Any) -> Re
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:
     if isinstance(exc, LedgerError):
-        return error_response(exc.code, exc.detail, exc.status, **exc.extra)
+        ledger_response = error_response(exc.code, exc.detail, exc.status, **exc.extra)
+        if "retryAfter" in exc.extra:
+            ledger_response["Retry-After"] = str(exc.extra["retryAfter"])
+        return ledger_response
     if isinstance(exc, Http404):
         exc = exceptions.NotFound()
     elif isinstance(exc, DjangoPermissionDenied):
