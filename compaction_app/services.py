@@ -369,7 +369,10 @@ def _execute(run: CompactionRun) -> CompactionRun:
     if plan.needs_summary and folded:
         running = _running_summary(session)
         summarizer = build_summarizer(run.summarizer, count_tokens=counter.count)
-        max_tokens = _max_summary_tokens(session)
+        # A summary never costs more than the events it replaces (the previous summary among
+        # them): a compaction must not grow the context, whatever budget it may fill.
+        freed = sum(event.effective_token_count for event in folded)
+        max_tokens = min(_max_summary_tokens(session), max(freed - SUMMARY_MESSAGE_OVERHEAD, 1))
         summary_text = summarizer.summarize(
             previous_summary=running.summary,
             messages=_summary_messages(folded),

@@ -93,3 +93,11 @@ def sweep_stale_compactions() -> dict[str, list[str]]:
 
     result = sweep_stale_runs()
     return {"failed": result.failed, "requeued": result.requeued}
+
+
+@shared_task(name="compaction_app.ping", acks_late=True)
+def ping() -> str:
+    """Does nothing. With one queue consumed in order, once it has run every task queued before
+    it has too: the test suite waits on it to drain the worker between tests, and an operator
+    can send it to see that a worker is consuming."""
+    return "pong"

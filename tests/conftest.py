@@ -109,7 +109,35 @@ def celery_worker_thread(django_db_setup, django_db_blocker):
 
 @pytest.fixture
 def worker(celery_worker_thread, transactional_db):
-    return celery_worker_thread
+    """The shared worker thread, drained before the test's database is flushed: a task the test
+    set off (a search index, a webhook) must not hold locks while the tables are truncated."""
+    yield celery_worker_thread
+    _drain(celery_worker_thread)
+
+
+def _drain(worker, timeout: float = 30.0) -> None:
+    import threading
+    import uuid
+
+    from celery.signals import task_postrun
+
+    from compaction_app.tasks import ping
+
+    task_id = str(uuid.uuid4())
+    done = threading.Event()
+
+    def seen(sender=None, task_id_=None, **kwargs):
+        if kwargs.get("task_id") == task_id:
+            done.set()
+
+    task_postrun.connect(seen, weak=False)
+    try:
+        ping.apply_async(task_id=task_id)
+        done.wait(timeout)
+    except Exception:  # a broker the test broke on purpose: nothing to drain
+        pass
+    finally:
+        task_postrun.disconnect(seen)
 
 
 @pytest.fixture(scope="session", autouse=True)

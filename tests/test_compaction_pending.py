@@ -7,7 +7,14 @@ import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 from django.test import Client
 
-from tests.helpers import api_token, append_events, coding_turns, create_session, ws_communicator
+from tests.helpers import (
+    api_token,
+    append_events,
+    coding_turns,
+    create_session,
+    wait_for_run,
+    ws_communicator,
+)
 
 
 def cookie_header(user) -> str:
@@ -80,17 +87,31 @@ def test_it_announces_nothing_when_auto_compaction_is_off(worker, alice, alice_a
 
 @pytest.mark.django_db(transaction=True)
 def test_it_announces_once_per_auto_run_not_on_every_append(worker, alice, alice_api):
-    session_id = create_session(alice_api, limit=2000, autoCompact=True, cooldownSeconds=60)
-    append_events(alice_api, session_id=session_id, events=coding_turns(count=8))
+    # A window where one turn is a few percent, and no hard limit below 100 %: crossing the
+    # compact threshold again stays a threshold crossing (the hard limit ignores the cooldown).
+    session_id = create_session(
+        alice_api, limit=6000, autoCompact=True, cooldownSeconds=60, hardLimitThreshold=1.0
+    )
+    usage_url = f"/api/v1/sessions/{session_id}/usage"
+    turn = 0
+    while not alice_api.get(usage_url).json()["nearLimit"]:
+        append_events(alice_api, session_id=session_id, events=coding_turns(start=turn, count=1))
+        turn += 1
+    (first,) = alice_api.get(f"/api/v1/sessions/{session_id}/compactions").json()["results"]
+    assert first["trigger"] == "auto"
+    wait_for_run(alice_api, run_id=first["id"])
     token = api_token(alice)
 
     async def scenario():
         feed = ws_communicator(f"/ws/sessions/{session_id}/", token=token)
         assert (await feed.connect(timeout=5))[0]
-        # Within the cooldown: the context crosses again, no new run, no new notice.
-        await sync_to_async(append_events)(
-            alice_api, session_id=session_id, events=coding_turns(start=8, count=6)
-        )
+        # Within the cooldown: the context crosses the threshold again; no run, no notice.
+        nonlocal turn
+        while not (await sync_to_async(alice_api.get)(usage_url)).json()["nearLimit"]:
+            await sync_to_async(append_events)(
+                alice_api, session_id=session_id, events=coding_turns(start=turn, count=1)
+            )
+            turn += 1
         seen = []
         while not await feed.receive_nothing(timeout=1.5):
             seen.append((await feed.receive_json_from(timeout=5))["type"])
@@ -100,3 +121,6 @@ def test_it_announces_once_per_auto_run_not_on_every_append(worker, alice, alice
     seen = async_to_sync(scenario)()
     assert "USAGE_UPDATED" in seen
     assert "COMPACTION_PENDING" not in seen
+    assert not alice_api.get(usage_url).json()["atLimit"]
+    runs = alice_api.get(f"/api/v1/sessions/{session_id}/compactions").json()["results"]
+    assert [run["id"] for run in runs] == [first["id"]]

@@ -81,3 +81,24 @@ def test_it_obeys_an_explicit_budget_exactly(worker, alice_api):
     assert run["status"] == "completed"
     summary = alice_api.get(f"/api/v1/sessions/{session_id}/summary").json()
     assert 200 < summary["tokenCount"] <= 300
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_never_writes_a_summary_larger_than_what_it_folds(worker, alice_api):
+    """A large budget over a small fold: the summary is held to the folded events' tokens, so
+    the run cannot leave the context bigger than it found it."""
+    session_id = create_session(
+        alice_api, limit=100_000, keepRecentEvents=0, maxSummaryTokens=2_000, autoCompact=False
+    )
+    append_events(
+        alice_api,
+        session_id=session_id,
+        events=[
+            {"type": "USER_MESSAGE", "content": "Deploy the billing service to staging."},
+            {"type": "AGENT_MESSAGE", "content": "Done: deployed billing 2.4.1, exit status 0."},
+            {"type": "USER_MESSAGE", "content": "Thanks."},
+        ],
+    )
+    run = compact_and_wait(alice_api, session_id=session_id, strategy="summarize")
+    assert run["status"] == "completed"
+    assert run["tokensAfter"] <= run["tokensBefore"], run
