@@ -98,19 +98,33 @@ TEMPLATES = [
 
 # --- Database -------------------------------------------------------------------------------
 DATABASE_URL = env_str("DATABASE_URL")
+# WAL lets readers run while one writer appends; IMMEDIATE takes the write lock at BEGIN so
+# concurrent appenders queue on busy_timeout instead of deadlocking on a read-to-write lock
+# upgrade.
+SQLITE_OPTIONS = {
+    "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    "transaction_mode": "IMMEDIATE",
+    "timeout": 30,
+}
+DB_POOL_MAX_SIZE = env_int("DB_POOL_MAX_SIZE", 10, minimum=1)
+DB_POOL_MIN_SIZE = env_int("DB_POOL_MIN_SIZE", 2, minimum=0)
+DB_POOL_TIMEOUT_SECONDS = env_float("DB_POOL_TIMEOUT_SECONDS", 10.0, minimum=0.1)
 if DATABASE_URL:
-    # Under ASGI every request may run on a different thread, and a persistent connection per
-    # thread piles up to max_connections; a per-process pool bounds them instead (pooling
-    # requires conn_max_age=0: a connection goes back to the pool when the request ends).
     DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=0)}
-    DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
-    DB_POOL_MAX_SIZE = env_int("DB_POOL_MAX_SIZE", 10, minimum=1)
-    DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
-        "min_size": min(env_int("DB_POOL_MIN_SIZE", 2, minimum=0), DB_POOL_MAX_SIZE),
-        "max_size": DB_POOL_MAX_SIZE,
-        # A request that cannot get a connection in this time fails instead of queueing forever.
-        "timeout": env_float("DB_POOL_TIMEOUT_SECONDS", 10.0, minimum=0.1),
-    }
+    if "postgresql" in DATABASES["default"]["ENGINE"]:
+        # Under ASGI every request may run on a different thread, and a persistent connection
+        # per thread piles up to max_connections; a per-process pool bounds them instead
+        # (pooling requires conn_max_age=0: a connection goes back when the request ends).
+        DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+        DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+            "min_size": min(DB_POOL_MIN_SIZE, DB_POOL_MAX_SIZE),
+            "max_size": DB_POOL_MAX_SIZE,
+            # A request that cannot get a connection in this time fails instead of queueing.
+            "timeout": DB_POOL_TIMEOUT_SECONDS,
+        }
+    else:
+        # A SQLite URL (a second process on the embedded profile's file): the same options.
+        DATABASES["default"]["OPTIONS"] = dict(SQLITE_OPTIONS)
     # Per-process test database, so parallel test runs on one machine never share one.
     DATABASES["default"]["TEST"] = {"NAME": f"test_ledger_{os.getpid()}"}
 else:
@@ -119,14 +133,7 @@ else:
         "default": {
             "ENGINE": "django.db.backends.sqlite3",
             "NAME": str(VAR_DIR / "db.sqlite3"),
-            "OPTIONS": {
-                # WAL lets readers run while one writer appends; IMMEDIATE takes the write lock
-                # at BEGIN so concurrent appenders queue on busy_timeout instead of deadlocking
-                # on a read-to-write lock upgrade.
-                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
-                "transaction_mode": "IMMEDIATE",
-                "timeout": 30,
-            },
+            "OPTIONS": dict(SQLITE_OPTIONS),
             # A file, not :memory:, so live-server and worker threads share the test database.
             "TEST": {"NAME": str(VAR_DIR / f"test_db_{os.getpid()}.sqlite3")},
         }

@@ -15,10 +15,11 @@ from sessions_app.signals import events_appended
 logger = logging.getLogger("sessions_app")
 
 
-# After the broker refused a message, appends stop trying for a while: indexing is optional
+# After a broker refused a message, appends stop trying it for a while: indexing is optional
 # (search covers unindexed events), and each attempt against a dead broker costs its timeout.
+# Kept per broker URL, so a broker that failed does not silence one that works.
 BROKER_BACKOFF_SECONDS = 30.0
-_broker_failed_at: float | None = None
+_broker_failed_at: dict[str, float] = {}
 
 
 @receiver(events_appended, dispatch_uid="sessions_app.search_index")
@@ -27,17 +28,17 @@ def index_appended_events(sender: Any, *, session_id: Any, **kwargs: Any) -> Non
     done inside the append). The signal fires after the append committed; a broker outage must
     not fail or slow it, so the message is sent once, without publish retries, and a failure
     is only logged."""
-    global _broker_failed_at
-    if _broker_failed_at is not None:
-        if time.monotonic() - _broker_failed_at < BROKER_BACKOFF_SECONDS:
-            return
-        _broker_failed_at = None
     from sessions_app.tasks import search_index_session
 
+    broker = str(search_index_session.app.conf.broker_url)
+    failed_at = _broker_failed_at.get(broker)
+    if failed_at is not None and time.monotonic() - failed_at < BROKER_BACKOFF_SECONDS:
+        return
     try:
         search_index_session.apply_async(args=[str(session_id)], retry=False)
+        _broker_failed_at.pop(broker, None)
     except Exception as exc:
-        _broker_failed_at = time.monotonic()
+        _broker_failed_at[broker] = time.monotonic()
         logger.warning(
             "could not queue search indexing for session %s (search indexes on read "
             "meanwhile): %s: %s",

@@ -410,7 +410,7 @@ def test_it_appends_and_searches_while_the_broker_is_down(alice_api, monkeypatch
         raise OperationalError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
 
     monkeypatch.setattr(search_index_session, "apply_async", refuse)
-    monkeypatch.setattr(receivers, "_broker_failed_at", None)
+    monkeypatch.setattr(receivers, "_broker_failed_at", {})
     session_id = session_with(alice_api, IDENTIFIER_EVENTS)
     append_events(alice_api, session_id=session_id, events=IDENTIFIER_EVENTS[:1])
     assert len(attempts) == 1  # the first append (the system prompt) tried; later ones back off
