@@ -126,7 +126,7 @@ def _drain(worker, timeout: float = 30.0) -> None:
     task_id = str(uuid.uuid4())
     done = threading.Event()
 
-    def seen(sender=None, task_id_=None, **kwargs):
+    def seen(**kwargs):
         if kwargs.get("task_id") == task_id:
             done.set()
 

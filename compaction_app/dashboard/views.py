@@ -28,6 +28,7 @@ from compaction_app.dashboard.render import (
     render_parts,
     session_context,
 )
+from compaction_app.models import CompactionRun
 from compaction_app.selectors import run_get
 from sessions_app import search as session_search_module
 from sessions_app import services as session_services
@@ -48,6 +49,17 @@ def _session_or_404(request: HtmxHttpRequest, session_id: Any) -> Session:
         return session_get(user=request.user, session_id=session_id)
     except NotFound:
         raise Http404("session not found") from None
+
+
+def _run_or_404(request: HtmxHttpRequest, session: Session, run_id: Any) -> CompactionRun:
+    """One of this session's runs, visible to the user; anything else is a 404."""
+    try:
+        run = run_get(user=request.user, run_id=run_id)
+    except NotFound:
+        raise Http404("compaction not found") from None
+    if run.session_id != session.pk:
+        raise Http404("compaction not found")
+    return run
 
 
 def staff_required(view: Any) -> Any:
@@ -130,12 +142,7 @@ def session_detail(request: HtmxHttpRequest, session_id: Any) -> HttpResponse:
 def compaction_detail(request: HtmxHttpRequest, session_id: Any, run_id: Any) -> HttpResponse:
     """A run's before / after: the panel alone for htmx, else the session page with it open."""
     session = _session_or_404(request, session_id)
-    try:
-        run = run_get(user=request.user, run_id=run_id)
-    except NotFound:
-        raise Http404("compaction not found") from None
-    if run.session_id != session.pk:
-        raise Http404("compaction not found")
+    run = _run_or_404(request, session, run_id)
     detail = queries.run_detail(run=run)
     if request.htmx:
         context = session_context(
@@ -248,12 +255,7 @@ def compaction_start(request: HtmxHttpRequest, session_id: Any) -> HttpResponse:
 @require_POST
 def compaction_revert(request: HtmxHttpRequest, session_id: Any, run_id: Any) -> HttpResponse:
     session = _session_or_404(request, session_id)
-    try:
-        run = run_get(user=request.user, run_id=run_id)
-    except NotFound:
-        raise Http404("compaction not found") from None
-    if run.session_id != session.pk:
-        raise Http404("compaction not found")
+    run = _run_or_404(request, session, run_id)
     try:
         compaction_services.compaction_revert(run=run)
     except LedgerError as exc:
