@@ -10,6 +10,7 @@ against the stored hashes once.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import uuid
 from collections.abc import Callable, Sequence
@@ -258,12 +259,16 @@ def record_reply(
         # A retried request gets its reply again at the same position, usually with other
         # usage figures: the reply recorded first stands, and a retry records nothing twice
         # (event_append would refuse the changed body as an idempotency conflict).
+        # event_append already looks the ids up, so the first call costs no extra query.
+        try:
+            return event_append(session=session, events=inputs).events
+        except Conflict:
+            pass
         ids = [item.id for item in inputs]
         recorded = set(Event.objects.filter(pk__in=ids).values_list("pk", flat=True))
         fresh = [item for item in inputs if item.id not in recorded]
         if fresh:
-            try:
-                return event_append(session=session, events=fresh).events
-            except Conflict:
-                pass  # a concurrent retry recorded it between the check and the append
+            # A concurrent retry may record it between the look-up and the append.
+            with contextlib.suppress(Conflict):
+                event_append(session=session, events=fresh)
         return list(Event.objects.filter(pk__in=ids).order_by("seq"))
