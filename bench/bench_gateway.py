@@ -1,10 +1,12 @@
 """Gateway benchmark: the latency the gateway adds to a provider call, and concurrent clients
 on one session.
 
-For each profile (embedded: SQLite + in-memory layer; postgres: PostgreSQL + Redis) a child
-process migrates a throwaway database, starts the provider stand-in (tests/provider_standin.py)
-in a thread and daphne serving the app in a subprocess, then times the same requests sent to
-the stand-in directly and through the gateway:
+For each profile a child process migrates a throwaway database, starts the provider stand-in
+(tests/provider_standin.py) in a thread and the app in subprocesses, then times the same
+requests sent to the stand-in directly and through the gateway. embedded: one daphne on SQLite
+with the in-memory layer (as `manage.py serve`). postgres: the production profile, two daphne
+processes (calls alternate between them, as behind a load balancer) and a separate Celery
+worker, on PostgreSQL and Redis. Measured:
 - N-message conversations (N = 20 and 400) in their steady state: the session already holds
   the first N − 1 messages, the request adds one (one session per call, prepared unmeasured);
 - non-streaming (full response) and streaming (time to the first body chunk);
@@ -16,11 +18,7 @@ the stand-in directly and through the gateway:
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
 import os
-import platform
-import shutil
 import socket
 import statistics
 import subprocess
@@ -34,21 +32,14 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
-from child_env import child_env  # noqa: E402
+from harness import Row, emit, load_average, report, run_child  # noqa: E402
+from harness import row as _row  # noqa: E402
 
-ROW_MARKER = "BENCH_ROWS "
 PG_DB = "bench_gateway"
-PG_ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 MODEL = "gpt-4o"
 TARGETS = {20: 15.0, 400: 25.0}  # p50 added ms
 THREADS = 8
 CALLS_PER_THREAD = 25
-
-Row = dict[str, Any]
-
-
-def _row(profile: str, figure: str, value: str, target: str = "—", ok: bool | None = None) -> Row:
-    return {"profile": profile, "figure": figure, "value": value, "target": target, "ok": ok}
 
 
 def _message(index: int) -> dict[str, str]:
@@ -108,55 +99,66 @@ def _child(profile: str, calls: int) -> list[Row]:
 
     standin = ProviderStandIn(default=Step(text=ECHO, prompt_tokens=100)).start()
     standin.keep_requests = False
-    port = _free_port()
     env = {**os.environ, "LEDGER_OPENAI_UPSTREAM": standin.openai_url}
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "daphne",
-            "-b",
-            "127.0.0.1",
-            "-p",
-            str(port),
-            "config.asgi:application",
-        ],
-        env=env,
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    production = profile == "postgres"
+    log = tempfile.TemporaryFile()  # noqa: SIM115 (closed below)
+    processes: list[subprocess.Popen] = []
+    ports = [_free_port() for _ in range(2 if production else 1)]
+    for port in ports:
+        command = ["-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"]
+        processes.append(
+            subprocess.Popen(
+                [sys.executable, *command], env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log
+            )
+        )
+    if production:
+        worker = ["-m", "celery", "-A", "config", "worker", "-l", "warning", "--concurrency", "2"]
+        processes.append(
+            subprocess.Popen(
+                [sys.executable, *worker], env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log
+            )
+        )
     rows: list[Row] = []
     try:
-        gateway = f"http://127.0.0.1:{port}/gateway/openai/v1/chat/completions"
+        gateways = [f"http://127.0.0.1:{port}/gateway/openai/v1/chat/completions" for port in ports]
         direct = standin.openai_url + "/chat/completions"
         deadline = time.monotonic() + 30
-        while True:
-            try:
-                httpx.get(f"http://127.0.0.1:{port}/gateway/openai/v1/models", timeout=2)
-                break
-            except httpx.HTTPError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
+        for port in ports:
+            while True:
+                try:
+                    httpx.get(f"http://127.0.0.1:{port}/gateway/openai/v1/models", timeout=2)
+                    break
+                except httpx.HTTPError:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.2)
         for size in (20, 400):
             try:
-                rows += _latency(profile, size, calls, token, gateway, direct)
+                rows += _latency(profile, size, calls, token, gateways, direct)
             except Exception as exc:
                 traceback.print_exc()
                 rows.append(_row(profile, f"{size} messages", f"failed: {exc}"[:300], ok=False))
         try:
-            rows += _concurrent(profile, token, gateway)
+            rows += _concurrent(profile, token, gateways)
         except Exception as exc:
             traceback.print_exc()
             rows.append(_row(profile, "8 concurrent clients", f"failed: {exc}"[:300], ok=False))
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
         standin.close()
+        log.seek(0)
+        tracebacks = log.read().decode("utf-8", "replace").count("Traceback")
+        log.close()
+    servers = f"{len(ports)} daphne" + (" + a Celery worker" if production else "")
+    rows.append(
+        _row(profile, f"tracebacks in the logs of {servers}", str(tracebacks), "0", not tracebacks)
+    )
     return rows
 
 
@@ -181,7 +183,7 @@ def _timed_first_chunk(client: Any, url: str, body: dict, headers: dict) -> floa
 
 
 def _latency(
-    profile: str, size: int, calls: int, token: str, gateway: str, direct: str
+    profile: str, size: int, calls: int, token: str, gateways: list[str], direct: str
 ) -> list[Row]:
     import httpx
 
@@ -192,6 +194,7 @@ def _latency(
         # Prepare: one session per call holding the first N − 1 messages (not measured).
         for call in range(calls):
             headers = {**auth, "X-Ledger-Session": f"bench-{size}-{call}"}
+            gateway = gateways[call % len(gateways)]
             _timed_plain(client, gateway, {"model": MODEL, "messages": base}, headers)
         results: dict[str, tuple[list[float], list[float]]] = {}
         # Each call's conversation: the prepared N − 1 messages and the reply to them.
@@ -210,7 +213,9 @@ def _latency(
                 body: dict[str, Any] = {"model": MODEL, "messages": histories[call]}
                 if mode == "stream":
                     body["stream"] = True
-                # Alternate so both see the same machine load.
+                # Alternate so both see the same machine load; each session's calls go to the
+                # server processes in turn.
+                gateway = gateways[(call + (mode == "stream")) % len(gateways)]
                 straight.append(timer(client, direct, body, {"Authorization": "Bearer sk-bench"}))
                 through.append(timer(client, gateway, body, headers))
                 histories[call] = histories[call] + [
@@ -247,7 +252,7 @@ def _latency(
     return rows
 
 
-def _concurrent(profile: str, token: str, gateway: str) -> list[Row]:
+def _concurrent(profile: str, token: str, gateways: list[str]) -> list[Row]:
     import httpx
 
     from sessions_app.models import Event, Session
@@ -265,6 +270,7 @@ def _concurrent(profile: str, token: str, gateway: str) -> list[Row]:
         with httpx.Client(timeout=60) as client:
             for turn in range(CALLS_PER_THREAD):
                 history.append({"role": "user", "content": f"client {number} turn {turn}"})
+                gateway = gateways[(number + turn) % len(gateways)]
                 response = client.post(
                     gateway, json={"model": MODEL, "messages": history}, headers=headers
                 )
@@ -306,67 +312,6 @@ def _concurrent(profile: str, token: str, gateway: str) -> list[Row]:
 # --- parent -----------------------------------------------------------------------------------
 
 
-def _pg_admin(sql: str) -> None:
-    import psycopg
-
-    with psycopg.connect(PG_ADMIN_DSN, autocommit=True, connect_timeout=5) as conn:
-        conn.execute(sql)
-
-
-def _run_profile(profile: str, calls: int) -> list[Row]:
-    tmp = Path(tempfile.mkdtemp(prefix=f"bench_gateway_{profile}_"))
-    env = child_env(var_dir=tmp)
-    created_db = False
-    try:
-        if profile == "postgres":
-            try:
-                _pg_admin(f"DROP DATABASE IF EXISTS {PG_DB} WITH (FORCE)")
-                _pg_admin(f"CREATE DATABASE {PG_DB}")
-                created_db = True
-            except Exception as exc:
-                return [_row(profile, "PostgreSQL", f"unavailable: {exc}", ok=False)]
-            env["DATABASE_URL"] = f"postgres://postgres@127.0.0.1:5432/{PG_DB}"
-            env["REDIS_URL"] = "redis://127.0.0.1:6379/0"
-            env["CHANNELS_PREFIX"] = f"bench-gateway-{os.getpid()}"
-            env["CELERY_QUEUE"] = f"bench-gateway-{os.getpid()}"
-            env["DJANGO_SECRET_KEY"] = "bench"
-        command = [
-            sys.executable,
-            str(Path(__file__).resolve()),
-            "--child",
-            profile,
-            "--calls",
-            str(calls),
-        ]
-        proc = subprocess.run(
-            command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=1800
-        )
-        for line in proc.stdout.splitlines():
-            if line.startswith(ROW_MARKER):
-                return json.loads(line[len(ROW_MARKER) :])
-        sys.stderr.write(proc.stderr)
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-        return [
-            _row(profile, "benchmark run", f"failed (exit {proc.returncode}): {tail[0]}", ok=False)
-        ]
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if created_db:
-            try:
-                _pg_admin(f"DROP DATABASE IF EXISTS {PG_DB} WITH (FORCE)")
-            except Exception as exc:
-                sys.stderr.write(f"could not drop {PG_DB}: {exc}\n")
-
-
-def _table(rows: list[Row]) -> str:
-    lines = ["| profile | figure | value | target | ok |", "|---|---|---|---|---|"]
-    for r in rows:
-        ok = "" if r["ok"] is None else ("✅" if r["ok"] else "❌")
-        cells = [str(r[k]).replace("|", "\\|") for k in ("profile", "figure", "value", "target")]
-        lines.append("| " + " | ".join([*cells, ok]) + " |")
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Gateway benchmark (issue 10).")
     parser.add_argument("--profile", choices=["embedded", "postgres", "both"], default="both")
@@ -374,22 +319,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--child", choices=["embedded", "postgres"], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        print(ROW_MARKER + json.dumps(_child(args.child, args.calls)), flush=True)
+        emit(_child(args.child, args.calls))
         return 0
     profiles = ["embedded", "postgres"] if args.profile == "both" else [args.profile]
-    load_before = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    load_before = load_average()
     started = time.perf_counter()
     rows: list[Row] = []
     for profile in profiles:
-        rows += _run_profile(profile, args.calls)
-    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    print(
-        f"Gateway benchmark — {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M UTC}, {os.cpu_count()} cores "
-        f"({platform.processor() or platform.machine()}), load average {load} (before: {load_before}), "
-        f"Python {platform.python_version()}, total {time.perf_counter() - started:.0f} s\n"
-    )
-    print(_table(rows))
-    return 0 if all(r["ok"] is not False for r in rows) else 1
+        rows += run_child(
+            script=__file__,
+            profile=profile,
+            args=["--calls", str(args.calls)],
+            pg_db=PG_DB,
+            timeout=1800,
+            postgres_env={
+                "REDIS_URL": "redis://127.0.0.1:6379/0",
+                "CHANNELS_PREFIX": f"bench-gateway-{os.getpid()}",
+                "CELERY_QUEUE": f"bench-gateway-{os.getpid()}",
+            },
+        )
+    return report("Gateway benchmark", rows, started=started, load_before=load_before)
 
 
 if __name__ == "__main__":

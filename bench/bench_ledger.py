@@ -13,26 +13,20 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import datetime as dt
 import json
 import os
-import platform
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import threading
 import time
 import traceback
 from pathlib import Path
 from typing import Any
 
-from child_env import child_env
+from harness import Row, emit, load_average, report, run_child
+from harness import row as _row
 
 ROOT = Path(__file__).resolve().parent.parent
-ROW_MARKER = "BENCH_ROWS "
-PG_ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 PG_DB = "bench_ledger"
 BENCH_MODEL = "gpt-4.1"  # o200k_base, like the generator's calibration
 # Keep the bench session clear of auto-compaction and refresh: those run as Celery jobs after
@@ -44,13 +38,6 @@ SMALL_SESSION_EVENTS = 10
 USAGE_REQUESTS = 200
 WRITERS = 8
 APPENDS_PER_WRITER = 500
-
-Row = dict[str, Any]
-
-
-def _row(profile: str, figure: str, value: str, target: str = "—", ok: bool | None = None) -> Row:
-    return {"profile": profile, "figure": figure, "value": value, "target": target, "ok": ok}
-
 
 # --- child: runs inside one profile's Django process -------------------------------------------
 
@@ -458,69 +445,6 @@ def _bench_concurrent(profile: str, user: Any) -> list[Row]:
 # --- parent: one child per profile, one table ---------------------------------------------------
 
 
-def _pg_admin(sql: str) -> None:
-    import psycopg
-
-    with psycopg.connect(PG_ADMIN_DSN, autocommit=True, connect_timeout=5) as conn:
-        conn.execute(sql)
-
-
-def _run_profile(profile: str, ingest_runs: int) -> list[Row]:
-    tmp = Path(tempfile.mkdtemp(prefix=f"bench_ledger_{profile}_"))
-    env = child_env(var_dir=tmp)  # VAR_DIR is harmless for postgres: nothing of var/ is used
-    created_db = False
-    try:
-        if profile == "postgres":
-            try:
-                _pg_admin(f"DROP DATABASE IF EXISTS {PG_DB} WITH (FORCE)")
-                _pg_admin(f"CREATE DATABASE {PG_DB}")
-                created_db = True
-            except Exception as exc:
-                return [
-                    _row(profile, "PostgreSQL at 127.0.0.1:5432", f"unavailable: {exc}", ok=False)
-                ]
-            env["DATABASE_URL"] = f"postgres://postgres@127.0.0.1:5432/{PG_DB}"
-            env["DJANGO_SECRET_KEY"] = "bench"
-        command = [
-            sys.executable,
-            str(Path(__file__).resolve()),
-            "--child",
-            profile,
-            "--ingest-runs",
-            str(ingest_runs),
-        ]
-        proc = subprocess.run(
-            command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=600
-        )
-        for line in proc.stdout.splitlines():
-            if line.startswith(ROW_MARKER):
-                return json.loads(line[len(ROW_MARKER) :])
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-        sys.stderr.write(proc.stderr)
-        return [
-            _row(profile, "benchmark run", f"failed (exit {proc.returncode}): {tail[0]}", ok=False)
-        ]
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if created_db:
-            try:
-                _pg_admin(f"DROP DATABASE IF EXISTS {PG_DB} WITH (FORCE)")
-            except Exception as exc:  # leave a note, never hide the table
-                sys.stderr.write(f"could not drop {PG_DB}: {exc}\n")
-
-
-def _table(rows: list[Row]) -> str:
-    lines = ["| profile | figure | value | target | ok |", "|---|---|---|---|---|"]
-    for r in rows:
-        ok = "" if r["ok"] is None else ("✅" if r["ok"] else "❌")
-        cells = [
-            str(r[k]).replace("|", "\\|").replace("\n", " ")
-            for k in ("profile", "figure", "value", "target")
-        ]
-        lines.append("| " + " | ".join([*cells, ok]) + " |")
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Context Ledger benchmarks (issue 2).")
     parser.add_argument("--profile", choices=["embedded", "postgres", "both"], default="both")
@@ -531,25 +455,22 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
 
     if args.child:
-        rows = _child(args.child, args.ingest_runs)
-        print(ROW_MARKER + json.dumps(rows), flush=True)
+        emit(_child(args.child, args.ingest_runs))
         return 0
 
     profiles = ["embedded", "postgres"] if args.profile == "both" else [args.profile]
-    load_before = ", ".join(f"{x:.1f}" for x in os.getloadavg())
+    load_before = load_average()
     started = time.perf_counter()
     rows: list[Row] = []
     for profile in profiles:
-        rows += _run_profile(profile, args.ingest_runs)
-    # Timings on a shared machine are only comparable with the load they ran under.
-    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    print(
-        f"Context Ledger benchmarks — {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M UTC}, "
-        f"{os.cpu_count()} cores ({platform.processor() or platform.machine()}), load average {load} "
-        f"(before: {load_before}), Python {platform.python_version()}, total {time.perf_counter() - started:.0f} s\n"
-    )
-    print(_table(rows))
-    return 0 if all(r["ok"] is not False for r in rows) else 1
+        rows += run_child(
+            script=__file__,
+            profile=profile,
+            args=["--ingest-runs", str(args.ingest_runs)],
+            pg_db=PG_DB,
+            timeout=600,
+        )
+    return report("Context Ledger benchmarks", rows, started=started, load_before=load_before)
 
 
 if __name__ == "__main__":

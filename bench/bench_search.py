@@ -22,37 +22,24 @@ Each profile runs in a child process against a throwaway database (see bench_led
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import json
 import os
-import platform
 import re
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
-from child_env import child_env
+from harness import Row, emit, load_average, report, run_child
+from harness import row as _row
 
 ROOT = Path(__file__).resolve().parent.parent
-ROW_MARKER = "BENCH_ROWS "
-PG_ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 PG_DB = "bench_search"
 EVENTS = 2000
 TURNS = 333  # session_gen turns that give just over 2,000 events
 LIMIT = 20
 P50_TARGET_MS = 20.0
 EVERYDAY_QUERIES = ["tenant", "invo", "src/billing", "retry backoff", "AssertionError", "limit"]
-
-Row = dict[str, Any]
-
-
-def _row(profile: str, figure: str, value: str, target: str = "—", ok: bool | None = None) -> Row:
-    return {"profile": profile, "figure": figure, "value": value, "target": target, "ok": ok}
 
 
 def fact_key(fact: str) -> str:
@@ -195,62 +182,6 @@ def _child(profile: str, rounds: int) -> list[Row]:
 # --- parent ---------------------------------------------------------------------------------
 
 
-def _pg_admin(sql: str) -> None:
-    import psycopg
-
-    with psycopg.connect(PG_ADMIN_DSN, autocommit=True, connect_timeout=5) as conn:
-        conn.execute(sql)
-
-
-def _run_profile(profile: str, rounds: int) -> list[Row]:
-    tmp = Path(tempfile.mkdtemp(prefix=f"bench_search_{profile}_"))
-    env = child_env(var_dir=tmp)
-    created_db = False
-    try:
-        if profile == "postgres":
-            try:
-                _pg_admin(f"DROP DATABASE IF EXISTS {PG_DB} WITH (FORCE)")
-                _pg_admin(f"CREATE DATABASE {PG_DB}")
-                created_db = True
-            except Exception as exc:
-                return [
-                    _row(profile, "PostgreSQL at 127.0.0.1:5432", f"unavailable: {exc}", ok=False)
-                ]
-            env["DATABASE_URL"] = f"postgres://postgres@127.0.0.1:5432/{PG_DB}"
-            env["DJANGO_SECRET_KEY"] = "bench"
-        command = [sys.executable, __file__, "--child", profile, "--rounds", str(rounds)]
-        proc = subprocess.run(
-            command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=900
-        )
-        for line in proc.stdout.splitlines():
-            if line.startswith(ROW_MARKER):
-                return json.loads(line[len(ROW_MARKER) :])
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-        sys.stderr.write(proc.stderr)
-        return [
-            _row(profile, "benchmark run", f"failed (exit {proc.returncode}): {tail[0]}", ok=False)
-        ]
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if created_db:
-            try:
-                _pg_admin(f"DROP DATABASE IF EXISTS {PG_DB} WITH (FORCE)")
-            except Exception as exc:
-                sys.stderr.write(f"could not drop {PG_DB}: {exc}\n")
-
-
-def _table(rows: list[Row]) -> str:
-    lines = ["| profile | figure | value | target | ok |", "|---|---|---|---|---|"]
-    for r in rows:
-        ok = "" if r["ok"] is None else ("✅" if r["ok"] else "❌")
-        cells = [
-            str(r[k]).replace("|", "\\|").replace("\n", " ")
-            for k in ("profile", "figure", "value", "target")
-        ]
-        lines.append("| " + " | ".join([*cells, ok]) + " |")
-    return "\n".join(lines)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Context Ledger search benchmark (issue 11).")
     parser.add_argument("--profile", choices=["embedded", "postgres", "both"], default="both")
@@ -258,21 +189,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--child", choices=["embedded", "postgres"], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        print(ROW_MARKER + json.dumps(_child(args.child, args.rounds)), flush=True)
+        emit(_child(args.child, args.rounds))
         return 0
     profiles = ["embedded", "postgres"] if args.profile == "both" else [args.profile]
+    load_before = load_average()
     started = time.perf_counter()
     rows: list[Row] = []
     for profile in profiles:
-        rows += _run_profile(profile, args.rounds)
-    load = ", ".join(f"{x:.1f}" for x in os.getloadavg())
-    print(
-        f"Context Ledger search benchmark — {dt.datetime.now(dt.UTC):%Y-%m-%d %H:%M UTC}, "
-        f"{os.cpu_count()} cores ({platform.processor() or platform.machine()}), load average "
-        f"{load}, Python {platform.python_version()}, total {time.perf_counter() - started:.0f} s\n"
-    )
-    print(_table(rows))
-    return 0 if all(r["ok"] is not False for r in rows) else 1
+        rows += run_child(
+            script=__file__,
+            profile=profile,
+            args=["--rounds", str(args.rounds)],
+            pg_db=PG_DB,
+            timeout=900,
+        )
+    return report("Context Ledger search benchmark", rows, started=started, load_before=load_before)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from typing import Any
 
@@ -21,28 +22,57 @@ logger = logging.getLogger("sessions_app")
 BROKER_BACKOFF_SECONDS = 30.0
 _broker_failed_at: dict[str, float] = {}
 
+# Appends queue one indexing pass for everything, at most one per INDEX_DELAY_SECONDS per
+# process: the first append of a window starts a timer, later ones find it running, and when
+# it fires it is cleared first and the pass queued after, so the pass sees every append that
+# found the timer running. A pass costs a Celery worker several milliseconds of CPU whatever
+# it indexes; one per append was most of what the worker did under a busy gateway. The delay
+# is kept here rather than as a Celery countdown: a worker that holds ETA tasks when its Redis
+# connection drops can stop consuming (celery/celery#8030, #8091).
+INDEX_DELAY_SECONDS = 1.0
+_index_timer: threading.Timer | None = None
+_index_lock = threading.Lock()
+
 
 @receiver(events_appended, dispatch_uid="sessions_app.search_index")
 def index_appended_events(sender: Any, *, session_id: Any, **kwargs: Any) -> None:
-    """Queue the indexing of the new events for search (search_schema explains why it is not
-    done inside the append). The signal fires after the append committed; a broker outage must
-    not fail or slow it, so the message is sent once, without publish retries, and a failure
-    is only logged."""
-    from sessions_app.tasks import search_index_session
+    """Queue the indexing of new events for search (search_schema explains why it is not
+    done inside the append); coalesced, see above."""
+    global _index_timer
+    if not INDEX_DELAY_SECONDS:
+        _queue_index_pass()
+        return
+    with _index_lock:
+        if _index_timer is not None:
+            return  # a pass is coming that will see these events
+        _index_timer = threading.Timer(INDEX_DELAY_SECONDS, _fire_index_timer)
+        _index_timer.daemon = True
+        _index_timer.start()
 
-    broker = str(search_index_session.app.conf.broker_url)
+
+def _fire_index_timer() -> None:
+    global _index_timer
+    with _index_lock:
+        _index_timer = None  # before queuing: an append from now on starts the next window
+    _queue_index_pass()
+
+
+def _queue_index_pass() -> None:
+    """The signal fires after the append committed; a broker outage must not fail or slow it,
+    so the message is sent once, without publish retries, and a failure is only logged."""
+    from sessions_app.tasks import search_index_everything_task
+
+    broker = str(search_index_everything_task.app.conf.broker_url)
     failed_at = _broker_failed_at.get(broker)
     if failed_at is not None and time.monotonic() - failed_at < BROKER_BACKOFF_SECONDS:
         return
     try:
-        search_index_session.apply_async(args=[str(session_id)], retry=False)
+        search_index_everything_task.apply_async(retry=False)
         _broker_failed_at.pop(broker, None)
     except Exception as exc:
         _broker_failed_at[broker] = time.monotonic()
         logger.warning(
-            "could not queue search indexing for session %s (search indexes on read "
-            "meanwhile): %s: %s",
-            session_id,
+            "could not queue search indexing (search indexes on read meanwhile): %s: %s",
             type(exc).__name__,
             exc,
         )

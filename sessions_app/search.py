@@ -331,15 +331,23 @@ def search_index_pending(*, session_id: Any, batch: int = 500) -> int:
         return _sqlite_index(key)
     if connection.vendor != "postgresql":
         return 0
-    done = 0
+    return _pg_index("session_id = %s AND", [key], batch=batch, order="ORDER BY seq")
+
+
+def _pg_index(scope: str, params: list[Any], *, batch: int, order: str = "") -> int:
+    """Write the vectors of unindexed rows in `scope` (a WHERE prefix), `batch` rows per
+    statement, until none is left; rows another transaction holds are skipped and left to the
+    next call (search computes their vector meanwhile). The partial index on unindexed rows
+    finds them."""
     sql = (
         f"UPDATE {_EVENT_TABLE} SET {VECTOR_COLUMN} = {DOCUMENT_FUNCTION}(content, name) "  # noqa: S608
-        f"WHERE id IN (SELECT id FROM {_EVENT_TABLE} WHERE session_id = %s "
-        f"AND {VECTOR_COLUMN} IS NULL ORDER BY seq LIMIT %s FOR UPDATE SKIP LOCKED)"
+        f"WHERE id IN (SELECT id FROM {_EVENT_TABLE} WHERE {scope} "
+        f"{VECTOR_COLUMN} IS NULL {order} LIMIT %s FOR UPDATE SKIP LOCKED)"
     )
+    done = 0
     while True:
         with connection.cursor() as cursor:
-            cursor.execute(sql, [key, batch])
+            cursor.execute(sql, [*params, batch])
             count = cursor.rowcount
         done += count
         if count < batch:
@@ -407,6 +415,11 @@ def _index_scope(*, session_id: uuid.UUID | None = None, owner_id: Any | None = 
     if session_id is not None:
         _sqlite_index(session_id)
         return
+    for pk in _sqlite_pending_sessions(owner_id=owner_id):
+        _sqlite_index(pk)
+
+
+def _sqlite_pending_sessions(*, owner_id: Any | None = None) -> list[uuid.UUID]:
     sql = (
         f"SELECT s.id FROM {_SESSION_TABLE} s LEFT JOIN {STATE_TABLE} st "  # noqa: S608
         "ON st.session_id = s.id WHERE s.last_seq > coalesce(st.indexed_seq, 0)"
@@ -417,9 +430,18 @@ def _index_scope(*, session_id: uuid.UUID | None = None, owner_id: Any | None = 
         params.append(owner_id)
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        pending = [row[0] for row in cursor.fetchall()]
-    for pk in pending:
-        _sqlite_index(pk if isinstance(pk, uuid.UUID) else uuid.UUID(pk))
+        return [pk if isinstance(pk, uuid.UUID) else uuid.UUID(pk) for (pk,) in cursor.fetchall()]
+
+
+def search_index_everything(*, batch: int = 500) -> int:
+    """Index every session's events the index lacks; returns how many were indexed. The task
+    appends queue (coalesced, see receivers.py): one pass covers all the sessions appended to
+    meanwhile. Idempotent, like `search_index_pending`."""
+    if connection.vendor == "sqlite":
+        return sum(_sqlite_index(pk) for pk in _sqlite_pending_sessions())
+    if connection.vendor != "postgresql":
+        return 0
+    return _pg_index("", [], batch=batch)
 
 
 # --- recall ----------------------------------------------------------------------------------

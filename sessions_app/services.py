@@ -17,6 +17,7 @@ from typing import Any
 from django.conf import settings as django_settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, connection, transaction
+from django.db.models import Field
 from django.utils import timezone
 
 from sessions_app import tokens
@@ -24,7 +25,7 @@ from sessions_app.errors import Conflict, InvalidInput, Unprocessable
 from sessions_app.model_registry import ModelRegistry
 from sessions_app.models import ROLE_FOR_TYPE, Event, EventType, Session, is_model_visible
 from sessions_app.session_settings import validate_settings
-from sessions_app.signals import events_appended
+from sessions_app.signals import announce_appended
 
 MAX_CONTEXT_LIMIT = 100_000_000
 # Provider-reported usage: one value, and a session's running sum of each kind. Both stay far
@@ -209,8 +210,13 @@ def _content_for_storage(content: Any, where: str) -> tuple[str, bool]:
 _PREPARED_TYPES = frozenset({"UUIDField", "JSONField", "DateTimeField", "ForeignKey"})
 
 
+# Up to this many rows go in one INSERT statement (far below SQLite's 32,766 parameters).
+_SINGLE_STATEMENT_ROWS = 50
+
+
 def _insert_events(events: list[Event]) -> None:
-    """INSERT the new events: executemany on SQLite, one COPY on PostgreSQL.
+    """INSERT the new events: a few in one statement; more with executemany on SQLite, one
+    COPY on PostgreSQL.
 
     Equivalent to bulk_create for this model (no signals are attached to Event), but prepares
     only the columns that need it: Django's per-field preparation of every value was the
@@ -236,7 +242,16 @@ def _insert_events(events: list[Event]) -> None:
             )
         rows.append(row)
     with connection.cursor() as cursor:
-        if connection.vendor == "postgresql":
+        if len(rows) <= _SINGLE_STATEMENT_ROWS:
+            # A few rows (an agent's turn): one multi-row INSERT, one round trip (COPY's
+            # protocol takes two).
+            values = ", ".join([f"({placeholders})"] * len(rows))
+            cursor.execute(
+                f"INSERT INTO {connection.ops.quote_name(Event._meta.db_table)} ({columns}) "  # noqa: S608
+                f"VALUES {values}",
+                [value for row in rows for value in row],
+            )
+        elif connection.vendor == "postgresql":
             # COPY streams the rows in one round trip; executemany costs one per batch.
             copy_sql = (
                 f"COPY {connection.ops.quote_name(Event._meta.db_table)} ({columns}) FROM STDIN"
@@ -335,12 +350,26 @@ def _stored_replays(
     return stored
 
 
-def event_append(*, session: Session, events: Sequence[EventInput]) -> AppendResult:
+class _TakeCarefulPath(Exception):
+    """The direct append could not decide alone (a stored id, the reported totals' bound, no
+    such session): nothing was written, and the append is redone the careful way."""
+
+
+def event_append(
+    *,
+    session: Session,
+    events: Sequence[EventInput],
+    session_updates: Mapping[str, Any] | None = None,
+) -> AppendResult:
     """Append one or more events atomically.
 
     An event whose client-supplied id is already stored is returned as stored when the body is
     the same (a retry changes nothing); a different body, or an id stored in another session,
     is a 409 `idempotency_conflict`. Either every new event is stored or none is.
+
+    `session_updates` (field name to plain value) are set on the session row in the same
+    UPDATE as the counters, when something new is stored: the gateway's per-session
+    bookkeeping rides along without a statement of its own.
     """
     if not events:
         raise InvalidInput(
@@ -367,120 +396,265 @@ def event_append(*, session: Session, events: Sequence[EventInput]) -> AppendRes
             item = replace(item, token_usage=usage)
         prepared.append((item, text, is_json))
 
+    counter = tokens.counter_for_model(session.model)
+    counts: dict[int, int] = {}
+
+    def count(indexes: list[int]) -> None:
+        missing = [i for i in indexes if i not in counts]
+        costs = tokens.messages_batch_tokens(
+            counter,
+            [
+                (ROLE_FOR_TYPE[prepared[i][0].type], prepared[i][0].content, prepared[i][0].name)
+                for i in missing
+            ],
+        )
+        counts.update(zip(missing, costs, strict=True))
+
+    updates = dict(session_updates or {})
+    if not seen or len(prepared) <= OPTIMISTIC_MAX_EVENTS:
+        # The direct way: one UPDATE ... RETURNING takes the row lock, moves the counters and
+        # hands back the row, then the events are inserted. Most ids a client sends are new
+        # (a first attempt; the gateway's ids derived from the conversation), so they are
+        # not looked up first: a stored id fails the insert, which rolls back, and the
+        # careful way below decides. The only cost of guessing wrong is counting a retry's
+        # tokens once.
+        count(list(range(len(prepared))))
+        try:
+            return _append_direct(session, prepared, counts, updates, has_ids=bool(seen))
+        except _TakeCarefulPath:
+            pass
+
     # Stored events never change their body, so replays found now need no token count; ids
     # stored by a concurrent writer meanwhile are caught again under the lock below.
     replayed = _stored_replays(session, prepared, seen)
-    fresh = [index for index, entry in enumerate(prepared) if entry[0].id not in replayed]
-    counter = tokens.counter_for_model(session.model)
-    fresh_counts = tokens.messages_batch_tokens(
-        counter,
-        [
-            (ROLE_FOR_TYPE[prepared[i][0].type], prepared[i][0].content, prepared[i][0].name)
-            for i in fresh
-        ],
+    count([index for index, entry in enumerate(prepared) if entry[0].id not in replayed])
+    return _append_careful(session, prepared, counts, replayed, updates, seen)
+
+
+# Above this many events a batch with ids (an import, a client's bulk retry) is more likely
+# to hold stored ones, and counting them all up front would cost more than a look-up.
+OPTIMISTIC_MAX_EVENTS = 64
+
+
+@dataclass
+class _Added:
+    """What the new events add to the session's counters."""
+
+    count: int = 0
+    active: int = 0
+    active_tokens: int = 0
+    ledger: int = 0
+    cumulative: int = 0
+    prompt: int = 0
+    completion: int = 0
+    total: int = 0
+    reported: int = 0
+
+    def add(self, item: EventInput, text: str, tokens_: int) -> None:
+        self.count += 1
+        self.ledger += tokens_
+        if is_model_visible(item.type, text):
+            self.active += 1
+            self.active_tokens += tokens_
+        # Synthetic turns (a refresh, a summary) do not count toward the next refresh.
+        if item.type not in (EventType.CONTEXT_REFRESH, EventType.COMPACTION):
+            self.cumulative += tokens_
+        usage = item.token_usage
+        if usage is not None:
+            self.reported += 1
+            self.prompt += usage.prompt_tokens or 0
+            self.completion += usage.completion_tokens or 0
+            self.total += usage.total_tokens or 0
+
+    def deltas(self) -> dict[str, int]:
+        return {
+            "last_seq": self.count,
+            "event_count": self.count,
+            "active_event_count": self.active,
+            "active_tokens": self.active_tokens,
+            "ledger_tokens": self.ledger,
+            "cumulative_tokens": self.cumulative,
+            "reported_prompt_tokens": self.prompt,
+            "reported_completion_tokens": self.completion,
+            "reported_total_tokens": self.total,
+            "reported_event_count": self.reported,
+        }
+
+
+def _update_returning(
+    session_id: uuid.UUID,
+    *,
+    deltas: Mapping[str, int],
+    values: Mapping[str, Any],
+    at_most: Mapping[str, int] | None = None,
+) -> Session | None:
+    """Add `deltas` to the session row's counters and set `values` (plain values), where the
+    row's columns in `at_most` do not exceed their bounds; return the row as updated, or None
+    when no row matched. One statement: the UPDATE takes the row lock that serialises
+    appends, and RETURNING saves reading the row again. Written out rather than built by
+    the ORM: compiling eleven F() expressions cost more than the round trip it saves."""
+    meta = Session._meta
+    quote = connection.ops.quote_name
+
+    def field(name: str) -> tuple[Field, str]:
+        found = meta.get_field(name)
+        assert isinstance(found, Field) and found.column
+        return found, quote(found.column)
+
+    sets: list[str] = []
+    params: list[Any] = []
+    for name, delta in deltas.items():
+        column = field(name)[1]
+        sets.append(f"{column} = {column} + %s")
+        params.append(delta)
+    for name, value in {**values, "updated_at": timezone.now()}.items():
+        model_field, column = field(name)
+        sets.append(f"{column} = %s")
+        params.append(model_field.get_db_prep_save(value, connection))
+    pk_field, pk_column = field("id")
+    where = [f"{pk_column} = %s"]
+    params.append(pk_field.get_db_prep_value(session_id, connection))
+    for name, bound in (at_most or {}).items():
+        where.append(f"{field(name)[1]} <= %s")
+        params.append(bound)
+    columns = ", ".join(quote(f.column) for f in meta.concrete_fields)
+    # Identifiers come from the model and quote_name, values are parameters.
+    sql = (
+        f"UPDATE {quote(meta.db_table)} SET {', '.join(sets)} "  # noqa: S608
+        f"WHERE {' AND '.join(where)} RETURNING {columns}"
     )
-    counts = dict(zip(fresh, fresh_counts, strict=True))
+    updated = list(Session.objects.raw(sql, params))
+    return updated[0] if updated else None
 
-    with transaction.atomic():
-        locked = Session.objects.select_for_update().get(pk=session.pk)
-        existing = dict(replayed)
-        existing.update(_stored_replays(locked, [prepared[i] for i in fresh], seen - set(replayed)))
 
-        to_create: list[Event] = []
-        result: list[Event] = []
-        seq = locked.last_seq
-        added_active = added_active_tokens = added_ledger = added_cumulative = 0
-        added_prompt = added_completion = added_total = added_reported = 0
-        for index, (item, text, is_json) in enumerate(prepared):
-            if item.id is not None and item.id in existing:
-                result.append(existing[item.id])
-                continue
-            count = counts[index]
-            seq += 1
-            usage = item.token_usage
-            event = Event(
-                id=item.id or uuid.uuid4(),
-                session=locked,
-                seq=seq,
-                type=item.type,
-                content=text,
-                content_is_json=is_json,
-                name=item.name,
-                tool_call_id=item.tool_call_id,
-                token_count=count,
-                prompt_tokens=usage.prompt_tokens if usage else None,
-                completion_tokens=usage.completion_tokens if usage else None,
-                total_tokens=usage.total_tokens if usage else None,
-                pinned=item.pinned,
-                metadata=dict(item.metadata),
-                message_hash=item.message_hash,
-            )
-            to_create.append(event)
-            result.append(event)
-            added_ledger += count
-            if is_model_visible(item.type, text):
-                added_active += 1
-                added_active_tokens += count
-            # Synthetic turns (a refresh, a summary) do not count toward the next refresh.
-            if item.type not in (EventType.CONTEXT_REFRESH, EventType.COMPACTION):
-                added_cumulative += count
-            if usage is not None:
-                added_reported += 1
-                added_prompt += usage.prompt_tokens or 0
-                added_completion += usage.completion_tokens or 0
-                added_total += usage.total_tokens or 0
+def _store(
+    row: Session,
+    prepared: list[tuple[EventInput, str, bool]],
+    counts: Mapping[int, int],
+    existing: Mapping[uuid.UUID, Event],
+) -> AppendResult:
+    """Insert the events not in `existing`, their seqs ending at the row's new last_seq (the
+    counters' UPDATE already moved it), and announce them once the transaction commits."""
+    fresh = [
+        index
+        for index, (item, _, _) in enumerate(prepared)
+        if item.id is None or item.id not in existing
+    ]
+    seq = row.last_seq - len(fresh)
+    to_create: list[Event] = []
+    result: list[Event] = []
+    for index, (item, text, is_json) in enumerate(prepared):
+        if item.id is not None and item.id in existing:
+            result.append(existing[item.id])
+            continue
+        seq += 1
+        usage = item.token_usage
+        event = Event(
+            id=item.id or uuid.uuid4(),
+            session=row,
+            seq=seq,
+            type=item.type,
+            content=text,
+            content_is_json=is_json,
+            name=item.name,
+            tool_call_id=item.tool_call_id,
+            token_count=counts[index],
+            prompt_tokens=usage.prompt_tokens if usage else None,
+            completion_tokens=usage.completion_tokens if usage else None,
+            total_tokens=usage.total_tokens if usage else None,
+            pinned=item.pinned,
+            metadata=dict(item.metadata),
+            message_hash=item.message_hash,
+        )
+        to_create.append(event)
+        result.append(event)
+    _insert_events(to_create)
+    created_ids = [event.id for event in to_create]
+    created_types = sorted({event.type for event in to_create})
+    transaction.on_commit(
+        lambda: announce_appended(
+            sender=Session,
+            session_id=row.pk,
+            event_ids=created_ids,
+            event_types=created_types,
+            session=row,
+        )
+    )
+    return AppendResult(events=result, created=len(to_create), session=row)
 
-        if to_create:
-            _check_reported_totals(
-                locked, prompt=added_prompt, completion=added_completion, total=added_total
+
+def _append_direct(
+    session: Session,
+    prepared: list[tuple[EventInput, str, bool]],
+    counts: Mapping[int, int],
+    updates: Mapping[str, Any],
+    *,
+    has_ids: bool,
+) -> AppendResult:
+    added = _Added()
+    for index, (item, text, _) in enumerate(prepared):
+        added.add(item, text, counts[index])
+    # The reported totals' bound as a condition of the UPDATE: no row back means the bound,
+    # or a missing session, and the careful way tells which.
+    bounds = {
+        name: MAX_REPORTED_TOTAL - value
+        for name, value in (
+            ("reported_prompt_tokens", added.prompt),
+            ("reported_completion_tokens", added.completion),
+            ("reported_total_tokens", added.total),
+        )
+        if value
+    }
+    try:
+        with transaction.atomic():
+            row = _update_returning(
+                session.pk, deltas=added.deltas(), values=updates, at_most=bounds
             )
-            try:
-                with transaction.atomic():
-                    _insert_events(to_create)
-            except IntegrityError:
-                if not seen:
-                    raise
-                # Another session's append stored one of these ids after our check above
-                # (its lock is not ours): the same conflict, found late.
-                raise _idempotency_conflict() from None
-            locked.last_seq = seq
-            locked.event_count += len(to_create)
-            locked.active_event_count += added_active
-            locked.active_tokens += added_active_tokens
-            locked.ledger_tokens += added_ledger
-            locked.cumulative_tokens += added_cumulative
-            locked.reported_prompt_tokens += added_prompt
-            locked.reported_completion_tokens += added_completion
-            locked.reported_total_tokens += added_total
-            locked.reported_event_count += added_reported
-            locked.save(
-                update_fields=[
-                    "last_seq",
-                    "event_count",
-                    "active_event_count",
-                    "active_tokens",
-                    "ledger_tokens",
-                    "cumulative_tokens",
-                    "reported_prompt_tokens",
-                    "reported_completion_tokens",
-                    "reported_total_tokens",
-                    "reported_event_count",
-                    "updated_at",
-                ]
-            )
-            created_ids = [event.id for event in to_create]
-            created_types = sorted({event.type for event in to_create})
-            committed = locked
-            transaction.on_commit(
-                lambda: events_appended.send(
-                    sender=Session,
-                    session_id=committed.pk,
-                    event_ids=created_ids,
-                    event_types=created_types,
-                    session=committed,
+            if row is None:
+                raise _TakeCarefulPath
+            return _store(row, prepared, counts, {})
+    except IntegrityError:
+        if not has_ids:
+            raise
+        raise _TakeCarefulPath from None
+
+
+def _append_careful(
+    session: Session,
+    prepared: list[tuple[EventInput, str, bool]],
+    counts: Mapping[int, int],
+    replayed: dict[uuid.UUID, Event],
+    updates: Mapping[str, Any],
+    seen: set[uuid.UUID],
+) -> AppendResult:
+    try:
+        with transaction.atomic():
+            locked = Session.objects.select_for_update().get(pk=session.pk)
+            existing = dict(replayed)
+            fresh = [entry for entry in prepared if entry[0].id not in replayed]
+            existing.update(_stored_replays(locked, fresh, seen - set(replayed)))
+            added = _Added()
+            for index, (item, text, _) in enumerate(prepared):
+                if item.id is None or item.id not in existing:
+                    added.add(item, text, counts[index])
+            if not added.count:
+                return AppendResult(
+                    events=[existing[item.id] for item, _, _ in prepared if item.id is not None],
+                    created=0,
+                    session=locked,
                 )
+            _check_reported_totals(
+                locked, prompt=added.prompt, completion=added.completion, total=added.total
             )
-    return AppendResult(events=result, created=len(to_create), session=locked)
+            row = _update_returning(session.pk, deltas=added.deltas(), values=updates)
+            assert row is not None  # locked above
+            return _store(row, prepared, counts, existing)
+    except IntegrityError:
+        if not seen:
+            raise
+        # Another session's append stored one of these ids after our check above (its lock
+        # is not ours): the same conflict, found late.
+        raise _idempotency_conflict() from None
 
 
 def _check_reported_totals(session: Session, *, prompt: int, completion: int, total: int) -> None:

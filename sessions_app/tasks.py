@@ -10,7 +10,7 @@ from django.conf import settings
 
 from sessions_app.exact_counts import CountError, count_session_exactly
 from sessions_app.models import Session
-from sessions_app.search import search_index_pending
+from sessions_app.search import search_index_everything, search_index_pending
 
 logger = logging.getLogger("sessions_app.tasks")
 
@@ -50,3 +50,9 @@ def search_index_session(session_id: str) -> int:
     """Index the session's new events for search (idempotent: only events not yet indexed
     are touched; a deleted session has none)."""
     return search_index_pending(session_id=session_id)
+
+
+@shared_task(acks_late=True, ignore_result=True, name="sessions_app.search_index_everything")
+def search_index_everything_task() -> int:
+    """Index every session's unindexed events (queued, coalesced, after appends)."""
+    return search_index_everything()

@@ -1,10 +1,20 @@
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import pytest
 
 # Django imports stay inside the fixtures so the pure unit tests also run with `-p no:django`.
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_teardown(item, nextitem):
+    """Before any fixture is torn down (the database flushed above all): let the gateway's
+    after-response announcements of the test's last calls finish."""
+    after = sys.modules.get("compaction_app.gateway.after")
+    if after is not None:
+        after.wait_idle(10)
 
 
 @pytest.fixture(autouse=True)
@@ -18,6 +28,10 @@ def _fresh_cache_and_fast_hashing(request):
 
     settings = request.getfixturevalue("settings")
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+    # A search-index pass per append, at once: a delayed pass would outlive the worker's
+    # drain (tests/test_search_coalescing.py covers the coalescing itself).
+    monkeypatch = request.getfixturevalue("monkeypatch")
+    monkeypatch.setattr("sessions_app.receivers.INDEX_DELAY_SECONDS", 0)
     cache.clear()
     yield
     cache.clear()

@@ -15,18 +15,22 @@ def token_for(user: Any) -> str:
     return Token.objects.get_or_create(user=user)[0].key
 
 
-def openai_client(base: str, *, key: str | None, session: str | None, **headers: str) -> Any:
-    import openai
-
+def _ledger_headers(key: str | None, session: str | None, headers: dict[str, str]) -> dict:
     default_headers = dict(headers)
     if key is not None:
         default_headers["X-Ledger-Key"] = key
     if session is not None:
         default_headers["X-Ledger-Session"] = session
+    return default_headers
+
+
+def openai_client(base: str, *, key: str | None, session: str | None, **headers: str) -> Any:
+    import openai
+
     return openai.OpenAI(
         api_key=CANARY,
         base_url=f"{base}/gateway/openai/v1",
-        default_headers=default_headers,
+        default_headers=_ledger_headers(key, session, headers),
         max_retries=0,
         timeout=30,
     )
@@ -35,15 +39,10 @@ def openai_client(base: str, *, key: str | None, session: str | None, **headers:
 def anthropic_client(base: str, *, key: str | None, session: str | None, **headers: str) -> Any:
     import anthropic
 
-    default_headers = dict(headers)
-    if key is not None:
-        default_headers["X-Ledger-Key"] = key
-    if session is not None:
-        default_headers["X-Ledger-Session"] = session
     return anthropic.Anthropic(
         api_key=CANARY,
         base_url=f"{base}/gateway/anthropic",
-        default_headers=default_headers,
+        default_headers=_ledger_headers(key, session, headers),
         max_retries=0,
         timeout=30,
     )

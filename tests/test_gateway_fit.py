@@ -116,6 +116,50 @@ def test_it_summarizes_at_the_hard_limit_and_announces_it(gateway_url, upstream,
     assert upstream.requests[-1].body["messages"][-1]["content"] == "Status?"
 
 
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": f"tool_{n}",
+            "description": "Reads a file of the repository and returns its lines. " * 4,
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
+        },
+    }
+    for n in range(4)
+]
+
+
+def test_it_counts_tool_definitions_in_the_window(gateway_url, upstream, alice):
+    from sessions_app.tokens import non_text_tokens
+
+    definitions = non_text_tokens(TOOLS)
+    client = openai_client(gateway_url, key=token_for(alice), session="tools-window")
+    history = converse(client, 6)
+    session = quiet(Session.objects.get(client_key="tools-window"))
+    # The messages alone use 70 % of the window; with the tools they pass the 80 % threshold.
+    limit = int((session.context_tokens + 12) / 0.7)
+    assert (session.context_tokens + 12) / (limit - definitions) > 0.8
+    session_update(session=session, context_limit=limit)
+
+    history.append({"role": "user", "content": "Status?"})
+    raw = client.chat.completions.with_raw_response.create(model="gpt-4o", messages=history)
+    assert upstream.requests[-1].body["messages"] == history  # no tools: forwarded as sent
+    without = int(raw.headers["X-Ledger-Context-Tokens"])
+
+    history += [{"role": "assistant", "content": REPLY}, {"role": "user", "content": "Again?"}]
+    raw = client.chat.completions.with_raw_response.create(
+        model="gpt-4o", messages=history, tools=TOOLS
+    )
+    sent = upstream.requests[-1].body
+    assert len(sent["messages"]) < len(history)  # pruned to leave the tools their room
+    assert sent["tools"] == TOOLS
+    assert sent["messages"][-1]["content"] == "Again?"
+    counted = int(raw.headers["X-Ledger-Context-Tokens"])
+    assert counted <= limit * 0.8 + definitions
+    assert counted > definitions
+    assert counted != without
+
+
 def test_it_refuses_what_cannot_fit_with_openais_context_length_error(gateway_url, upstream, alice):
     from sessions_app.services import session_create
 

@@ -211,6 +211,27 @@ def test_it_answers_malformed_json_with_a_400(gateway_url, upstream, alice):
     assert response.json()["error"]["code"] == "malformed_json"
 
 
+@pytest.mark.parametrize("depth", [80, 100_000])
+def test_it_answers_json_nested_too_deep_with_a_400(gateway_url, upstream, alice, depth):
+    import httpx
+
+    nested = "[" * depth + "]" * depth
+    body = (
+        '{"model": "gpt-4o", "messages": [{"role": "user", "content": "x", "extra": '
+        + nested
+        + "}]}"
+    )
+    response = httpx.post(
+        f"{gateway_url}/gateway/openai/v1/chat/completions",
+        content=body.encode(),
+        headers={"X-Ledger-Key": token_for(alice), "X-Ledger-Session": "deep"},
+    )
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["code"] == "nesting_too_deep"
+    assert upstream.requests == []
+    assert not Event.objects.exists()
+
+
 def test_it_refuses_an_unknown_model_without_a_session(gateway_url, upstream, alice):
     client = openai_client(gateway_url, key=token_for(alice), session="new-thread")
     with pytest.raises(openai.BadRequestError) as caught:

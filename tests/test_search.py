@@ -401,7 +401,7 @@ def test_it_appends_and_searches_while_the_broker_is_down(alice_api, monkeypatch
     from kombu.exceptions import OperationalError
 
     from sessions_app import receivers
-    from sessions_app.tasks import search_index_session
+    from sessions_app.tasks import search_index_everything_task
 
     attempts = []
 
@@ -409,7 +409,7 @@ def test_it_appends_and_searches_while_the_broker_is_down(alice_api, monkeypatch
         attempts.append(args)
         raise OperationalError("Error 111 connecting to 127.0.0.1:6379. Connection refused.")
 
-    monkeypatch.setattr(search_index_session, "apply_async", refuse)
+    monkeypatch.setattr(search_index_everything_task, "apply_async", refuse)
     monkeypatch.setattr(receivers, "_broker_failed_at", {})
     session_id = session_with(alice_api, IDENTIFIER_EVENTS)
     append_events(alice_api, session_id=session_id, events=IDENTIFIER_EVENTS[:1])

@@ -17,6 +17,7 @@ from compaction_app import broadcast
 from compaction_app.gateway.fit_rules import PASS_THROUGH, decide
 from compaction_app.gateway.messages import GatewayError
 from compaction_app.models import Trigger
+from sessions_app import tokens
 from sessions_app.context import context_prepare
 from sessions_app.errors import Unprocessable
 from sessions_app.models import Event, EventType, Session
@@ -66,6 +67,15 @@ def model_window(session: Session, model: str) -> int:
     return min(info.context_limit, session.context_limit)
 
 
+def definitions_tokens(body: dict[str, Any]) -> int:
+    """What the request's tool (and legacy function) definitions cost: the model reads them
+    with the messages, so they take room in the window the messages must leave free. Counted
+    by the non-text rule, as count_tokens counts them."""
+    return sum(
+        tokens.non_text_tokens(body[name]) for name in ("tools", "functions") if body.get(name)
+    )
+
+
 def has_compaction(session: Session) -> bool:
     """Whether a compaction is in effect (the client's history then is not what the model
     should see). A session never compacted skips the query."""
@@ -84,40 +94,53 @@ def fit(
     enabled: bool,
     same_model_as_request: bool,
 ) -> Fitted:
-    """Fit the session's context to `model` (sync: may compact)."""
+    """Fit the session's context to `model` (sync: may compact). The request's tool
+    definitions are part of what the model reads: the messages are fitted to what they leave
+    of the window, and the counts reported include them."""
     limit = model_window(session, model)
-    tokens = session.context_tokens
-    unchanged = None if same_model_as_request else {**body, "model": model}
+    definitions = definitions_tokens(body)
+    context = session.context_tokens
+    # The client's own messages, as sent (to another model: with that model's name).
+    as_sent = Fitted(
+        model=model,
+        body=None if same_model_as_request else {**body, "model": model},
+        token_count=context + definitions,
+        limit=limit,
+        compacted=False,
+    )
     if not enabled:
-        return Fitted(model=model, body=unchanged, token_count=tokens, limit=limit, compacted=False)
+        return as_sent
     settings = session.settings
     compacted = has_compaction(session)
     choice = decide(
-        tokens=tokens,
-        limit=limit,
+        tokens=context,
+        limit=max(limit - definitions, 0),
         compact_threshold=float(settings.get("compactThreshold", 0.8)),
         hard_threshold=float(settings.get("hardLimitThreshold", 0.95)),
         compacted=compacted,
     )
     if choice == PASS_THROUGH:
-        return Fitted(model=model, body=unchanged, token_count=tokens, limit=limit, compacted=False)
+        return as_sent
     try:
         prepared = context_prepare(
             session=session,
             user=user,
             max_tokens=limit if limit < session.context_limit else None,
+            reserve_tokens=definitions,
             fmt=wire.RENDER_FORMAT,
             trigger=Trigger.GATEWAY,
         )
     except Unprocessable as exc:
+        needed = int(exc.extra.get("tokenCount") or 0) + definitions
         raise GatewayError(
-            f"This model's maximum context length is {exc.extra.get('limit', limit)} tokens; "
-            f"the messages that must be kept need {exc.extra.get('tokenCount')} tokens even "
-            "after compaction.",
+            f"This model's maximum context length is {limit} tokens; the messages that must "
+            f"be kept need {needed} tokens even after compaction"
+            + (f" (tool definitions included: {definitions})" if definitions else "")
+            + ".",
             code="context_length_exceeded",
             param="messages",
-            tokenCount=exc.extra.get("tokenCount"),
-            limit=exc.extra.get("limit", limit),
+            tokenCount=needed,
+            limit=limit,
             model=model,
         ) from None
     compression = None
@@ -140,7 +163,7 @@ def fit(
         body=wire.with_context(
             body, messages=prepared.messages, system=prepared.system, model=model
         ),
-        token_count=prepared.token_count,
+        token_count=prepared.token_count + definitions,
         limit=limit,
         compacted=bool(compacted or prepared.pruned or compression),
         compression=compression,

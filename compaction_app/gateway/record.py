@@ -15,10 +15,12 @@ import logging
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
+from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
+from django.utils.functional import SimpleLazyObject
 from rest_framework.authtoken.models import Token
 
 from compaction_app.gateway.messages import (
@@ -87,6 +89,44 @@ def resolve_session(*, user: AbstractBaseUser, header: str | None, model: str) -
         return Session.objects.get(owner_id=user.pk, client_key=key)
     except LedgerError as exc:
         raise GatewayError(exc.detail, code=exc.code, param="model") from None
+
+
+def caller_and_session(
+    *, key: str | None, header: str | None, model: str
+) -> tuple[AbstractBaseUser, Session]:
+    """`authenticate` and `resolve_session` in one query when the session exists (every call
+    but a thread's first); anything else takes the two steps, with their errors. The user is
+    then loaded only if something asks for more than its id (a compaction records who asked)."""
+    name = (header or "").strip()
+    if key and name and len(name) <= MAX_CLIENT_KEY:
+        session = _owned_session(key=key, name=name)
+        if session is not None:
+            owner = cast(AbstractBaseUser, SimpleLazyObject(lambda: session.owner))
+            return owner, session
+    user = authenticate(key)
+    return user, resolve_session(user=user, header=header, model=model)
+
+
+def _owned_session(*, key: str, name: str) -> Session | None:
+    """The session `name` (its id, or else a client key) of the active user whose API token
+    is `key`. Written out: the ORM's compilation of this three-table join cost as much as the
+    query, on every provider call."""
+    quote = connection.ops.quote_name
+    user_model = get_user_model()
+    try:
+        column, value = "id", Session._meta.pk.get_db_prep_value(uuid.UUID(name), connection)  # type: ignore[union-attr]
+    except ValueError:
+        column, value = "client_key", name
+    columns = ", ".join(f"s.{quote(f.column)}" for f in Session._meta.concrete_fields)
+    # Identifiers come from the models and quote_name, values are parameters.
+    sql = (
+        f"SELECT {columns} FROM {quote(Session._meta.db_table)} s "  # noqa: S608
+        f"JOIN {quote(Token._meta.db_table)} t ON t.{quote('user_id')} = s.{quote('owner_id')} "
+        f"JOIN {quote(user_model._meta.db_table)} u ON u.{quote('id')} = s.{quote('owner_id')} "
+        f"WHERE t.{quote('key')} = %s AND u.{quote('is_active')} = %s AND s.{quote(column)} = %s"
+    )
+    found = list(Session.objects.raw(sql, [key, True, value]))
+    return found[0] if found else None
 
 
 @dataclass(frozen=True)
@@ -173,21 +213,32 @@ def record_request(
     ]
     created = 0
     fresh = session
-    if count and (count, convert(count - 1).hash) != (
-        session.gateway_prefix_len,
-        session.gateway_prefix_hash,
-    ):
-        Session.objects.filter(pk=session.pk, gateway_prefix_len__lte=count).update(
-            gateway_prefix_len=count, gateway_prefix_hash=convert(count - 1).hash
-        )
+    last_hash = convert(count - 1).hash if count else ""
     if inputs:
         try:
-            result = event_append(session=session, events=inputs)
+            result = event_append(
+                session=session,
+                events=inputs,
+                session_updates=_prefix_updates(count, last_hash),
+            )
         except LedgerError as exc:
             raise GatewayError(exc.detail, code=exc.code, param="messages") from None
         created = result.created
         fresh = result.session or Session.objects.get(pk=session.pk)
+    if count and (count, last_hash) != (fresh.gateway_prefix_len, fresh.gateway_prefix_hash):
+        # Nothing new was stored (or a concurrent client moved the prefix): remember it anyway.
+        Session.objects.filter(pk=session.pk, gateway_prefix_len__lte=count).update(
+            **_prefix_updates(count, last_hash)
+        )
     return Recorded(session=fresh, start=start, created=created)
+
+
+def _prefix_updates(length: int, digest: str) -> dict[str, Any]:
+    """Session updates saying the ledger now holds the client's first `length` messages, the
+    last of them hashing to `digest`. Last writer wins: the prefix is a hint that a request
+    checks before using (a concurrent client's prefix only sends the next request down the
+    full match)."""
+    return {"gateway_prefix_len": length, "gateway_prefix_hash": digest}
 
 
 def record_reply(
@@ -248,27 +299,24 @@ def record_reply(
             last_forwarded_tokens=forwarded_tokens,
             last_provider_prompt_tokens=reply.prompt_tokens,
         )
-    with transaction.atomic():
-        # Before the append, so the usage it broadcasts already carries the drift.
-        Session.objects.filter(pk=session_id).update(**changes)
-        Session.objects.filter(pk=session_id, gateway_prefix_len__lte=position + 1).update(
-            gateway_prefix_len=position + 1, gateway_prefix_hash=digest
-        )
-        if not inputs:
-            return []
-        # A retried request gets its reply again at the same position, usually with other
-        # usage figures: the reply recorded first stands, and a retry records nothing twice
-        # (event_append would refuse the changed body as an idempotency conflict).
-        # event_append already looks the ids up, so the first call costs no extra query.
-        try:
-            return event_append(session=session, events=inputs).events
-        except Conflict:
-            pass
-        ids = [item.id for item in inputs]
-        recorded = set(Event.objects.filter(pk__in=ids).values_list("pk", flat=True))
-        fresh = [item for item in inputs if item.id not in recorded]
-        if fresh:
-            # A concurrent retry may record it between the look-up and the append.
-            with contextlib.suppress(Conflict):
-                event_append(session=session, events=fresh)
-        return list(Event.objects.filter(pk__in=ids).order_by("seq"))
+    # In the append's own UPDATE, so the usage it broadcasts already carries the drift.
+    updates = {**changes, **_prefix_updates(position + 1, digest)}
+
+    if not inputs:
+        Session.objects.filter(pk=session_id).update(**updates)
+        return []
+    # A retried request gets its reply again at the same position, usually with other usage
+    # figures: the reply recorded first stands, and a retry records nothing twice
+    # (event_append would refuse the changed body as an idempotency conflict).
+    try:
+        return event_append(session=session, events=inputs, session_updates=updates).events
+    except Conflict:
+        pass
+    ids = [item.id for item in inputs]
+    recorded = set(Event.objects.filter(pk__in=ids).values_list("pk", flat=True))
+    fresh = [item for item in inputs if item.id not in recorded]
+    if fresh:
+        # A concurrent retry may record it between the look-up and the append.
+        with contextlib.suppress(Conflict):
+            event_append(session=session, events=fresh, session_updates=updates)
+    return list(Event.objects.filter(pk__in=ids).order_by("seq"))

@@ -24,7 +24,7 @@ from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
 from compaction_app import broadcast
-from compaction_app.gateway import anthropic, forward, openai
+from compaction_app.gateway import after, anthropic, forward, openai
 from compaction_app.gateway.fit import Fitted, fit, model_window
 from compaction_app.gateway.messages import (
     ClientMessage,
@@ -34,12 +34,14 @@ from compaction_app.gateway.messages import (
 )
 from compaction_app.gateway.record import (
     authenticate,
+    caller_and_session,
     record_reply,
     record_request,
-    resolve_session,
 )
 from compaction_app.gateway.stream import relay
 from sessions_app import tokens
+from sessions_app.api.parsers import MAX_JSON_DEPTH, check_depth
+from sessions_app.errors import InvalidInput
 from sessions_app.models import ROLE_FOR_TYPE, Session
 from sessions_app.services import model_registry
 
@@ -71,9 +73,24 @@ def _read_json(request: HttpRequest) -> tuple[bytes, Any]:
             "the request body is too large", status=413, code="request_too_large"
         ) from None
     try:
-        return raw, json.loads(raw)
+        body = json.loads(raw)
     except (ValueError, UnicodeDecodeError):
         raise GatewayError("the request body is not valid JSON", code="malformed_json") from None
+    except RecursionError:
+        # The decoder gives up on very deep input before returning anything.
+        raise _too_deep() from None
+    try:
+        # The API's bound: nothing downstream (counting, json.dumps) may hit the recursion limit.
+        check_depth(body)
+    except InvalidInput:
+        raise _too_deep() from None
+    return raw, body
+
+
+def _too_deep() -> GatewayError:
+    return GatewayError(
+        f"the request body nests deeper than {MAX_JSON_DEPTH} levels", code="nesting_too_deep"
+    )
 
 
 class _Converter:
@@ -100,6 +117,8 @@ class _Call:
     user: Any
     position: int
     fitted: Fitted
+    # What the call's appends announce, sent once the response is ready (see after.py).
+    announced: after.Announcements
 
 
 def _prepare(
@@ -111,9 +130,9 @@ def _prepare(
     units: list[dict[str, Any]],
     model: str,
     fit_enabled: bool,
+    announced: after.Announcements,
 ) -> _Call:
-    user = authenticate(key)
-    session = resolve_session(user=user, header=session_header, model=model)
+    user, session = caller_and_session(key=key, header=session_header, model=model)
     window = model_window(session, model) if fit_enabled else None
     recorded = record_request(
         session=session, count=len(units), convert=_Converter(wire, units), window=window
@@ -127,7 +146,13 @@ def _prepare(
         enabled=fit_enabled,
         same_model_as_request=True,
     )
-    return _Call(session=recorded.session, user=user, position=len(units), fitted=fitted)
+    return _Call(
+        session=recorded.session,
+        user=user,
+        position=len(units),
+        fitted=fitted,
+        announced=announced,
+    )
 
 
 def _refit(
@@ -163,6 +188,21 @@ def _fallbacks(request: HttpRequest) -> list[str]:
 async def _handle(request: HttpRequest, wire: ModuleType) -> HttpResponseBase:
     # Websocket pushes caused by this request go out on this loop without holding it up.
     broadcast.DEFER_TO_LOOP.set(asyncio.get_running_loop())
+    announced = after.Announcements()
+    try:
+        response = await _serve(request, wire, announced)
+    except BaseException:
+        announced.send_later()
+        raise
+    if not isinstance(response, StreamingHttpResponse):
+        announced.send_later()
+    # A stream sends them when it ends (on_end below).
+    return response
+
+
+async def _serve(
+    request: HttpRequest, wire: ModuleType, announced: after.Announcements
+) -> HttpResponseBase:
     if request.method != "POST":
         return _error(wire, GatewayError("use POST", status=405, code="method_not_allowed"))
     try:
@@ -175,7 +215,9 @@ async def _handle(request: HttpRequest, wire: ModuleType) -> HttpResponseBase:
     units = wire.client_messages(body)
     fit_enabled = (request.headers.get("X-Ledger-Fit") or "").strip().lower() != "off"
     try:
-        call = await sync_to_async(_prepare)(
+        call = await sync_to_async(announced.collecting)(
+            _prepare,
+            announced=announced,
             wire=wire,
             key=request.headers.get("X-Ledger-Key"),
             session_header=request.headers.get("X-Ledger-Session"),
@@ -197,8 +239,13 @@ async def _handle(request: HttpRequest, wire: ModuleType) -> HttpResponseBase:
         last = number == len(models) - 1
         if number:
             try:
-                fitted = await sync_to_async(_refit)(
-                    call=call, wire=wire, body=body, model=target, fit_enabled=fit_enabled
+                fitted = await sync_to_async(announced.collecting)(
+                    _refit,
+                    call=call,
+                    wire=wire,
+                    body=body,
+                    model=target,
+                    fit_enabled=fit_enabled,
                 )
             except GatewayError as exc:
                 failure = exc.message
@@ -240,9 +287,12 @@ async def _handle(request: HttpRequest, wire: ModuleType) -> HttpResponseBase:
     accumulator = wire.StreamAccumulator(fitted.model)
 
     async def on_end(incomplete: bool) -> None:
-        reply_message = accumulator.reply()
-        if reply_message is not None:
-            await _record(call=call, fitted=fitted, reply=reply_message, incomplete=incomplete)
+        try:
+            reply_message = accumulator.reply()
+            if reply_message is not None:
+                await _record(call=call, fitted=fitted, reply=reply_message, incomplete=incomplete)
+        finally:
+            announced.send_later()
 
     streamed = StreamingHttpResponse(
         relay(
@@ -275,7 +325,8 @@ async def _record_plain(*, wire: ModuleType, call: _Call, fitted: Fitted, data: 
 
 
 async def _record(*, call: _Call, fitted: Fitted, reply: Reply, incomplete: bool) -> None:
-    await sync_to_async(record_reply)(
+    await sync_to_async(call.announced.collecting)(
+        record_reply,
         session=call.session,
         position=call.position,
         reply=reply,

@@ -1,0 +1,89 @@
+"""What a provider call's appends announce, sent once and after the response.
+
+A call appends twice (the request's new messages, then the reply). Each append's
+`events_appended` starts a usage push, an auto-compaction check and a search-indexing
+message; inside the call that is work the agent waits for, twice over. The gateway collects
+them instead (`sessions_app.signals.collect_appended`) and sends them merged, once per call,
+from a worker thread once its response is ready: watchers see the usage a few milliseconds
+later, and nothing is skipped (an error response, a failed stream and a call that raised
+send theirs too).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from asgiref.sync import sync_to_async
+from django.db import connections
+
+from sessions_app.signals import collect_appended, send_collected
+
+logger = logging.getLogger("compaction_app.gateway")
+
+T = TypeVar("T")
+
+_tasks: set[asyncio.Task[None]] = set()
+_idle = threading.Condition()
+_open = 0  # calls whose announcements are not sent yet
+
+
+class Announcements:
+    """One provider call's announcements, from its first append until they are sent."""
+
+    def __init__(self) -> None:
+        global _open
+        self.collected: list[dict[str, Any]] = []
+        self.done = False
+        with _idle:
+            _open += 1
+
+    def collecting(self, fn: Callable[..., T], /, **kwargs: Any) -> T:
+        """Call `fn` (sync, in the request's thread) collecting what its appends announce."""
+        with collect_appended(self.collected):
+            return fn(**kwargs)
+
+    def send_later(self) -> None:
+        """Send what was collected from a worker thread, without waiting for it (once)."""
+        if self.done:
+            return
+        self.done = True
+        batch = list(self.collected)
+        self.collected.clear()
+        if not batch:
+            _close()
+            return
+        # Not thread_sensitive: the request's own thread is about to finish the response.
+        task = asyncio.get_running_loop().create_task(
+            sync_to_async(_send, thread_sensitive=False)(batch)
+        )
+        _tasks.add(task)
+        task.add_done_callback(_tasks.discard)
+
+
+def _send(batch: list[dict[str, Any]]) -> None:
+    try:
+        send_collected(batch)
+    except Exception:
+        logger.exception("announcing a gateway call's appends failed")
+    finally:
+        # A pool thread serves no request, so nothing else would hand its connection back.
+        connections.close_all()
+        _close()
+
+
+def _close() -> None:
+    global _open
+    with _idle:
+        _open -= 1
+        _idle.notify_all()
+
+
+def wait_idle(timeout: float = 10.0) -> bool:
+    """Block until every call begun so far has sent its announcements (tests use it before
+    they clean up, a stream's included: it sends when its reply is recorded)."""
+    with _idle:
+        return _idle.wait_for(lambda: _open <= 0, timeout=timeout)

@@ -1,0 +1,134 @@
+"""`event_append`'s two ways: the direct one (one UPDATE ... RETURNING, one INSERT) and the
+careful one it falls back to when a client-supplied id is already stored."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
+
+from sessions_app.errors import Conflict, Unprocessable
+from sessions_app.models import Event, EventType, Session
+from sessions_app.services import (
+    MAX_REPORTED_TOTAL,
+    EventInput,
+    TokenUsage,
+    event_append,
+    session_create,
+)
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def session(alice):
+    return session_create(owner=alice, model="gpt-4o", settings={"autoCompact": False})
+
+
+def statements(captured: CaptureQueriesContext) -> list[str]:
+    # Transaction control is not a statement of the append's own.
+    return [
+        q["sql"]
+        for q in captured.captured_queries
+        if q["sql"].split()[0].upper() not in {"BEGIN", "COMMIT", "SAVEPOINT", "RELEASE"}
+    ]
+
+
+def user(text: str, *, event_id: uuid.UUID | None = None, **extra) -> EventInput:
+    return EventInput(type=EventType.USER_MESSAGE, content=text, id=event_id, **extra)
+
+
+def test_it_appends_with_one_update_and_one_insert(session):
+    with CaptureQueriesContext(connection) as captured:
+        result = event_append(session=session, events=[user("a"), user("b")])
+    sql = statements(captured)
+    assert len(sql) == 2, sql
+    assert sql[0].startswith("UPDATE") and "RETURNING" in sql[0]
+    assert sql[1].startswith("INSERT")
+    # The row it returns is the row as committed, counters included.
+    assert result.session.last_seq == 2 == result.session.event_count
+    assert result.session.active_tokens == Session.objects.get(pk=session.pk).active_tokens
+    assert [e.seq for e in result.events] == [1, 2]
+
+
+def test_it_inserts_new_ids_without_looking_them_up(session):
+    ids = [uuid.uuid4(), uuid.uuid4()]
+    with CaptureQueriesContext(connection) as captured:
+        event_append(
+            session=session, events=[user("a", event_id=ids[0]), user("b", event_id=ids[1])]
+        )
+    assert len(statements(captured)) == 2
+    assert list(Event.objects.filter(session=session).values_list("id", flat=True)) == ids
+
+
+def test_it_returns_a_stored_id_inside_the_callers_transaction(session):
+    stored = uuid.uuid4()
+    first = event_append(session=session, events=[user("a", event_id=stored)]).events[0]
+    with transaction.atomic():
+        # The direct way's insert fails on the stored id; the careful way must still find
+        # the caller's transaction usable (PostgreSQL aborts a transaction on an error).
+        result = event_append(
+            session=session, events=[user("a", event_id=stored), user("b", event_id=uuid.uuid4())]
+        )
+        assert Session.objects.get(pk=session.pk).event_count == 2
+    assert result.created == 1
+    assert result.events[0].pk == first.pk and result.events[0].seq == 1
+    assert result.events[1].seq == 2
+    assert Event.objects.filter(session=session).count() == 2
+
+
+def test_it_refuses_a_stored_id_with_another_body_and_stores_nothing(session):
+    stored = uuid.uuid4()
+    event_append(session=session, events=[user("a", event_id=stored)])
+    with pytest.raises(Conflict):
+        event_append(session=session, events=[user("changed", event_id=stored), user("new")])
+    assert Session.objects.get(pk=session.pk).event_count == 1
+    assert Event.objects.filter(session=session).count() == 1
+
+
+def test_it_saves_session_updates_in_the_counters_update(session):
+    with CaptureQueriesContext(connection) as captured:
+        result = event_append(
+            session=session,
+            events=[user("a")],
+            session_updates={"gateway_prefix_len": 7, "gateway_prefix_hash": "abc"},
+        )
+    assert len(statements(captured)) == 2
+    assert (result.session.gateway_prefix_len, result.session.gateway_prefix_hash) == (7, "abc")
+    row = Session.objects.get(pk=session.pk)
+    assert (row.gateway_prefix_len, row.gateway_prefix_hash) == (7, "abc")
+
+
+def test_it_leaves_session_updates_unsaved_when_nothing_is_new(session):
+    stored = uuid.uuid4()
+    event_append(session=session, events=[user("a", event_id=stored)])
+    result = event_append(
+        session=session,
+        events=[user("a", event_id=stored)],
+        session_updates={"gateway_prefix_len": 9},
+    )
+    assert result.created == 0
+    assert Session.objects.get(pk=session.pk).gateway_prefix_len == 0
+
+
+def test_it_keeps_the_reported_totals_bound_and_stores_nothing(session):
+    Session.objects.filter(pk=session.pk).update(reported_total_tokens=MAX_REPORTED_TOTAL - 5)
+    usage = TokenUsage(prompt_tokens=3, completion_tokens=3, total_tokens=6)
+    with pytest.raises(Unprocessable) as refused:
+        event_append(session=session, events=[user("a", token_usage=usage)])
+    assert refused.value.code == "token_usage_total_exceeded"
+    row = Session.objects.get(pk=session.pk)
+    assert row.event_count == 0 and row.reported_total_tokens == MAX_REPORTED_TOTAL - 5
+
+
+def test_it_counts_a_replayed_bounded_usage_as_a_replay_not_as_new_tokens(session):
+    # Near the bound, a retry of a stored event with usage must not be refused: the direct
+    # way's bound counts it, the careful way knows it is a replay.
+    stored = uuid.uuid4()
+    usage = TokenUsage(prompt_tokens=3, completion_tokens=3, total_tokens=6)
+    event_append(session=session, events=[user("a", event_id=stored, token_usage=usage)])
+    Session.objects.filter(pk=session.pk).update(reported_total_tokens=MAX_REPORTED_TOTAL - 1)
+    result = event_append(session=session, events=[user("a", event_id=stored, token_usage=usage)])
+    assert result.created == 0
