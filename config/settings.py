@@ -8,6 +8,7 @@ in-memory Celery broker with a worker thread inside the server process. `DATABAS
 from __future__ import annotations
 
 import os
+import socket
 import sys
 from pathlib import Path
 
@@ -148,6 +149,12 @@ REDIS_URL = env_str("REDIS_URL")
 # How long connecting to Redis may take before the caller gives up: a broadcast, a throttle
 # lookup or an enqueue during an outage fails in this time instead of holding the request.
 REDIS_CONNECT_TIMEOUT_SECONDS = env_float("REDIS_CONNECT_TIMEOUT_SECONDS", 2.0, minimum=0.1)
+# Probe an idle connection after 5 s, every 2 s, give up after 3 unanswered (Linux names).
+_REDIS_KEEPALIVE = {
+    getattr(socket, name): value
+    for name, value in (("TCP_KEEPIDLE", 5), ("TCP_KEEPINTVL", 2), ("TCP_KEEPCNT", 3))
+    if hasattr(socket, name)
+}
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
@@ -156,14 +163,19 @@ if REDIS_URL:
                 "hosts": [
                     {
                         "address": REDIS_URL,
-                        # A websocket's receive is a BZPOPMIN that blocks for 5 s
-                        # (RedisChannelLayer.brpop_timeout), exactly redis-py's default socket
-                        # timeout: an idle socket lost that race and closed with 1011. Reads
-                        # get three times the blocking time; keepalive and a health check
-                        # notice a dead connection instead.
-                        "socket_timeout": 15,
+                        # No socket timeout. With one, redis-py wraps each write in
+                        # asyncio.wait_for, which on Python 3.11 drops a cancellation that
+                        # lands as the write completes (fixed in 3.12): a websocket closed
+                        # right after connecting left its receive blocking on Redis forever.
+                        # (redis-py's default, 5 s, also equals the BZPOPMIN block of a
+                        # websocket's receive, so idle sockets closed with 1011.) A receive
+                        # still returns every 5 s from the server's side; a restarted Redis
+                        # resets the connection; keepalive probes notice a silent peer in
+                        # about 11 s, and a health check pings a connection idle for 30 s.
+                        "socket_timeout": None,
                         "socket_connect_timeout": REDIS_CONNECT_TIMEOUT_SECONDS,
                         "socket_keepalive": True,
+                        "socket_keepalive_options": _REDIS_KEEPALIVE,
                         "health_check_interval": 30,
                     }
                 ],

@@ -1,11 +1,41 @@
 from __future__ import annotations
 
+import faulthandler
+import os
 import sys
+import threading
+import time
 from typing import Any
 
 import pytest
 
 # Django imports stay inside the fixtures so the pure unit tests also run with `-p no:django`.
+
+
+# How long the interpreter may take to exit once the run is over.
+EXIT_GRACE_SECONDS = 60
+_exit_status = 1
+
+
+def pytest_sessionfinish(session, exitstatus):
+    global _exit_status
+    _exit_status = int(exitstatus)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config):
+    """A test that leaves a thread which never ends (an event loop whose task ignores its
+    cancellation, say) would hang the interpreter's exit, and CI with it, after every result
+    is printed. Past the grace time, print every thread's stack and leave with a failure."""
+
+    def watchdog() -> None:
+        time.sleep(EXIT_GRACE_SECONDS)
+        sys.stderr.write(f"\nThe test process did not exit within {EXIT_GRACE_SECONDS} s:\n")
+        faulthandler.dump_traceback(file=sys.stderr, all_threads=True)
+        sys.stderr.flush()
+        os._exit(_exit_status or 1)
+
+    threading.Thread(target=watchdog, name="exit-watchdog", daemon=True).start()
 
 
 @pytest.hookimpl(tryfirst=True)
