@@ -14,6 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
+from django.db import connections
 
 from compaction_app.models import CompactionRun, RunStatus
 from sessions_app.models import Session
@@ -144,8 +145,16 @@ def near_limit_session(owner, *, title: str) -> Session:
 def in_thread(fn, *args, **kwargs):
     """Run ORM writes off the main thread: their on-commit websocket broadcasts use
     async_to_sync, which refuses a thread where Playwright's loop is registered."""
+
+    def call():
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            # The thread ends here: a connection it kept would never go back to the pool.
+            connections.close_all()
+
     with ThreadPoolExecutor(max_workers=1) as pool:
-        return pool.submit(fn, *args, **kwargs).result()
+        return pool.submit(call).result()
 
 
 def ws_ready(page) -> None:

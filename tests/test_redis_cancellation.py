@@ -15,6 +15,7 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.conf import settings
+from django.db import connections
 
 from config.asgi import application
 from tests.helpers import api_token, create_session
@@ -64,9 +65,12 @@ def test_it_leaves_nothing_running_after_refused_sockets(alice_api, bob):
     finished = threading.Event()
 
     def refuse_many() -> None:
-        for _ in range(60):
-            assert _refused(f"/ws/sessions/{session_id}/?token={token}") == 4403
-        finished.set()
+        try:
+            for _ in range(60):
+                assert _refused(f"/ws/sessions/{session_id}/?token={token}") == 4403
+            finished.set()
+        finally:
+            connections.close_all()  # the thread ends: hand its connection back to the pool
 
     worker = threading.Thread(target=refuse_many, daemon=True)
     worker.start()
