@@ -32,7 +32,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "bench"))
-from harness import Row, emit, load_average, report, run_child  # noqa: E402
+from harness import Row, emit, run_profiles  # noqa: E402
 from harness import row as _row  # noqa: E402
 
 PG_DB = "bench_gateway"
@@ -321,24 +321,19 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         emit(_child(args.child, args.calls))
         return 0
-    profiles = ["embedded", "postgres"] if args.profile == "both" else [args.profile]
-    load_before = load_average()
-    started = time.perf_counter()
-    rows: list[Row] = []
-    for profile in profiles:
-        rows += run_child(
-            script=__file__,
-            profile=profile,
-            args=["--calls", str(args.calls)],
-            pg_db=PG_DB,
-            timeout=1800,
-            postgres_env={
-                "REDIS_URL": "redis://127.0.0.1:6379/0",
-                "CHANNELS_PREFIX": f"bench-gateway-{os.getpid()}",
-                "CELERY_QUEUE": f"bench-gateway-{os.getpid()}",
-            },
-        )
-    return report("Gateway benchmark", rows, started=started, load_before=load_before)
+    return run_profiles(
+        "Gateway benchmark",
+        profile=args.profile,
+        script=__file__,
+        args=["--calls", str(args.calls)],
+        pg_db=PG_DB,
+        timeout=1800,
+        postgres_env={
+            "REDIS_URL": "redis://127.0.0.1:6379/0",
+            "CHANNELS_PREFIX": f"bench-gateway-{os.getpid()}",
+            "CELERY_QUEUE": f"bench-gateway-{os.getpid()}",
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -23,7 +23,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from harness import Row, emit, load_average, report, run_child
+from harness import Row, emit, run_profiles
 from harness import row as _row
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -458,19 +458,14 @@ def main(argv: list[str] | None = None) -> int:
         emit(_child(args.child, args.ingest_runs))
         return 0
 
-    profiles = ["embedded", "postgres"] if args.profile == "both" else [args.profile]
-    load_before = load_average()
-    started = time.perf_counter()
-    rows: list[Row] = []
-    for profile in profiles:
-        rows += run_child(
-            script=__file__,
-            profile=profile,
-            args=["--ingest-runs", str(args.ingest_runs)],
-            pg_db=PG_DB,
-            timeout=600,
-        )
-    return report("Context Ledger benchmarks", rows, started=started, load_before=load_before)
+    return run_profiles(
+        "Context Ledger benchmarks",
+        profile=args.profile,
+        script=__file__,
+        args=["--ingest-runs", str(args.ingest_runs)],
+        pg_db=PG_DB,
+        timeout=600,
+    )
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from harness import Row, emit, load_average, report, run_child
+from harness import Row, emit, run_profiles
 from harness import row as _row
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -191,19 +191,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         emit(_child(args.child, args.rounds))
         return 0
-    profiles = ["embedded", "postgres"] if args.profile == "both" else [args.profile]
-    load_before = load_average()
-    started = time.perf_counter()
-    rows: list[Row] = []
-    for profile in profiles:
-        rows += run_child(
-            script=__file__,
-            profile=profile,
-            args=["--rounds", str(args.rounds)],
-            pg_db=PG_DB,
-            timeout=900,
-        )
-    return report("Context Ledger search benchmark", rows, started=started, load_before=load_before)
+    return run_profiles(
+        "Context Ledger search benchmark",
+        profile=args.profile,
+        script=__file__,
+        args=["--rounds", str(args.rounds)],
+        pg_db=PG_DB,
+        timeout=900,
+    )
 
 
 if __name__ == "__main__":

@@ -106,6 +106,34 @@ def load_average() -> str:
     return ", ".join(f"{x:.1f}" for x in os.getloadavg())
 
 
+def run_profiles(
+    title: str,
+    *,
+    profile: str,
+    script: str,
+    args: list[str],
+    pg_db: str,
+    timeout: float,
+    postgres_env: Mapping[str, str] | None = None,
+) -> int:
+    """A benchmark's parent: `run_child` for each profile chosen (`both`: embedded, then
+    postgres), then `report` on all their rows."""
+    profiles = ["embedded", "postgres"] if profile == "both" else [profile]
+    load_before = load_average()
+    started = time.perf_counter()
+    rows: list[Row] = []
+    for name in profiles:
+        rows += run_child(
+            script=script,
+            profile=name,
+            args=args,
+            pg_db=pg_db,
+            timeout=timeout,
+            postgres_env=postgres_env,
+        )
+    return report(title, rows, started=started, load_before=load_before)
+
+
 def report(title: str, rows: list[Row], *, started: float, load_before: str) -> int:
     """Print the table under a line naming the machine and its load (timings on a shared
     machine are only comparable with the load they ran under); exit status 1 when a row
