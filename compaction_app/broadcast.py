@@ -43,6 +43,10 @@ def broadcast(*, session_id: uuid.UUID | str, owner_id: int | str, message: dict
     groups = (session_group(session_id), user_group(owner_id), STAFF_GROUP)
 
     async def send_all() -> None:
+        many = getattr(layer, "group_send_many", None)
+        if many is not None:
+            await many(groups, event)
+            return
         for group in groups:
             await layer.group_send(group, event)
 

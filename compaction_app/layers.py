@@ -1,4 +1,5 @@
-"""An in-memory channel layer that may be written to from any thread.
+"""The channel layers: an in-memory one that may be written to from any thread, and the Redis
+one with a send to several groups in one round trip.
 
 Channels' InMemoryChannelLayer keeps asyncio queues bound to the event loop of the consumer
 that reads them. In the embedded profile the Celery worker is a thread with its own loop, so
@@ -13,10 +14,12 @@ import asyncio
 import contextlib
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from channels.exceptions import ChannelFull
 from channels.layers import InMemoryChannelLayer
+from channels_redis.core import RedisChannelLayer
 
 
 class ThreadSafeInMemoryChannelLayer(InMemoryChannelLayer):
@@ -87,3 +90,34 @@ class ThreadSafeInMemoryChannelLayer(InMemoryChannelLayer):
             self._receiver_loops.clear()
             self.channels.clear()
             self.groups.clear()
+
+
+class LedgerRedisChannelLayer(RedisChannelLayer):
+    """channels_redis's layer, plus `group_send_many`.
+
+    Every append pushes the session's usage to three groups (the session, its owner, staff).
+    channels_redis's group_send costs two round trips per group before it knows whether the
+    group has members, six per push: on the gateway's path that was the largest Redis cost
+    and it ran on the event loop that serves the next call. Most groups are empty (nobody
+    watches), so the membership of all of them is read in one pipeline, and only groups
+    with members go on to channels_redis's own group_send.
+    """
+
+    async def group_send_many(self, groups: Sequence[str], message: dict[str, Any]) -> None:
+        for group in groups:
+            assert self.require_valid_group_name(group), "Group name not valid"
+        by_connection: dict[int, list[str]] = {}
+        for group in groups:
+            by_connection.setdefault(self.consistent_hash(group), []).append(group)
+        expired = int(time.time()) - self.group_expiry
+        watched: list[str] = []
+        for index, members in by_connection.items():
+            pipe = self.connection(index).pipeline(transaction=False)
+            for group in members:
+                key = self._group_key(group)
+                pipe.zremrangebyscore(key, min=0, max=expired)
+                pipe.zcard(key)
+            results = await pipe.execute()
+            watched += [group for group, size in zip(members, results[1::2], strict=True) if size]
+        for group in watched:
+            await self.group_send(group, message)

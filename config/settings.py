@@ -158,7 +158,7 @@ _REDIS_KEEPALIVE = {
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "BACKEND": "compaction_app.layers.LedgerRedisChannelLayer",
             "CONFIG": {
                 "hosts": [
                     {

@@ -7,12 +7,13 @@ is the expensive part and needs no database.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
-from typing import Any
+from typing import Any, cast
 
 from django.conf import settings as django_settings
 from django.contrib.auth.models import AbstractBaseUser
@@ -20,7 +21,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import Field
 from django.utils import timezone
 
-from sessions_app import tokens
+from sessions_app import raw_rows, tokens
 from sessions_app.errors import Conflict, InvalidInput, Unprocessable
 from sessions_app.model_registry import ModelRegistry
 from sessions_app.models import ROLE_FOR_TYPE, Event, EventType, Session, is_model_visible
@@ -214,6 +215,20 @@ _PREPARED_TYPES = frozenset({"UUIDField", "JSONField", "DateTimeField", "Foreign
 _SINGLE_STATEMENT_ROWS = 50
 
 
+@lru_cache(maxsize=4)
+def _event_insert_parts(vendor: str) -> tuple[str, str, str, tuple[bool, ...]]:
+    """The INSERT's table, columns and placeholders, and which values need preparing (the
+    same for every append on a backend)."""
+    quote = connection.ops.quote_name
+    fields = Event._meta.concrete_fields
+    return (
+        quote(Event._meta.db_table),
+        ", ".join(quote(field.column) for field in fields),
+        ", ".join(["%s"] * len(fields)),
+        tuple(field.get_internal_type() in _PREPARED_TYPES for field in fields),
+    )
+
+
 def _insert_events(events: list[Event]) -> None:
     """INSERT the new events: a few in one statement; more with executemany on SQLite, one
     COPY on PostgreSQL.
@@ -222,13 +237,38 @@ def _insert_events(events: list[Event]) -> None:
     only the columns that need it: Django's per-field preparation of every value was the
     largest cost of a 3,000-event bulk append after tokenizing itself.
     """
+    table, columns, placeholders, _ = _event_insert_parts(connection.vendor)
+    # Identifiers come from the model and quote_name, values are parameters.
+    sql = f"INSERT INTO {table} ({columns}) VALUES ({placeholders})"  # noqa: S608
+    rows = _event_rows(events)
+    with connection.cursor() as cursor:
+        if len(rows) <= _SINGLE_STATEMENT_ROWS:
+            # A few rows (an agent's turn): one multi-row INSERT, one round trip (COPY's
+            # protocol takes two).
+            values = ", ".join([f"({placeholders})"] * len(rows))
+            cursor.execute(
+                f"INSERT INTO {table} ({columns}) VALUES {values}",  # noqa: S608
+                [value for row in rows for value in row],
+            )
+        elif connection.vendor == "postgresql":
+            # COPY streams the rows in one round trip; executemany costs one per batch.
+            copy_sql = f"COPY {table} ({columns}) FROM STDIN"
+            # The raw psycopg cursor: wrap its errors so a unique violation is IntegrityError.
+            with connection.wrap_database_errors, cursor.cursor.copy(copy_sql) as copy:
+                for row in rows:
+                    copy.write_row(row)
+        else:
+            for start in range(0, len(rows), 1000):
+                cursor.executemany(sql, rows[start : start + 1000])
+    _mark_stored(events)
+
+
+def _event_rows(events: list[Event]) -> list[list[Any]]:
+    """Each event's column values as an INSERT takes them, in the model's column order (their
+    created_at set to now)."""
     now = timezone.now()
     fields = Event._meta.concrete_fields
-    columns = ", ".join(connection.ops.quote_name(field.column) for field in fields)
-    placeholders = ", ".join(["%s"] * len(fields))
-    # Identifiers come from the model and quote_name, values are parameters.
-    sql = f"INSERT INTO {connection.ops.quote_name(Event._meta.db_table)} ({columns}) VALUES ({placeholders})"  # noqa: S608
-    prepared = [field.get_internal_type() in _PREPARED_TYPES for field in fields]
+    prepared = _event_insert_parts(connection.vendor)[3]
     rows = []
     for event in events:
         event.created_at = now
@@ -241,28 +281,10 @@ def _insert_events(events: list[Event]) -> None:
                 else value
             )
         rows.append(row)
-    with connection.cursor() as cursor:
-        if len(rows) <= _SINGLE_STATEMENT_ROWS:
-            # A few rows (an agent's turn): one multi-row INSERT, one round trip (COPY's
-            # protocol takes two).
-            values = ", ".join([f"({placeholders})"] * len(rows))
-            cursor.execute(
-                f"INSERT INTO {connection.ops.quote_name(Event._meta.db_table)} ({columns}) "  # noqa: S608
-                f"VALUES {values}",
-                [value for row in rows for value in row],
-            )
-        elif connection.vendor == "postgresql":
-            # COPY streams the rows in one round trip; executemany costs one per batch.
-            copy_sql = (
-                f"COPY {connection.ops.quote_name(Event._meta.db_table)} ({columns}) FROM STDIN"
-            )
-            # The raw psycopg cursor: wrap its errors so a unique violation is IntegrityError.
-            with connection.wrap_database_errors, cursor.cursor.copy(copy_sql) as copy:
-                for row in rows:
-                    copy.write_row(row)
-        else:
-            for start in range(0, len(rows), 1000):
-                cursor.executemany(sql, rows[start : start + 1000])
+    return rows
+
+
+def _mark_stored(events: list[Event]) -> None:
     for event in events:
         event._state.adding = False
         event._state.db = connection.alias
@@ -493,38 +515,50 @@ def _update_returning(
     when no row matched. One statement: the UPDATE takes the row lock that serialises
     appends, and RETURNING saves reading the row again. Written out rather than built by
     the ORM: compiling eleven F() expressions cost more than the round trip it saves."""
+    values = {**values, "updated_at": timezone.now()}
+    bounds = at_most or {}
+    sql = _update_returning_sql(connection.vendor, tuple(deltas), tuple(values), tuple(bounds))
+    updated = raw_rows.instances(Session, sql, _update_params(session_id, deltas, values, bounds))
+    return updated[0] if updated else None
+
+
+def _update_params(
+    session_id: uuid.UUID,
+    deltas: Mapping[str, int],
+    values: Mapping[str, Any],
+    bounds: Mapping[str, int],
+) -> list[Any]:
+    """The parameters of `_update_returning_sql`, in its order."""
+    meta = Session._meta
+    params: list[Any] = list(deltas.values())
+    for name, value in values.items():
+        params.append(cast(Field, meta.get_field(name)).get_db_prep_save(value, connection))
+    params.append(meta.pk.get_db_prep_value(session_id, connection))  # type: ignore[union-attr]
+    params.extend(bounds.values())
+    return params
+
+
+@lru_cache(maxsize=64)
+def _update_returning_sql(
+    vendor: str, deltas: tuple[str, ...], values: tuple[str, ...], at_most: tuple[str, ...]
+) -> str:
+    """The statement for these field names (a handful of combinations; built once each)."""
     meta = Session._meta
     quote = connection.ops.quote_name
 
-    def field(name: str) -> tuple[Field, str]:
+    def column(name: str) -> str:
         found = meta.get_field(name)
         assert isinstance(found, Field) and found.column
-        return found, quote(found.column)
+        return quote(found.column)
 
-    sets: list[str] = []
-    params: list[Any] = []
-    for name, delta in deltas.items():
-        column = field(name)[1]
-        sets.append(f"{column} = {column} + %s")
-        params.append(delta)
-    for name, value in {**values, "updated_at": timezone.now()}.items():
-        model_field, column = field(name)
-        sets.append(f"{column} = %s")
-        params.append(model_field.get_db_prep_save(value, connection))
-    pk_field, pk_column = field("id")
-    where = [f"{pk_column} = %s"]
-    params.append(pk_field.get_db_prep_value(session_id, connection))
-    for name, bound in (at_most or {}).items():
-        where.append(f"{field(name)[1]} <= %s")
-        params.append(bound)
-    columns = ", ".join(quote(f.column) for f in meta.concrete_fields)
+    sets = [f"{column(name)} = {column(name)} + %s" for name in deltas]
+    sets += [f"{column(name)} = %s" for name in values]
+    where = [f"{column('id')} = %s", *(f"{column(name)} <= %s" for name in at_most)]
     # Identifiers come from the model and quote_name, values are parameters.
-    sql = (
+    return (
         f"UPDATE {quote(meta.db_table)} SET {', '.join(sets)} "  # noqa: S608
-        f"WHERE {' AND '.join(where)} RETURNING {columns}"
+        f"WHERE {' AND '.join(where)} RETURNING {raw_rows.columns(Session)}"
     )
-    updated = list(Session.objects.raw(sql, params))
-    return updated[0] if updated else None
 
 
 def _store(
@@ -535,12 +569,27 @@ def _store(
 ) -> AppendResult:
     """Insert the events not in `existing`, their seqs ending at the row's new last_seq (the
     counters' UPDATE already moved it), and announce them once the transaction commits."""
+    result, to_create = _new_events(prepared, counts, existing, session=row, last_seq=row.last_seq)
+    _insert_events(to_create)
+    return _stored(row, result, to_create)
+
+
+def _new_events(
+    prepared: list[tuple[EventInput, str, bool]],
+    counts: Mapping[int, int],
+    existing: Mapping[uuid.UUID, Event],
+    *,
+    session: Session,
+    last_seq: int,
+) -> tuple[list[Event], list[Event]]:
+    """The append's events in request order (stored ones from `existing`), and the new ones,
+    numbered so that the last ends at `last_seq`."""
     fresh = [
         index
         for index, (item, _, _) in enumerate(prepared)
         if item.id is None or item.id not in existing
     ]
-    seq = row.last_seq - len(fresh)
+    seq = last_seq - len(fresh)
     to_create: list[Event] = []
     result: list[Event] = []
     for index, (item, text, is_json) in enumerate(prepared):
@@ -551,7 +600,7 @@ def _store(
         usage = item.token_usage
         event = Event(
             id=item.id or uuid.uuid4(),
-            session=row,
+            session=session,
             seq=seq,
             type=item.type,
             content=text,
@@ -568,9 +617,13 @@ def _store(
         )
         to_create.append(event)
         result.append(event)
-    _insert_events(to_create)
-    created_ids = [event.id for event in to_create]
-    created_types = sorted({event.type for event in to_create})
+    return result, to_create
+
+
+def _stored(row: Session, result: list[Event], created: list[Event]) -> AppendResult:
+    """The append's result; its new events are announced once the transaction commits."""
+    created_ids = [event.id for event in created]
+    created_types = sorted({event.type for event in created})
     transaction.on_commit(
         lambda: announce_appended(
             sender=Session,
@@ -580,7 +633,7 @@ def _store(
             session=row,
         )
     )
-    return AppendResult(events=result, created=len(to_create), session=row)
+    return AppendResult(events=result, created=len(created), session=row)
 
 
 def _append_direct(
@@ -605,6 +658,8 @@ def _append_direct(
         )
         if value
     }
+    if connection.vendor == "postgresql":
+        return _append_in_one_statement(session, prepared, counts, added, updates, bounds)
     try:
         with transaction.atomic():
             row = _update_returning(
@@ -617,6 +672,79 @@ def _append_direct(
         if not has_ids:
             raise
         raise _TakeCarefulPath from None
+
+
+def _append_in_one_statement(
+    session: Session,
+    prepared: list[tuple[EventInput, str, bool]],
+    counts: Mapping[int, int],
+    added: _Added,
+    updates: Mapping[str, Any],
+    bounds: Mapping[str, int],
+) -> AppendResult:
+    """The direct append on PostgreSQL: the counters' UPDATE and the events' INSERT as one
+    statement (the INSERT numbers the events from the UPDATE's RETURNING), so outside a
+    transaction it is one round trip and commits alone, where BEGIN, UPDATE, INSERT and
+    COMMIT took four. A session row the UPDATE does not match (missing, or the reported
+    totals' bound) leaves the events without a seq: the statement fails whole, as does one
+    with a stored id, and the careful way decides."""
+    deltas = added.deltas()
+    values = {**updates, "updated_at": timezone.now()}
+    _, to_create = _new_events(prepared, counts, {}, session=session, last_seq=0)
+    rows = _event_rows(to_create)
+    seq_index = _event_seq_index()
+    params: list[Any] = _update_params(session.pk, deltas, values, bounds)
+    for number, row_values in enumerate(rows):
+        # The event's seq is the row's new last_seq minus this offset.
+        row_values[seq_index] = len(rows) - 1 - number
+        params.extend(row_values)
+    sql = _append_statement_sql(
+        connection.vendor, tuple(deltas), tuple(values), tuple(bounds), len(rows)
+    )
+    try:
+        # A savepoint only inside a caller's transaction, which a failed statement would
+        # otherwise abort.
+        with transaction.atomic() if connection.in_atomic_block else contextlib.nullcontext():
+            found = raw_rows.instances(Session, sql, params)
+    except IntegrityError:
+        raise _TakeCarefulPath from None
+    if not found:
+        raise _TakeCarefulPath
+    row = found[0]
+    for number, event in enumerate(to_create):
+        event.seq = row.last_seq - (len(to_create) - 1 - number)
+        event.session = row
+    _mark_stored(to_create)
+    return _stored(row, to_create, to_create)
+
+
+def _event_seq_index() -> int:
+    return [field.attname for field in Event._meta.concrete_fields].index("seq")
+
+
+@lru_cache(maxsize=256)
+def _append_statement_sql(
+    vendor: str,
+    deltas: tuple[str, ...],
+    values: tuple[str, ...],
+    at_most: tuple[str, ...],
+    rows: int,
+) -> str:
+    """The one-statement append for these field names and this many events."""
+    quote = connection.ops.quote_name
+    table, columns, _, _ = _event_insert_parts(vendor)
+    seq_index = _event_seq_index()
+    last_seq = quote(Session._meta.get_field("last_seq").column)  # type: ignore[union-attr]
+    placeholders = ["%s"] * len(Event._meta.concrete_fields)
+    placeholders[seq_index] = f"(SELECT {last_seq} FROM updated) - %s"  # noqa: S608
+    row = f"({', '.join(placeholders)})"
+    update = _update_returning_sql(vendor, deltas, values, at_most)
+    # Identifiers come from the models and quote_name, values are parameters.
+    return (
+        f"WITH updated AS ({update}), "  # noqa: S608
+        f"inserted AS (INSERT INTO {table} ({columns}) VALUES {', '.join([row] * rows)}) "
+        f"SELECT {raw_rows.columns(Session)} FROM updated"
+    )
 
 
 def _append_careful(

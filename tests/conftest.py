@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import asyncio
 import faulthandler
 import os
 import sys
@@ -216,6 +217,7 @@ def live_url(django_db_setup, django_db_blocker):
     from daphne.server import Server
     from twisted.internet import reactor
 
+    from compaction_app.gateway import forward
     from config.asgi import application
 
     server = Server(
@@ -234,6 +236,11 @@ def live_url(django_db_setup, django_db_blocker):
             time.sleep(0.05)
         host, port = server.listening_addresses[0]
         yield f"http://{host}:{port}"
+        # The gateway's pooled upstream connections belong to the server's loop: close them
+        # while it runs (left open, aiohttp reports them at exit).
+        asyncio.run_coroutine_threadsafe(
+            forward.close_sessions(), reactor._asyncioEventloop
+        ).result(timeout=10)
         reactor.callFromThread(reactor.stop)
         thread.join(timeout=10)
 

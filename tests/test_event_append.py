@@ -1,5 +1,6 @@
-"""`event_append`'s two ways: the direct one (one UPDATE ... RETURNING, one INSERT) and the
-careful one it falls back to when a client-supplied id is already stored."""
+"""`event_append`'s two ways: the direct one (one UPDATE ... RETURNING, one INSERT; on
+PostgreSQL both in one statement) and the careful one it falls back to when a client-supplied
+id is already stored."""
 
 from __future__ import annotations
 
@@ -40,17 +41,69 @@ def user(text: str, *, event_id: uuid.UUID | None = None, **extra) -> EventInput
     return EventInput(type=EventType.USER_MESSAGE, content=text, id=event_id, **extra)
 
 
+def direct_statements() -> int:
+    """How many statements the direct way takes: the UPDATE and the INSERT, which
+    PostgreSQL runs as one."""
+    return 1 if connection.vendor == "postgresql" else 2
+
+
 def test_it_appends_with_one_update_and_one_insert(session):
     with CaptureQueriesContext(connection) as captured:
         result = event_append(session=session, events=[user("a"), user("b")])
     sql = statements(captured)
-    assert len(sql) == 2, sql
-    assert sql[0].startswith("UPDATE") and "RETURNING" in sql[0]
-    assert sql[1].startswith("INSERT")
+    if connection.vendor == "postgresql":
+        (statement,) = sql
+        assert statement.startswith("WITH updated AS (UPDATE") and "RETURNING" in statement
+        assert "inserted AS (INSERT" in statement
+    else:
+        assert len(sql) == 2, sql
+        assert sql[0].startswith("UPDATE") and "RETURNING" in sql[0]
+        assert sql[1].startswith("INSERT")
     # The row it returns is the row as committed, counters included.
     assert result.session.last_seq == 2 == result.session.event_count
     assert result.session.active_tokens == Session.objects.get(pk=session.pk).active_tokens
     assert [e.seq for e in result.events] == [1, 2]
+
+
+@pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="the one-statement append is PostgreSQL's"
+)
+def test_it_appends_in_one_round_trip_outside_a_transaction(session):
+    with CaptureQueriesContext(connection) as captured:
+        event_append(session=session, events=[user("a")])
+    # No BEGIN and no COMMIT: the statement commits alone.
+    assert [q["sql"].split()[0] for q in captured.captured_queries] == ["WITH"]
+
+
+@pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="the one-statement append is PostgreSQL's"
+)
+def test_it_numbers_the_events_of_concurrent_one_statement_appends_in_order(session):
+    import threading
+
+    from django.db import connections
+
+    def append(number: int) -> None:
+        try:
+            for turn in range(10):
+                event_append(
+                    session=session, events=[user(f"{number}-{turn}-a"), user(f"{number}-{turn}-b")]
+                )
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=append, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    seqs = list(Event.objects.filter(session=session).order_by("seq").values_list("seq", "content"))
+    assert [seq for seq, _ in seqs] == list(range(1, 81))
+    # Each append's two events are consecutive.
+    for (seq_a, a), (seq_b, b) in zip(seqs[::2], seqs[1::2], strict=True):
+        assert a.endswith("-a") and b == a[:-1] + "b" and seq_b == seq_a + 1
+    row = Session.objects.get(pk=session.pk)
+    assert row.last_seq == row.event_count == 80
 
 
 def test_it_inserts_new_ids_without_looking_them_up(session):
@@ -59,7 +112,7 @@ def test_it_inserts_new_ids_without_looking_them_up(session):
         event_append(
             session=session, events=[user("a", event_id=ids[0]), user("b", event_id=ids[1])]
         )
-    assert len(statements(captured)) == 2
+    assert len(statements(captured)) == direct_statements()
     assert list(Event.objects.filter(session=session).values_list("id", flat=True)) == ids
 
 
@@ -95,7 +148,7 @@ def test_it_saves_session_updates_in_the_counters_update(session):
             events=[user("a")],
             session_updates={"gateway_prefix_len": 7, "gateway_prefix_hash": "abc"},
         )
-    assert len(statements(captured)) == 2
+    assert len(statements(captured)) == direct_statements()
     assert (result.session.gateway_prefix_len, result.session.gateway_prefix_hash) == (7, "abc")
     row = Session.objects.get(pk=session.pk)
     assert (row.gateway_prefix_len, row.gateway_prefix_hash) == (7, "abc")

@@ -259,3 +259,29 @@ def test_it_lists_models_in_openais_shape(gateway_url, alice):
     assert models["gpt-4o"].object == "model"
     with pytest.raises(openai.AuthenticationError):
         openai_client(gateway_url, key="wrong", session=None).models.list()
+
+
+def test_it_forwards_the_clients_headers_and_says_json_when_the_client_did_not(
+    gateway_url, upstream, alice
+):
+    import httpx
+
+    body = json.dumps({"model": "gpt-4o", "messages": [{"role": "user", "content": "Hi"}]})
+    response = httpx.post(
+        f"{gateway_url}/gateway/openai/v1/chat/completions",
+        content=body.encode(),
+        headers={
+            "X-Ledger-Key": token_for(alice),
+            "X-Ledger-Session": "no-content-type",
+            "Authorization": f"Bearer {CANARY}",
+            "User-Agent": "my-agent/1.0",
+            "OpenAI-Organization": "org-123",
+        },
+    )
+    assert response.status_code == 200, response.text
+    sent = upstream.requests[-1]
+    assert sent.headers["content-type"] == "application/json"
+    assert sent.headers["user-agent"] == "my-agent/1.0"
+    assert sent.headers["openai-organization"] == "org-123"
+    assert sent.headers["accept-encoding"] == "identity"
+    assert not any(name.startswith("x-ledger-") for name in sent.headers)

@@ -1,4 +1,4 @@
-"""The gateway's own ASGI handler: Django, without the site's sync middleware.
+"""The gateway's own ASGI handler: Django, without the site's sync middleware or thread hops.
 
 The gateway sits in the agent's call path, so every millisecond it adds is paid on every
 provider call. Under ASGI each of the site's sync middleware (sessions, CSRF, auth, messages,
@@ -7,21 +7,32 @@ applies to the gateway: its views are async, CSRF-exempt, authenticate by `X-Led
 and answer JSON or SSE. Requests under `/gateway/` therefore go to a Django ASGI handler
 whose only middleware is SecurityMiddleware's logic run inline (it does no I/O): the same
 HTTPS redirect and security headers as the rest of the site, without a thread hop.
-Everything else is Django's own handler: URL resolution, request_started/request_finished
-(which close stale database connections), exception handling.
+
+Django's handler also starts a thread per request (a ThreadSensitiveContext) and hops into it
+for request_started and again for request_finished, only to run their receivers (which close
+that thread's database connections). The gateway's views never touch the ORM on the request
+thread: their sync work runs on the gateway's own threads, which hand their connections back
+after each hop (threads.py). So this handler sends both signals inline, on the event loop,
+where their receivers find nothing to close. Everything else is Django's own handler: body
+reading, URL resolution, exception handling, disconnect handling.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from asgiref.sync import markcoroutinefunction
-from django.core.handlers.asgi import ASGIHandler
+from django.core import signals
+from django.core.exceptions import RequestAborted
+from django.core.handlers.asgi import ASGIHandler, get_script_prefix
 from django.core.handlers.exception import convert_exception_to_response
 from django.http import HttpRequest
 from django.http.response import HttpResponseBase
 from django.middleware.security import SecurityMiddleware
+from django.urls import set_script_prefix
 
 PREFIX = "/gateway/"
 
@@ -59,6 +70,60 @@ class GatewayHandler(ASGIHandler):
         self._middleware_chain = convert_exception_to_response(
             InlineSecurityMiddleware(handler)  # type: ignore[arg-type]
         )
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            raise ValueError(f"the gateway serves HTTP only, not {scope['type']}")
+        # No ThreadSensitiveContext: nothing here runs on a request thread (module docstring).
+        await self.handle(scope, receive, send)
+
+    async def handle(self, scope: Any, receive: Any, send: Any) -> None:
+        """ASGIHandler.handle (Django 5.2) with the two signals sent inline."""
+        try:
+            body_file = await self.read_body(receive)
+        except RequestAborted:
+            return
+        set_script_prefix(get_script_prefix(scope))
+        signals.request_started.send(sender=self.__class__, scope=scope)
+        request, error_response = self.create_request(scope, body_file)
+        if request is None:
+            assert error_response is not None
+            body_file.close()
+            await self.send_response(error_response, send)
+            error_response.close()
+            return
+
+        async def process_request(request: HttpRequest, send: Any) -> HttpResponseBase:
+            response = await self.run_get_response(request)
+            # The client may go away while the response is being sent.
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.send_response(response, send)
+            return response
+
+        # As Django: a disconnect while the view runs cancels it.
+        serving = asyncio.create_task(process_request(request, send))
+        tasks = [asyncio.create_task(self.listen_for_disconnect(receive)), serving]
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for task in tasks:
+            if task.done():
+                try:
+                    task.result()
+                except RequestAborted:
+                    pass
+                except AssertionError:
+                    body_file.close()
+                    raise
+            else:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+        try:
+            response = serving.result()
+        except asyncio.CancelledError:
+            signals.request_finished.send(sender=self.__class__)
+        else:
+            response.close()  # sends request_finished
+        body_file.close()
 
 
 def with_gateway(site: Any, gateway: Any) -> Callable[[Any, Any, Any], Awaitable[None]]:

@@ -1,4 +1,9 @@
-"""Forwarding to the upstream provider: one pooled httpx.AsyncClient per event loop.
+"""Forwarding to the upstream provider: one pooled aiohttp session per event loop.
+
+aiohttp rather than httpx (which the SDKs use): on the gateway's path the client's own
+cost is paid on every provider call, and aiohttp's C parser spends about a quarter of
+httpx's CPU per request (0.3 against 1.3 ms measured here on the stand-in). Views see an
+`UpstreamResponse` and `UpstreamError`, nothing of the client library.
 
 The provider credential travels in the forwarded headers only: it is never logged, stored or
 put in an error message.
@@ -7,12 +12,12 @@ put in an error message.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 
-import httpx
+import aiohttp
 from django.conf import settings
 
-# Not forwarded: hop-by-hop headers, the body framing httpx sets itself, the browser's
+# Not forwarded: hop-by-hop headers, the body framing the HTTP client sets itself, the browser's
 # cookies, and the gateway's own headers.
 _DROPPED = frozenset(
     {
@@ -34,21 +39,64 @@ _DROPPED = frozenset(
 _RETURNED_PREFIXES = ("x-ratelimit-", "anthropic-ratelimit-", "openai-")
 _RETURNED = frozenset({"retry-after", "x-request-id", "request-id", "retry-after-ms"})
 
-_clients: dict[asyncio.AbstractEventLoop, httpx.AsyncClient] = {}
+_sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
 
 
-def client() -> httpx.AsyncClient:
+class UpstreamError(Exception):
+    """The upstream could not be reached, timed out, or broke off its answer."""
+
+
+def _session() -> aiohttp.ClientSession:
     loop = asyncio.get_running_loop()
-    found = _clients.get(loop)
-    if found is None or found.is_closed:
-        timeout = float(settings.LEDGER_UPSTREAM_TIMEOUT_SECONDS)
-        found = httpx.AsyncClient(
-            timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
-            limits=httpx.Limits(max_connections=200, max_keepalive_connections=50),
-            follow_redirects=False,
+    found = _sessions.get(loop)
+    if found is None or found.closed:
+        found = aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=200, limit_per_host=0),
+            # The body is relayed as the provider sent it, streamed or not (gzip included:
+            # the request asks for identity, and a provider that compresses anyway is
+            # decoded, as its encoding header is not passed on).
+            auto_decompress=True,
+            # No cookie jar: the gateway is not the provider's browser.
+            cookie_jar=aiohttp.DummyCookieJar(),
+            skip_auto_headers=("User-Agent",),
         )
-        _clients[loop] = found
+        _sessions[loop] = found
     return found
+
+
+async def close_sessions() -> None:
+    """Close this event loop's upstream session (a server's loop ending: the tests' daphne)."""
+    found = _sessions.pop(asyncio.get_running_loop(), None)
+    if found is not None:
+        await found.close()
+
+
+class UpstreamResponse:
+    """The upstream's answer once its headers arrived; the body is read by the caller."""
+
+    def __init__(self, response: aiohttp.ClientResponse) -> None:
+        self._response = response
+        self.status_code = response.status
+        self.headers: Mapping[str, str] = response.headers
+
+    async def aread(self) -> bytes:
+        try:
+            return await self._response.read()
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise UpstreamError(exc.__class__.__name__) from exc
+
+    async def aiter_raw(self) -> AsyncIterator[bytes]:
+        try:
+            async for chunk in self._response.content.iter_any():
+                yield chunk
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise UpstreamError(exc.__class__.__name__) from exc
+
+    async def aclose(self) -> None:
+        if self._response.content.at_eof():
+            self._response.release()  # the connection goes back to the pool
+        else:
+            self._response.close()  # a body left unread: the connection cannot be reused
 
 
 def forward_headers(headers: Mapping[str, str]) -> dict[str, str]:
@@ -59,10 +107,13 @@ def forward_headers(headers: Mapping[str, str]) -> dict[str, str]:
     }
     # Uncompressed, so streamed chunks can be read as they are relayed.
     out["accept-encoding"] = "identity"
+    if not any(name.lower() == "content-type" for name in out):
+        # The body is JSON (the gateway parsed it); left unset, aiohttp would say octet-stream.
+        out["content-type"] = "application/json"
     return out
 
 
-def returned_headers(headers: httpx.Headers) -> dict[str, str]:
+def returned_headers(headers: Mapping[str, str]) -> dict[str, str]:
     return {
         name: value
         for name, value in headers.items()
@@ -75,16 +126,21 @@ def is_retryable_status(status: int) -> bool:
     return status == 429 or status >= 500
 
 
-async def send(*, url: str, headers: dict[str, str], content: bytes) -> httpx.Response:
+async def send(*, url: str, headers: dict[str, str], content: bytes) -> UpstreamResponse:
     """POST and return once the response headers arrived (the body is read by the caller,
-    streamed or not). Raises httpx.TransportError on connection errors and timeouts."""
-    http = client()
+    streamed or not). Raises UpstreamError on connection errors and timeouts."""
     timeout = float(settings.LEDGER_UPSTREAM_TIMEOUT_SECONDS)
-    request = http.build_request(
-        "POST",
-        url,
-        headers=headers,
-        content=content,
-        timeout=httpx.Timeout(timeout, connect=min(timeout, 10.0)),
-    )
-    return await http.send(request, stream=True)
+    try:
+        response = await _session().post(
+            url,
+            data=content,
+            headers=headers,
+            allow_redirects=False,
+            # As before with httpx: each read may wait `timeout`, connecting at most 10 s.
+            timeout=aiohttp.ClientTimeout(
+                total=None, sock_connect=min(timeout, 10.0), sock_read=timeout
+            ),
+        )
+    except (TimeoutError, aiohttp.ClientError) as exc:
+        raise UpstreamError(exc.__class__.__name__) from exc
+    return UpstreamResponse(response)

@@ -30,7 +30,7 @@ from compaction_app.gateway.messages import (
     event_id,
     message_hash,
 )
-from sessions_app import tokens
+from sessions_app import raw_rows, tokens
 from sessions_app.errors import Conflict, LedgerError
 from sessions_app.models import ROLE_FOR_TYPE, Event, Session
 from sessions_app.services import EventInput, TokenUsage, event_append, session_create
@@ -125,7 +125,7 @@ def _owned_session(*, key: str, name: str) -> Session | None:
         f"JOIN {quote(user_model._meta.db_table)} u ON u.{quote('id')} = s.{quote('owner_id')} "
         f"WHERE t.{quote('key')} = %s AND u.{quote('is_active')} = %s AND s.{quote(column)} = %s"
     )
-    found = list(Session.objects.raw(sql, [key, True, value]))
+    found = raw_rows.instances(Session, sql, [key, True, value])
     return found[0] if found else None
 
 

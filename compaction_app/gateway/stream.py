@@ -8,7 +8,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Protocol
 
-import httpx
+from compaction_app.gateway.forward import UpstreamError, UpstreamResponse
 
 logger = logging.getLogger("compaction_app.gateway")
 
@@ -26,7 +26,7 @@ class Accumulator(Protocol):
 
 async def relay(
     *,
-    response: httpx.Response,
+    response: UpstreamResponse,
     accumulator: Accumulator,
     stream_error: Callable[[str], bytes],
     on_end: Callable[[bool], Awaitable[None]],
@@ -43,9 +43,9 @@ async def relay(
         if not accumulator.done and not accumulator.errored:
             # The upstream closed the connection before its last event.
             yield stream_error("the upstream stream ended before the reply was complete")
-    except httpx.HTTPError as exc:
-        logger.warning("upstream stream broke: %s", exc.__class__.__name__)
-        yield stream_error(f"the upstream stream was interrupted ({exc.__class__.__name__})")
+    except UpstreamError as exc:
+        logger.warning("upstream stream broke: %s", exc)
+        yield stream_error(f"the upstream stream was interrupted ({exc})")
     finally:
         # Complete once the provider's closing event went through, even if the client hung up
         # right after reading it.
@@ -59,7 +59,7 @@ async def relay(
 
 
 async def _finish(
-    response: httpx.Response, on_end: Callable[[bool], Awaitable[None]], incomplete: bool
+    response: UpstreamResponse, on_end: Callable[[bool], Awaitable[None]], incomplete: bool
 ) -> None:
     try:
         await response.aclose()

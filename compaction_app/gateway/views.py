@@ -15,8 +15,6 @@ from functools import lru_cache
 from types import ModuleType
 from typing import Any
 
-import httpx
-from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
@@ -24,7 +22,7 @@ from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
 from compaction_app import broadcast
-from compaction_app.gateway import after, anthropic, forward, openai
+from compaction_app.gateway import after, anthropic, forward, openai, threads
 from compaction_app.gateway.fit import Fitted, fit, model_window
 from compaction_app.gateway.messages import (
     ClientMessage,
@@ -215,7 +213,8 @@ async def _serve(
     units = wire.client_messages(body)
     fit_enabled = (request.headers.get("X-Ledger-Fit") or "").strip().lower() != "off"
     try:
-        call = await sync_to_async(announced.collecting)(
+        call = await threads.run(
+            announced.collecting,
             _prepare,
             announced=announced,
             wire=wire,
@@ -233,13 +232,14 @@ async def _serve(
     url = _upstream(wire)
     models = [model, *[m for m in _fallbacks(request) if m != model]]
     fitted = call.fitted
-    response: httpx.Response | None = None
+    response: forward.UpstreamResponse | None = None
     failure = ""
     for number, target in enumerate(models):
         last = number == len(models) - 1
         if number:
             try:
-                fitted = await sync_to_async(announced.collecting)(
+                fitted = await threads.run(
+                    announced.collecting,
                     _refit,
                     call=call,
                     wire=wire,
@@ -255,8 +255,8 @@ async def _serve(
         content = raw if fitted.body is None else json.dumps(fitted.body).encode()
         try:
             response = await forward.send(url=url, headers=headers, content=content)
-        except httpx.TransportError as exc:
-            failure = f"the upstream for {target} could not be reached ({exc.__class__.__name__})"
+        except forward.UpstreamError as exc:
+            failure = f"the upstream for {target} could not be reached ({exc})"
             logger.warning("gateway: %s", failure)
             response = None
             continue
@@ -325,7 +325,8 @@ async def _record_plain(*, wire: ModuleType, call: _Call, fitted: Fitted, data: 
 
 
 async def _record(*, call: _Call, fitted: Fitted, reply: Reply, incomplete: bool) -> None:
-    await sync_to_async(call.announced.collecting)(
+    await threads.run(
+        call.announced.collecting,
         record_reply,
         session=call.session,
         position=call.position,
@@ -370,7 +371,7 @@ async def openai_models(request: HttpRequest) -> HttpResponse:
     if request.method != "GET":
         return _error(openai, GatewayError("use GET", status=405, code="method_not_allowed"))
     try:
-        await sync_to_async(_user_for)(request.headers.get("X-Ledger-Key"))
+        await threads.run(_user_for, key=request.headers.get("X-Ledger-Key"))
     except GatewayError as exc:
         return _error(openai, exc)
     data = _model_list(json.dumps(settings.MODEL_CONTEXT_OVERRIDES, sort_keys=True))
@@ -400,7 +401,7 @@ async def anthropic_count_tokens(request: HttpRequest) -> HttpResponse:
     if request.method != "POST":
         return _error(anthropic, GatewayError("use POST", status=405, code="method_not_allowed"))
     try:
-        await sync_to_async(_user_for)(request.headers.get("X-Ledger-Key"))
+        await threads.run(_user_for, key=request.headers.get("X-Ledger-Key"))
         _, body = _read_json(request)
         count = _count_tokens(body)
     except GatewayInputError as exc:
