@@ -100,7 +100,7 @@ def on_private_redis(settings, private_redis):
     }
     settings.CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "BACKEND": "compaction_app.layers.LedgerRedisChannelLayer",
             "CONFIG": {
                 "hosts": [
                     {
