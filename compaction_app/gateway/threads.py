@@ -22,9 +22,9 @@ from django.db import connections
 
 T = TypeVar("T")
 
-# At most as many threads as a process's database pool holds connections (each hop uses
-# one), and a few: the hops are short, and a queue here is cheaper than threads that wait
-# for the pool.
+# A few threads, and never more than the process's database pool holds connections (each
+# hop uses one): the hops are short, and a queue here is cheaper than threads that wait for
+# the pool.
 MAX_THREADS = 8
 
 _executor: ThreadPoolExecutor | None = None
