@@ -515,7 +515,6 @@ def _update_returning(
     when no row matched. One statement: the UPDATE takes the row lock that serialises
     appends, and RETURNING saves reading the row again. Written out rather than built by
     the ORM: compiling eleven F() expressions cost more than the round trip it saves."""
-    values = {**values, "updated_at": timezone.now()}
     bounds = at_most or {}
     sql = _update_returning_sql(connection.vendor, tuple(deltas), tuple(values), tuple(bounds))
     updated = raw_rows.instances(Session, sql, _update_params(session_id, deltas, values, bounds))
@@ -528,10 +527,10 @@ def _update_params(
     values: Mapping[str, Any],
     bounds: Mapping[str, int],
 ) -> list[Any]:
-    """The parameters of `_update_returning_sql`, in its order."""
+    """The parameters of `_update_returning_sql`, in its order (`updated_at` is now)."""
     meta = Session._meta
     params: list[Any] = list(deltas.values())
-    for name, value in values.items():
+    for name, value in {**values, "updated_at": timezone.now()}.items():
         params.append(cast(Field, meta.get_field(name)).get_db_prep_save(value, connection))
     params.append(meta.pk.get_db_prep_value(session_id, connection))  # type: ignore[union-attr]
     params.extend(bounds.values())
@@ -542,7 +541,8 @@ def _update_params(
 def _update_returning_sql(
     vendor: str, deltas: tuple[str, ...], values: tuple[str, ...], at_most: tuple[str, ...]
 ) -> str:
-    """The statement for these field names (a handful of combinations; built once each)."""
+    """The statement for these field names (a handful of combinations; built once each). It
+    sets `updated_at` too."""
     meta = Session._meta
     quote = connection.ops.quote_name
 
@@ -552,7 +552,7 @@ def _update_returning_sql(
         return quote(found.column)
 
     sets = [f"{column(name)} = {column(name)} + %s" for name in deltas]
-    sets += [f"{column(name)} = %s" for name in values]
+    sets += [f"{column(name)} = %s" for name in (*values, "updated_at")]
     where = [f"{column('id')} = %s", *(f"{column(name)} <= %s" for name in at_most)]
     # Identifiers come from the model and quote_name, values are parameters.
     return (
@@ -689,17 +689,17 @@ def _append_in_one_statement(
     totals' bound) leaves the events without a seq: the statement fails whole, as does one
     with a stored id, and the careful way decides."""
     deltas = added.deltas()
-    values = {**updates, "updated_at": timezone.now()}
+    # Numbered relative to the row's new last_seq, which only the statement knows: the last
+    # event 0, the one before it -1, and so on.
     _, to_create = _new_events(prepared, counts, {}, session=session, last_seq=0)
     rows = _event_rows(to_create)
     seq_index = _event_seq_index()
-    params: list[Any] = _update_params(session.pk, deltas, values, bounds)
-    for number, row_values in enumerate(rows):
-        # The event's seq is the row's new last_seq minus this offset.
-        row_values[seq_index] = len(rows) - 1 - number
+    params: list[Any] = _update_params(session.pk, deltas, updates, bounds)
+    for event, row_values in zip(to_create, rows, strict=True):
+        row_values[seq_index] = -event.seq  # the statement subtracts it from last_seq
         params.extend(row_values)
     sql = _append_statement_sql(
-        connection.vendor, tuple(deltas), tuple(values), tuple(bounds), len(rows)
+        connection.vendor, tuple(deltas), tuple(updates), tuple(bounds), len(rows)
     )
     try:
         # A savepoint only inside a caller's transaction, which a failed statement would
@@ -711,13 +711,14 @@ def _append_in_one_statement(
     if not found:
         raise _TakeCarefulPath
     row = found[0]
-    for number, event in enumerate(to_create):
-        event.seq = row.last_seq - (len(to_create) - 1 - number)
+    for event in to_create:
+        event.seq += row.last_seq
         event.session = row
     _mark_stored(to_create)
     return _stored(row, to_create, to_create)
 
 
+@lru_cache(maxsize=1)
 def _event_seq_index() -> int:
     return [field.attname for field in Event._meta.concrete_fields].index("seq")
 

@@ -15,6 +15,7 @@ import logging
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, cast
 
 from django.contrib.auth import get_user_model
@@ -111,22 +112,28 @@ def _owned_session(*, key: str, name: str) -> Session | None:
     """The session `name` (its id, or else a client key) of the active user whose API token
     is `key`. Written out: the ORM's compilation of this three-table join cost as much as the
     query, on every provider call."""
-    quote = connection.ops.quote_name
-    user_model = get_user_model()
     try:
         column, value = "id", Session._meta.pk.get_db_prep_value(uuid.UUID(name), connection)  # type: ignore[union-attr]
     except ValueError:
         column, value = "client_key", name
-    columns = ", ".join(f"s.{quote(f.column)}" for f in Session._meta.concrete_fields)
+    sql = _owned_session_sql(connection.vendor, column)
+    found = raw_rows.instances(Session, sql, [key, True, value])
+    return found[0] if found else None
+
+
+@lru_cache(maxsize=8)
+def _owned_session_sql(vendor: str, column: str) -> str:
+    """`_owned_session`'s statement, looking the session up by `column` (built once each)."""
+    quote = connection.ops.quote_name
+    user_model = get_user_model()
     # Identifiers come from the models and quote_name, values are parameters.
-    sql = (
-        f"SELECT {columns} FROM {quote(Session._meta.db_table)} s "  # noqa: S608
+    return (
+        f"SELECT {raw_rows.columns(Session, alias='s')} "  # noqa: S608
+        f"FROM {quote(Session._meta.db_table)} s "
         f"JOIN {quote(Token._meta.db_table)} t ON t.{quote('user_id')} = s.{quote('owner_id')} "
         f"JOIN {quote(user_model._meta.db_table)} u ON u.{quote('id')} = s.{quote('owner_id')} "
         f"WHERE t.{quote('key')} = %s AND u.{quote('is_active')} = %s AND s.{quote(column)} = %s"
     )
-    found = raw_rows.instances(Session, sql, [key, True, value])
-    return found[0] if found else None
 
 
 @dataclass(frozen=True)
