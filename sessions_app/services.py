@@ -1,38 +1,62 @@
 """Services: every write to sessions and events goes through here.
 
-Appends lock the session row, so `seq` is gap-free and the counters on the session always
-equal the sums over its stored events. Token counting happens before the lock is taken: it
-is the expensive part and needs no database.
+This module holds the policy: what a session, a settings change or an event must look like to
+be stored (clear 4xx errors otherwise). How validated events are stored with the session's
+counters (gap-free `seq`, counters always equal to the sums over the stored events, idempotent
+retries) is the append engine's, in `sessions_app.append`; its input and result types are
+re-exported here, where callers have always found them. Token counting happens before any
+lock is taken: it is the expensive part and needs no database.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from functools import lru_cache
-from typing import Any, cast
+from typing import Any
 
 from django.conf import settings as django_settings
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import IntegrityError, connection, transaction
-from django.db.models import Field
-from django.utils import timezone
+from django.db import transaction
 
-from sessions_app import raw_rows, tokens
-from sessions_app.errors import Conflict, InvalidInput, Unprocessable
+from sessions_app import tokens
+from sessions_app.append import (
+    MAX_REPORTED_TOTAL,
+    AppendResult,
+    EventInput,
+    Prepared,
+    TokenUsage,
+    append_prepared,
+)
+from sessions_app.errors import InvalidInput
 from sessions_app.model_registry import ModelRegistry
-from sessions_app.models import ROLE_FOR_TYPE, Event, EventType, Session, is_model_visible
+from sessions_app.models import Event, EventType, Session
 from sessions_app.session_settings import validate_settings
-from sessions_app.signals import announce_appended
+
+__all__ = [
+    "COMPACT_COMMAND",
+    "MAX_CONTEXT_LIMIT",
+    "MAX_REPORTED_TOKENS",
+    "MAX_REPORTED_TOTAL",
+    "AppendResult",
+    "EventInput",
+    "TokenUsage",
+    "check_text",
+    "event_append",
+    "event_set_pinned",
+    "model_registry",
+    "session_create",
+    "session_delete",
+    "session_record_compaction",
+    "session_update",
+]
 
 MAX_CONTEXT_LIMIT = 100_000_000
-# Provider-reported usage: one value, and a session's running sum of each kind. Both stay far
-# below PostgreSQL's bigint, and one huge report cannot fill a session's totals on its own.
+# Provider-reported usage: one value stays far below PostgreSQL's bigint, and one huge report
+# cannot fill a session's totals (MAX_REPORTED_TOTAL, the engine's bound) on its own.
 MAX_REPORTED_TOKENS = 10**12
-MAX_REPORTED_TOTAL = 10**15
 COMPACT_COMMAND = "/compact"
 
 
@@ -44,37 +68,6 @@ def _registry_cached(overrides_json: str) -> ModelRegistry:
 def model_registry() -> ModelRegistry:
     """The registry with the overrides currently in settings (cached per overrides value)."""
     return _registry_cached(json.dumps(django_settings.MODEL_CONTEXT_OVERRIDES, sort_keys=True))
-
-
-@dataclass(frozen=True)
-class TokenUsage:
-    prompt_tokens: int | None = None
-    completion_tokens: int | None = None
-    total_tokens: int | None = None
-
-
-@dataclass(frozen=True)
-class EventInput:
-    """A validated event as the API or the import command hands it to `event_append`."""
-
-    type: str
-    content: Any
-    id: uuid.UUID | None = None
-    name: str = ""
-    tool_call_id: str = ""
-    token_usage: TokenUsage | None = None
-    pinned: bool = False
-    metadata: Mapping[str, Any] = field(default_factory=dict)
-    # The gateway's hash of the client message the event came from.
-    message_hash: str = ""
-
-
-@dataclass(frozen=True)
-class AppendResult:
-    events: list[Event]
-    created: int
-    # The session row as the append left it (counters included).
-    session: Session | None = None
 
 
 def check_text(value: str, where: str) -> None:
@@ -206,90 +199,6 @@ def _content_for_storage(content: Any, where: str) -> tuple[str, bool]:
     return json.dumps(content, ensure_ascii=False, separators=(",", ":")), True
 
 
-# Field types whose Python value needs the backend's adaptation (UUID hex on SQLite, JSON,
-# aware datetimes); every other column of Event is a str, int, bool or None as is.
-_PREPARED_TYPES = frozenset({"UUIDField", "JSONField", "DateTimeField", "ForeignKey"})
-
-
-# Up to this many rows go in one INSERT statement (far below SQLite's 32,766 parameters).
-_SINGLE_STATEMENT_ROWS = 50
-
-
-@lru_cache(maxsize=4)
-def _event_insert_parts(vendor: str) -> tuple[str, str, str, tuple[bool, ...]]:
-    """The INSERT's table, columns and placeholders, and which values need preparing (the
-    same for every append on a backend)."""
-    quote = connection.ops.quote_name
-    fields = Event._meta.concrete_fields
-    return (
-        quote(Event._meta.db_table),
-        ", ".join(quote(field.column) for field in fields),
-        ", ".join(["%s"] * len(fields)),
-        tuple(field.get_internal_type() in _PREPARED_TYPES for field in fields),
-    )
-
-
-def _insert_events(events: list[Event]) -> None:
-    """INSERT the new events: a few in one statement; more with executemany on SQLite, one
-    COPY on PostgreSQL.
-
-    Equivalent to bulk_create for this model (no signals are attached to Event), but prepares
-    only the columns that need it: Django's per-field preparation of every value was the
-    largest cost of a 3,000-event bulk append after tokenizing itself.
-    """
-    table, columns, placeholders, _ = _event_insert_parts(connection.vendor)
-    # Identifiers come from the model and quote_name, values are parameters.
-    sql = f"INSERT INTO {table} ({columns}) VALUES ({placeholders})"  # noqa: S608
-    rows = _event_rows(events)
-    with connection.cursor() as cursor:
-        if len(rows) <= _SINGLE_STATEMENT_ROWS:
-            # A few rows (an agent's turn): one multi-row INSERT, one round trip (COPY's
-            # protocol takes two).
-            values = ", ".join([f"({placeholders})"] * len(rows))
-            cursor.execute(
-                f"INSERT INTO {table} ({columns}) VALUES {values}",  # noqa: S608
-                [value for row in rows for value in row],
-            )
-        elif connection.vendor == "postgresql":
-            # COPY streams the rows in one round trip; executemany costs one per batch.
-            copy_sql = f"COPY {table} ({columns}) FROM STDIN"
-            # The raw psycopg cursor: wrap its errors so a unique violation is IntegrityError.
-            with connection.wrap_database_errors, cursor.cursor.copy(copy_sql) as copy:
-                for row in rows:
-                    copy.write_row(row)
-        else:
-            for start in range(0, len(rows), 1000):
-                cursor.executemany(sql, rows[start : start + 1000])
-    _mark_stored(events)
-
-
-def _event_rows(events: list[Event]) -> list[list[Any]]:
-    """Each event's column values as an INSERT takes them, in the model's column order (their
-    created_at set to now)."""
-    now = timezone.now()
-    fields = Event._meta.concrete_fields
-    prepared = _event_insert_parts(connection.vendor)[3]
-    rows = []
-    for event in events:
-        event.created_at = now
-        row = []
-        for model_field, prepare in zip(fields, prepared, strict=True):
-            value = getattr(event, model_field.attname)
-            row.append(
-                model_field.get_db_prep_save(value, connection)
-                if prepare and value is not None
-                else value
-            )
-        rows.append(row)
-    return rows
-
-
-def _mark_stored(events: list[Event]) -> None:
-    for event in events:
-        event._state.adding = False
-        event._state.db = connection.alias
-
-
 def _check_token_usage(usage: TokenUsage | None, index: int) -> TokenUsage | None:
     """Bound provider-reported usage (the API's serializer does the same for its callers);
     a usage with no value at all is no usage."""
@@ -318,65 +227,6 @@ def _check_token_usage(usage: TokenUsage | None, index: int) -> TokenUsage | Non
     return usage
 
 
-def _same_event(stored: Event, item: EventInput, text: str, is_json: bool) -> bool:
-    """Whether a retry's body matches the stored event: type, content, name, toolCallId,
-    tokenUsage and metadata. `pinned` is left out: it may have been changed since by PATCH."""
-    usage = item.token_usage
-    return (
-        stored.type == item.type
-        and stored.content == text
-        and stored.content_is_json == is_json
-        and stored.name == item.name
-        and stored.tool_call_id == item.tool_call_id
-        and stored.prompt_tokens == (usage.prompt_tokens if usage else None)
-        and stored.completion_tokens == (usage.completion_tokens if usage else None)
-        and stored.total_tokens == (usage.total_tokens if usage else None)
-        # Through JSON text: Python's == would take true for 1 and 1.0 for 1.
-        and _canonical_json(stored.metadata) == _canonical_json(item.metadata)
-    )
-
-
-def _canonical_json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
-
-
-def _idempotency_conflict() -> Conflict:
-    # One wording whether the id is this session's with another body or someone else's:
-    # the answer must not reveal that another user's event exists.
-    return Conflict(
-        "this event id is already used by a different event; resend the identical event or "
-        "use a new id",
-        code="idempotency_conflict",
-        fields={"id": "already used by a different event"},
-    )
-
-
-def _stored_replays(
-    session: Session,
-    prepared: Sequence[tuple[EventInput, str, bool]],
-    ids: set[uuid.UUID],
-) -> dict[uuid.UUID, Event]:
-    """The stored events these client-supplied ids name, each checked to be an identical
-    retry (else `idempotency_conflict`)."""
-    if not ids:
-        return {}
-    stored = {event.id: event for event in Event.objects.filter(id__in=ids)}
-    if not stored:
-        return stored
-    for item, text, is_json in prepared:
-        if item.id is None or item.id not in stored:
-            continue
-        event = stored[item.id]
-        if event.session_id != session.pk or not _same_event(event, item, text, is_json):
-            raise _idempotency_conflict()
-    return stored
-
-
-class _TakeCarefulPath(Exception):
-    """The direct append could not decide alone (a stored id, the reported totals' bound, no
-    such session): nothing was written, and the append is redone the careful way."""
-
-
 def event_append(
     *,
     session: Session,
@@ -398,7 +248,7 @@ def event_append(
             "no events given", code="empty_request", fields={"events": "must not be empty"}
         )
     seen: set[uuid.UUID] = set()
-    prepared: list[tuple[EventInput, str, bool]] = []
+    prepared: list[Prepared] = []
     for index, item in enumerate(events):
         if item.id is not None:
             if item.id in seen:
@@ -418,386 +268,9 @@ def event_append(
             item = replace(item, token_usage=usage)
         prepared.append((item, text, is_json))
 
-    counter = tokens.counter_for_model(session.model)
-    counts: dict[int, int] = {}
-
-    def count(indexes: list[int]) -> None:
-        missing = [i for i in indexes if i not in counts]
-        costs = tokens.messages_batch_tokens(
-            counter,
-            [
-                (ROLE_FOR_TYPE[prepared[i][0].type], prepared[i][0].content, prepared[i][0].name)
-                for i in missing
-            ],
-        )
-        counts.update(zip(missing, costs, strict=True))
-
-    updates = dict(session_updates or {})
-    if not seen or len(prepared) <= OPTIMISTIC_MAX_EVENTS:
-        # The direct way: one UPDATE ... RETURNING takes the row lock, moves the counters and
-        # hands back the row, then the events are inserted. Most ids a client sends are new
-        # (a first attempt; the gateway's ids derived from the conversation), so they are
-        # not looked up first: a stored id fails the insert, which rolls back, and the
-        # careful way below decides. The only cost of guessing wrong is counting a retry's
-        # tokens once.
-        count(list(range(len(prepared))))
-        try:
-            return _append_direct(session, prepared, counts, updates, has_ids=bool(seen))
-        except _TakeCarefulPath:
-            pass
-
-    # Stored events never change their body, so replays found now need no token count; ids
-    # stored by a concurrent writer meanwhile are caught again under the lock below.
-    replayed = _stored_replays(session, prepared, seen)
-    count([index for index, entry in enumerate(prepared) if entry[0].id not in replayed])
-    return _append_careful(session, prepared, counts, replayed, updates, seen)
-
-
-# Above this many events a batch with ids (an import, a client's bulk retry) is more likely
-# to hold stored ones, and counting them all up front would cost more than a look-up.
-OPTIMISTIC_MAX_EVENTS = 64
-
-
-@dataclass
-class _Added:
-    """What the new events add to the session's counters."""
-
-    count: int = 0
-    active: int = 0
-    active_tokens: int = 0
-    ledger: int = 0
-    cumulative: int = 0
-    prompt: int = 0
-    completion: int = 0
-    total: int = 0
-    reported: int = 0
-
-    def add(self, item: EventInput, text: str, tokens_: int) -> None:
-        self.count += 1
-        self.ledger += tokens_
-        if is_model_visible(item.type, text):
-            self.active += 1
-            self.active_tokens += tokens_
-        # Synthetic turns (a refresh, a summary) do not count toward the next refresh.
-        if item.type not in (EventType.CONTEXT_REFRESH, EventType.COMPACTION):
-            self.cumulative += tokens_
-        usage = item.token_usage
-        if usage is not None:
-            self.reported += 1
-            self.prompt += usage.prompt_tokens or 0
-            self.completion += usage.completion_tokens or 0
-            self.total += usage.total_tokens or 0
-
-    def deltas(self) -> dict[str, int]:
-        return {
-            "last_seq": self.count,
-            "event_count": self.count,
-            "active_event_count": self.active,
-            "active_tokens": self.active_tokens,
-            "ledger_tokens": self.ledger,
-            "cumulative_tokens": self.cumulative,
-            "reported_prompt_tokens": self.prompt,
-            "reported_completion_tokens": self.completion,
-            "reported_total_tokens": self.total,
-            "reported_event_count": self.reported,
-        }
-
-
-def _update_returning(
-    session_id: uuid.UUID,
-    *,
-    deltas: Mapping[str, int],
-    values: Mapping[str, Any],
-    at_most: Mapping[str, int] | None = None,
-) -> Session | None:
-    """Add `deltas` to the session row's counters and set `values` (plain values), where the
-    row's columns in `at_most` do not exceed their bounds; return the row as updated, or None
-    when no row matched. One statement: the UPDATE takes the row lock that serialises
-    appends, and RETURNING saves reading the row again. Written out rather than built by
-    the ORM: compiling eleven F() expressions cost more than the round trip it saves."""
-    bounds = at_most or {}
-    sql = _update_returning_sql(connection.vendor, tuple(deltas), tuple(values), tuple(bounds))
-    updated = raw_rows.instances(Session, sql, _update_params(session_id, deltas, values, bounds))
-    return updated[0] if updated else None
-
-
-def _update_params(
-    session_id: uuid.UUID,
-    deltas: Mapping[str, int],
-    values: Mapping[str, Any],
-    bounds: Mapping[str, int],
-) -> list[Any]:
-    """The parameters of `_update_returning_sql`, in its order (`updated_at` is now)."""
-    meta = Session._meta
-    params: list[Any] = list(deltas.values())
-    for name, value in {**values, "updated_at": timezone.now()}.items():
-        params.append(cast(Field, meta.get_field(name)).get_db_prep_save(value, connection))
-    params.append(meta.pk.get_db_prep_value(session_id, connection))  # type: ignore[union-attr]
-    params.extend(bounds.values())
-    return params
-
-
-@lru_cache(maxsize=64)
-def _update_returning_sql(
-    vendor: str, deltas: tuple[str, ...], values: tuple[str, ...], at_most: tuple[str, ...]
-) -> str:
-    """The statement for these field names (a handful of combinations; built once each). It
-    sets `updated_at` too."""
-    meta = Session._meta
-    quote = connection.ops.quote_name
-
-    def column(name: str) -> str:
-        found = meta.get_field(name)
-        assert isinstance(found, Field) and found.column
-        return quote(found.column)
-
-    sets = [f"{column(name)} = {column(name)} + %s" for name in deltas]
-    sets += [f"{column(name)} = %s" for name in (*values, "updated_at")]
-    where = [f"{column('id')} = %s", *(f"{column(name)} <= %s" for name in at_most)]
-    # Identifiers come from the model and quote_name, values are parameters.
-    return (
-        f"UPDATE {quote(meta.db_table)} SET {', '.join(sets)} "  # noqa: S608
-        f"WHERE {' AND '.join(where)} RETURNING {raw_rows.columns(Session)}"
+    return append_prepared(
+        session=session, prepared=prepared, ids=seen, session_updates=session_updates or {}
     )
-
-
-def _store(
-    row: Session,
-    prepared: list[tuple[EventInput, str, bool]],
-    counts: Mapping[int, int],
-    existing: Mapping[uuid.UUID, Event],
-) -> AppendResult:
-    """Insert the events not in `existing`, their seqs ending at the row's new last_seq (the
-    counters' UPDATE already moved it), and announce them once the transaction commits."""
-    result, to_create = _new_events(prepared, counts, existing, session=row, last_seq=row.last_seq)
-    _insert_events(to_create)
-    return _stored(row, result, to_create)
-
-
-def _new_events(
-    prepared: list[tuple[EventInput, str, bool]],
-    counts: Mapping[int, int],
-    existing: Mapping[uuid.UUID, Event],
-    *,
-    session: Session,
-    last_seq: int,
-) -> tuple[list[Event], list[Event]]:
-    """The append's events in request order (stored ones from `existing`), and the new ones,
-    numbered so that the last ends at `last_seq`."""
-    fresh = [
-        index
-        for index, (item, _, _) in enumerate(prepared)
-        if item.id is None or item.id not in existing
-    ]
-    seq = last_seq - len(fresh)
-    to_create: list[Event] = []
-    result: list[Event] = []
-    for index, (item, text, is_json) in enumerate(prepared):
-        if item.id is not None and item.id in existing:
-            result.append(existing[item.id])
-            continue
-        seq += 1
-        usage = item.token_usage
-        event = Event(
-            id=item.id or uuid.uuid4(),
-            session=session,
-            seq=seq,
-            type=item.type,
-            content=text,
-            content_is_json=is_json,
-            name=item.name,
-            tool_call_id=item.tool_call_id,
-            token_count=counts[index],
-            prompt_tokens=usage.prompt_tokens if usage else None,
-            completion_tokens=usage.completion_tokens if usage else None,
-            total_tokens=usage.total_tokens if usage else None,
-            pinned=item.pinned,
-            metadata=dict(item.metadata),
-            message_hash=item.message_hash,
-        )
-        to_create.append(event)
-        result.append(event)
-    return result, to_create
-
-
-def _stored(row: Session, result: list[Event], created: list[Event]) -> AppendResult:
-    """The append's result; its new events are announced once the transaction commits."""
-    created_ids = [event.id for event in created]
-    created_types = sorted({event.type for event in created})
-    transaction.on_commit(
-        lambda: announce_appended(
-            sender=Session,
-            session_id=row.pk,
-            event_ids=created_ids,
-            event_types=created_types,
-            session=row,
-        )
-    )
-    return AppendResult(events=result, created=len(created), session=row)
-
-
-def _append_direct(
-    session: Session,
-    prepared: list[tuple[EventInput, str, bool]],
-    counts: Mapping[int, int],
-    updates: Mapping[str, Any],
-    *,
-    has_ids: bool,
-) -> AppendResult:
-    added = _Added()
-    for index, (item, text, _) in enumerate(prepared):
-        added.add(item, text, counts[index])
-    # The reported totals' bound as a condition of the UPDATE: no row back means the bound,
-    # or a missing session, and the careful way tells which.
-    bounds = {
-        name: MAX_REPORTED_TOTAL - value
-        for name, value in (
-            ("reported_prompt_tokens", added.prompt),
-            ("reported_completion_tokens", added.completion),
-            ("reported_total_tokens", added.total),
-        )
-        if value
-    }
-    if connection.vendor == "postgresql":
-        return _append_in_one_statement(session, prepared, counts, added, updates, bounds)
-    try:
-        with transaction.atomic():
-            row = _update_returning(
-                session.pk, deltas=added.deltas(), values=updates, at_most=bounds
-            )
-            if row is None:
-                raise _TakeCarefulPath
-            return _store(row, prepared, counts, {})
-    except IntegrityError:
-        if not has_ids:
-            raise
-        raise _TakeCarefulPath from None
-
-
-def _append_in_one_statement(
-    session: Session,
-    prepared: list[tuple[EventInput, str, bool]],
-    counts: Mapping[int, int],
-    added: _Added,
-    updates: Mapping[str, Any],
-    bounds: Mapping[str, int],
-) -> AppendResult:
-    """The direct append on PostgreSQL: the counters' UPDATE and the events' INSERT as one
-    statement (the INSERT numbers the events from the UPDATE's RETURNING), so outside a
-    transaction it is one round trip and commits alone, where BEGIN, UPDATE, INSERT and
-    COMMIT took four. A session row the UPDATE does not match (missing, or the reported
-    totals' bound) leaves the events without a seq: the statement fails whole, as does one
-    with a stored id, and the careful way decides."""
-    deltas = added.deltas()
-    # Numbered relative to the row's new last_seq, which only the statement knows: the last
-    # event 0, the one before it -1, and so on.
-    _, to_create = _new_events(prepared, counts, {}, session=session, last_seq=0)
-    rows = _event_rows(to_create)
-    seq_index = _event_seq_index()
-    params: list[Any] = _update_params(session.pk, deltas, updates, bounds)
-    for event, row_values in zip(to_create, rows, strict=True):
-        row_values[seq_index] = -event.seq  # the statement subtracts it from last_seq
-        params.extend(row_values)
-    sql = _append_statement_sql(
-        connection.vendor, tuple(deltas), tuple(updates), tuple(bounds), len(rows)
-    )
-    try:
-        # A savepoint only inside a caller's transaction, which a failed statement would
-        # otherwise abort.
-        with transaction.atomic() if connection.in_atomic_block else contextlib.nullcontext():
-            found = raw_rows.instances(Session, sql, params)
-    except IntegrityError:
-        raise _TakeCarefulPath from None
-    if not found:
-        raise _TakeCarefulPath
-    row = found[0]
-    for event in to_create:
-        event.seq += row.last_seq
-        event.session = row
-    _mark_stored(to_create)
-    return _stored(row, to_create, to_create)
-
-
-@lru_cache(maxsize=1)
-def _event_seq_index() -> int:
-    return [field.attname for field in Event._meta.concrete_fields].index("seq")
-
-
-@lru_cache(maxsize=256)
-def _append_statement_sql(
-    vendor: str,
-    deltas: tuple[str, ...],
-    values: tuple[str, ...],
-    at_most: tuple[str, ...],
-    rows: int,
-) -> str:
-    """The one-statement append for these field names and this many events."""
-    quote = connection.ops.quote_name
-    table, columns, _, _ = _event_insert_parts(vendor)
-    seq_index = _event_seq_index()
-    last_seq = quote(Session._meta.get_field("last_seq").column)  # type: ignore[union-attr]
-    placeholders = ["%s"] * len(Event._meta.concrete_fields)
-    placeholders[seq_index] = f"(SELECT {last_seq} FROM updated) - %s"  # noqa: S608
-    row = f"({', '.join(placeholders)})"
-    update = _update_returning_sql(vendor, deltas, values, at_most)
-    # Identifiers come from the models and quote_name, values are parameters.
-    return (
-        f"WITH updated AS ({update}), "  # noqa: S608
-        f"inserted AS (INSERT INTO {table} ({columns}) VALUES {', '.join([row] * rows)}) "
-        f"SELECT {raw_rows.columns(Session)} FROM updated"
-    )
-
-
-def _append_careful(
-    session: Session,
-    prepared: list[tuple[EventInput, str, bool]],
-    counts: Mapping[int, int],
-    replayed: dict[uuid.UUID, Event],
-    updates: Mapping[str, Any],
-    seen: set[uuid.UUID],
-) -> AppendResult:
-    try:
-        with transaction.atomic():
-            locked = Session.objects.select_for_update().get(pk=session.pk)
-            existing = dict(replayed)
-            fresh = [entry for entry in prepared if entry[0].id not in replayed]
-            existing.update(_stored_replays(locked, fresh, seen - set(replayed)))
-            added = _Added()
-            for index, (item, text, _) in enumerate(prepared):
-                if item.id is None or item.id not in existing:
-                    added.add(item, text, counts[index])
-            if not added.count:
-                return AppendResult(
-                    events=[existing[item.id] for item, _, _ in prepared if item.id is not None],
-                    created=0,
-                    session=locked,
-                )
-            _check_reported_totals(
-                locked, prompt=added.prompt, completion=added.completion, total=added.total
-            )
-            row = _update_returning(session.pk, deltas=added.deltas(), values=updates)
-            assert row is not None  # locked above
-            return _store(row, prepared, counts, existing)
-    except IntegrityError:
-        if not seen:
-            raise
-        # Another session's append stored one of these ids after our check above (its lock
-        # is not ours): the same conflict, found late.
-        raise _idempotency_conflict() from None
-
-
-def _check_reported_totals(session: Session, *, prompt: int, completion: int, total: int) -> None:
-    for key, current, added in (
-        ("totalPromptTokens", session.reported_prompt_tokens, prompt),
-        ("totalCompletionTokens", session.reported_completion_tokens, completion),
-        ("totalTokens", session.reported_total_tokens, total),
-    ):
-        if current + added > MAX_REPORTED_TOTAL:
-            raise Unprocessable(
-                f"this append would take the session's {key} past {MAX_REPORTED_TOTAL}",
-                code="token_usage_total_exceeded",
-                limit=MAX_REPORTED_TOTAL,
-            )
 
 
 def event_set_pinned(*, event: Event, pinned: bool) -> Event:

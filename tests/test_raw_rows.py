@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from django.db import connection
 
-from sessions_app import raw_rows
+from sessions_app import sql as raw_rows
 from sessions_app.models import Session
 from sessions_app.services import session_create
 

@@ -15,12 +15,10 @@ import logging
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any, cast
 
-from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, transaction
 from django.utils.functional import SimpleLazyObject
 from rest_framework.authtoken.models import Token
 
@@ -31,7 +29,7 @@ from compaction_app.gateway.messages import (
     event_id,
     message_hash,
 )
-from sessions_app import raw_rows, tokens
+from sessions_app import sql, tokens
 from sessions_app.errors import Conflict, LedgerError
 from sessions_app.models import ROLE_FOR_TYPE, Event, Session
 from sessions_app.services import EventInput, TokenUsage, event_append, session_create
@@ -100,40 +98,12 @@ def caller_and_session(
     then loaded only if something asks for more than its id (a compaction records who asked)."""
     name = (header or "").strip()
     if key and name and len(name) <= MAX_CLIENT_KEY:
-        session = _owned_session(key=key, name=name)
+        session = sql.owned_session(key=key, name=name)
         if session is not None:
             owner = cast(AbstractBaseUser, SimpleLazyObject(lambda: session.owner))
             return owner, session
     user = authenticate(key)
     return user, resolve_session(user=user, header=header, model=model)
-
-
-def _owned_session(*, key: str, name: str) -> Session | None:
-    """The session `name` (its id, or else a client key) of the active user whose API token
-    is `key`. Written out: the ORM's compilation of this three-table join cost as much as the
-    query, on every provider call."""
-    try:
-        column, value = "id", Session._meta.pk.get_db_prep_value(uuid.UUID(name), connection)  # type: ignore[union-attr]
-    except ValueError:
-        column, value = "client_key", name
-    sql = _owned_session_sql(connection.vendor, column)
-    found = raw_rows.instances(Session, sql, [key, True, value])
-    return found[0] if found else None
-
-
-@lru_cache(maxsize=8)
-def _owned_session_sql(vendor: str, column: str) -> str:
-    """`_owned_session`'s statement, looking the session up by `column` (built once each)."""
-    quote = connection.ops.quote_name
-    user_model = get_user_model()
-    # Identifiers come from the models and quote_name, values are parameters.
-    return (
-        f"SELECT {raw_rows.columns(Session, alias='s')} "  # noqa: S608
-        f"FROM {quote(Session._meta.db_table)} s "
-        f"JOIN {quote(Token._meta.db_table)} t ON t.{quote('user_id')} = s.{quote('owner_id')} "
-        f"JOIN {quote(user_model._meta.db_table)} u ON u.{quote('id')} = s.{quote('owner_id')} "
-        f"WHERE t.{quote('key')} = %s AND u.{quote('is_active')} = %s AND s.{quote(column)} = %s"
-    )
 
 
 @dataclass(frozen=True)
