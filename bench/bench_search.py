@@ -70,7 +70,7 @@ def _child(profile: str, rounds: int) -> list[Row]:
     from rest_framework.authtoken.models import Token
     from session_gen import generate_session
 
-    from sessions_app.search import search_index_pending
+    from sessions_app.search_index import search_index_pending
 
     user = get_user_model().objects.create_user(username="bench", password="bench-password")
     token = Token.objects.create(user=user).key

@@ -1,8 +1,8 @@
 """Exact token counts for Claude sessions from Anthropic's count-tokens API.
 
 Never in the request path: an append stores the local (tiktoken cl100k) count at once, with
-provenance `local`, and enqueues `sessions_app.tasks.count_exact_tokens`, which asks the API and
-replaces the counts (provenance `anthropic-api`), moving the session's counters by the
+provenance `local`, and a receiver (`sessions_app.receivers.schedule_exact_count`) enqueues
+`sessions_app.tasks.count_exact_tokens`, which asks the API here and replaces the counts (provenance `anthropic-api`), moving the session's counters by the
 difference and announcing it (`token_counts_updated` → USAGE_UPDATED).
 
 How a message is priced: the count of the request up to and including it minus the count up to
@@ -14,7 +14,6 @@ is the difference it makes to a one-character request, cached by a hash of its c
 from __future__ import annotations
 
 import hashlib
-import logging
 import uuid
 from typing import Any
 
@@ -33,14 +32,11 @@ from sessions_app.anthropic_counter import (
 from sessions_app.models import Event, EventType, Session, TokenProvenance
 from sessions_app.signals import token_counts_updated
 
-logger = logging.getLogger("sessions_app.exact_counts")
-
 __all__ = [
     "CountError",
     "count_client",
     "count_session_exactly",
     "exact_counting_enabled",
-    "schedule_exact_count",
 ]
 
 _SYSTEM_CACHE_SECONDS = 30 * 24 * 3600
@@ -170,23 +166,3 @@ def _apply(*, session_id: uuid.UUID, counts: dict[uuid.UUID, tuple[int, int | No
         committed = session
         transaction.on_commit(lambda: token_counts_updated.send(sender=Session, session=committed))
     return len(events)
-
-
-def schedule_exact_count(*, session_id: Any) -> None:
-    """Enqueue the count after the current transaction commits; a broker outage is logged,
-    never raised (the local counts stay and the next append schedules again)."""
-    from sessions_app.tasks import count_exact_tokens
-
-    try:
-        count_exact_tokens.delay_on_commit(str(session_id))
-    except Exception:
-        logger.warning("could not enqueue the exact count of session %s", session_id, exc_info=True)
-
-
-def on_events_appended(
-    sender: Any, *, session: Session, event_types: list[str], **kwargs: Any
-) -> None:
-    if exact_counting_enabled(model=session.model) and set(event_types) != {
-        EventType.LOCAL_SYSTEM_MESSAGE
-    }:
-        schedule_exact_count(session_id=session.pk)

@@ -1,4 +1,5 @@
-"""sessions_app's own signal receivers (connected in SessionsAppConfig.ready)."""
+"""sessions_app's own signal receivers (connected when SessionsAppConfig.ready imports this
+module). They queue the Celery tasks: tasks import the services they call, never the reverse."""
 
 from __future__ import annotations
 
@@ -10,10 +11,15 @@ from typing import Any
 from django.db.models.signals import post_migrate
 from django.dispatch import receiver
 
+from sessions_app.exact_counts import exact_counting_enabled
+from sessions_app.models import EventType, Session
 from sessions_app.search_schema import ensure_search_schema
 from sessions_app.signals import events_appended
+from sessions_app.tasks import count_exact_tokens, search_index_everything_task
 
 logger = logging.getLogger("sessions_app")
+# Where the exact count's enqueue failures have always been logged.
+_count_logger = logging.getLogger("sessions_app.exact_counts")
 
 
 # After a broker refused a message, appends stop trying it for a while: indexing is optional
@@ -60,8 +66,6 @@ def _fire_index_timer() -> None:
 def _queue_index_pass() -> None:
     """The signal fires after the append committed; a broker outage must not fail or slow it,
     so the message is sent once, without publish retries, and a failure is only logged."""
-    from sessions_app.tasks import search_index_everything_task
-
     broker = str(search_index_everything_task.app.conf.broker_url)
     failed_at = _broker_failed_at.get(broker)
     if failed_at is not None and time.monotonic() - failed_at < BROKER_BACKOFF_SECONDS:
@@ -75,6 +79,28 @@ def _queue_index_pass() -> None:
             "could not queue search indexing (search indexes on read meanwhile): %s: %s",
             type(exc).__name__,
             exc,
+        )
+
+
+@receiver(events_appended, dispatch_uid="sessions_app.exact_counts")
+def count_appended_exactly(
+    sender: Any, *, session: Session, event_types: list[str], **kwargs: Any
+) -> None:
+    """A Claude session's new events get Anthropic's exact count (see exact_counts)."""
+    if exact_counting_enabled(model=session.model) and set(event_types) != {
+        EventType.LOCAL_SYSTEM_MESSAGE
+    }:
+        schedule_exact_count(session_id=session.pk)
+
+
+def schedule_exact_count(*, session_id: Any) -> None:
+    """Enqueue the count after the current transaction commits; a broker outage is logged,
+    never raised (the local counts stay and the next append schedules again)."""
+    try:
+        count_exact_tokens.delay_on_commit(str(session_id))
+    except Exception:
+        _count_logger.warning(
+            "could not enqueue the exact count of session %s", session_id, exc_info=True
         )
 
 

@@ -95,7 +95,7 @@ def ensure_search_schema(connection: Any, *, backfill: bool = True) -> None:
     `post_migrate` (a later migration that rebuilds the SQLite event table drops its triggers
     with it)."""
     if connection.vendor == "sqlite":
-        statements = SQLITE_CREATE  # SQLite indexes lazily (search.search_index_pending)
+        statements = SQLITE_CREATE  # SQLite indexes lazily (search_index.search_index_pending)
     elif connection.vendor == "postgresql":
         if not backfill and _postgres_complete(connection):
             return  # ALTER TABLE would take an exclusive lock for nothing

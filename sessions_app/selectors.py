@@ -11,6 +11,7 @@ from django.db.models import QuerySet
 
 from sessions_app import render, tokens
 from sessions_app.errors import NotFound
+from sessions_app.exact_counts import exact_counting_enabled
 from sessions_app.models import Event, EventType, Session, TokenProvenance
 
 
@@ -80,8 +81,6 @@ def counter_is_exact(*, session: Session) -> bool:
     """Counts are exact when the encoding loaded and is the model's own (Claude and Gemini
     are counted with cl100k_base as a documented approximation). A Claude session counted by
     Anthropic's API is exact once every event of its active context has the API's count."""
-    from sessions_app.exact_counts import exact_counting_enabled
-
     if exact_counting_enabled(model=session.model):
         return (
             session.active_event_count > 0

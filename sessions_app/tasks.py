@@ -10,7 +10,7 @@ from django.conf import settings
 
 from sessions_app.exact_counts import CountError, count_session_exactly
 from sessions_app.models import Session
-from sessions_app.search import search_index_everything, search_index_pending
+from sessions_app.search_index import search_index_everything, search_index_pending
 
 logger = logging.getLogger("sessions_app.tasks")
 

@@ -12,7 +12,7 @@ from django.test import Client
 
 from compaction_app.models import RunStatus
 from compaction_app.services import compaction_execute, compaction_request
-from sessions_app import search
+from sessions_app import search_index, search_schema
 from sessions_app.models import Event, Session
 from sessions_app.receivers import repair_search_schema
 from tests.helpers import append_events, create_session
@@ -261,11 +261,11 @@ def test_it_forgets_the_events_of_a_deleted_session(alice_api):
     assert alice_api.get("/api/v1/search", {"q": "4be1f07"}).json()["results"] == []
     if connection.vendor == "sqlite":
         with connection.cursor() as cursor:
-            cursor.execute(f"SELECT count(*) FROM {search.MAP_TABLE}")
+            cursor.execute(f"SELECT count(*) FROM {search_schema.MAP_TABLE}")
             assert cursor.fetchone()[0] == 0
-            cursor.execute(f"SELECT count(*) FROM {search.FTS_TABLE}")
+            cursor.execute(f"SELECT count(*) FROM {search_schema.FTS_TABLE}")
             assert cursor.fetchone()[0] == 0
-            cursor.execute(f"SELECT count(*) FROM {search.STATE_TABLE}")
+            cursor.execute(f"SELECT count(*) FROM {search_schema.STATE_TABLE}")
             assert cursor.fetchone()[0] == 0
 
 
@@ -275,14 +275,14 @@ def test_it_indexes_sqlite_events_once_and_restores_dropped_triggers(alice_api):
     from django.apps import apps
 
     session_id = session_with(alice_api, IDENTIFIER_EVENTS)
-    assert search.search_index_pending(session_id=session_id) == len(IDENTIFIER_EVENTS) + 1
-    assert search.search_index_pending(session_id=session_id) == 0
+    assert search_index.search_index_pending(session_id=session_id) == len(IDENTIFIER_EVENTS) + 1
+    assert search_index.search_index_pending(session_id=session_id) == 0
     append_events(
         alice_api, session_id=session_id, events=[{"type": "USER_MESSAGE", "content": "zq9"}]
     )
     # Not indexed yet (no worker here): the search indexes it first.
     assert seqs(hits(alice_api, session_id, "zq9")) == [7]
-    assert search.search_index_pending(session_id=session_id) == 0
+    assert search_index.search_index_pending(session_id=session_id) == 0
 
     def triggers() -> set[str]:
         with connection.cursor() as cursor:
@@ -290,10 +290,10 @@ def test_it_indexes_sqlite_events_once_and_restores_dropped_triggers(alice_api):
             return {row[0] for row in cursor.fetchall()}
 
     before = triggers()
-    assert f"{search.FTS_TABLE}_delete" in before
+    assert f"{search_schema.FTS_TABLE}_delete" in before
     with connection.cursor() as cursor:
         # What a later migration's rebuild of the event table does to them.
-        cursor.execute(f"DROP TRIGGER {search.FTS_TABLE}_delete")
+        cursor.execute(f"DROP TRIGGER {search_schema.FTS_TABLE}_delete")
     repair_search_schema(None, app_config=apps.get_app_config("sessions_app"), using="default")
     assert triggers() == before
 
@@ -305,7 +305,7 @@ def test_it_finds_events_before_and_after_postgres_writes_their_vectors(alice_ap
     with connection.cursor() as cursor:
         cursor.execute(
             f"SELECT count(*) FROM sessions_app_event WHERE session_id = %s "
-            f"AND {search.VECTOR_COLUMN} IS NULL",
+            f"AND {search_schema.VECTOR_COLUMN} IS NULL",
             [session_id],
         )
         assert cursor.fetchone()[0] == len(IDENTIFIER_EVENTS) + 1  # not indexed yet
@@ -317,8 +317,8 @@ def test_it_finds_events_before_and_after_postgres_writes_their_vectors(alice_ap
     assert seqs(hits(alice_api, session_id, "orders_archive_2025")) == [5]
     assert _unindexed(session_id) == 0
     append_events(alice_api, session_id=session_id, events=IDENTIFIER_EVENTS[:1])
-    assert search.search_index_pending(session_id=session_id) == 1
-    assert search.search_index_pending(session_id=session_id) == 0
+    assert search_index.search_index_pending(session_id=session_id) == 1
+    assert search_index.search_index_pending(session_id=session_id) == 0
     assert seqs(hits(alice_api, session_id, "orders_archive_2025")) == [5]
     assert seqs(hits(alice_api, session_id, "models.py")) == [5]
 
@@ -328,13 +328,13 @@ def _unindexed(session_id) -> int:
         if connection.vendor == "postgresql":
             cursor.execute(
                 f"SELECT count(*) FROM sessions_app_event WHERE session_id = %s "
-                f"AND {search.VECTOR_COLUMN} IS NULL",
+                f"AND {search_schema.VECTOR_COLUMN} IS NULL",
                 [session_id],
             )
         else:
             cursor.execute(
                 f"SELECT s.last_seq - coalesce(st.indexed_seq, 0) FROM sessions_app_session s "
-                f"LEFT JOIN {search.STATE_TABLE} st ON st.session_id = s.id WHERE s.id = %s",
+                f"LEFT JOIN {search_schema.STATE_TABLE} st ON st.session_id = s.id WHERE s.id = %s",
                 [Session.objects.get(pk=session_id).pk.hex],
             )
         return cursor.fetchone()[0]
@@ -346,7 +346,7 @@ def test_it_indexes_appended_events_in_a_celery_task(worker, alice_api):
     while (pending := _unindexed(session_id)) != 0:
         assert time.monotonic() < deadline, f"{pending} events still unindexed"
         time.sleep(0.05)
-    assert search.search_index_pending(session_id=session_id) == 0
+    assert search_index.search_index_pending(session_id=session_id) == 0
     assert seqs(hits(alice_api, session_id, "ERR_RATE_LIMITED")) == [2]
 
 

@@ -1,4 +1,4 @@
-"""Search and recall endpoints: validate, call sessions_app.search, serialise."""
+"""Search and recall endpoints: validate, call sessions_app.search or sessions_app.recall, serialise."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from sessions_app import search, selectors
+from sessions_app import recall, search, selectors
 from sessions_app.api.openapi import BODY, errors
 from sessions_app.errors import InvalidInput
 from sessions_app.services import MAX_CONTEXT_LIMIT
@@ -112,7 +112,7 @@ class RecallInSerializer(serializers.Serializer):
         child=serializers.IntegerField(min_value=1, max_value=2**63 - 1),
         required=False,
         min_length=1,
-        max_length=search.RECALL_MAX_SEQS,
+        max_length=recall.RECALL_MAX_SEQS,
     )
     maxTokens = serializers.IntegerField(  # noqa: N815 - API name
         required=False, min_value=1, max_value=MAX_CONTEXT_LIMIT
@@ -143,14 +143,14 @@ class RecallView(APIView):
         body = RecallInSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         data = body.validated_data
-        max_tokens = data.get("maxTokens", min(search.RECALL_DEFAULT_TOKENS, session.context_limit))
+        max_tokens = data.get("maxTokens", min(recall.RECALL_DEFAULT_TOKENS, session.context_limit))
         if max_tokens > session.context_limit:
             raise InvalidInput(
                 "maxTokens must not exceed the session's contextLimit",
                 code="invalid_request",
                 fields={"maxTokens": f"at most {session.context_limit}"},
             )
-        result = search.recall(
+        result = recall.recall(
             session=session,
             text=data.get("query"),
             seqs=data.get("seqs"),

@@ -21,7 +21,7 @@ from rest_framework.response import Response
 from rest_framework.settings import APISettings
 from rest_framework.views import APIView
 
-from sessions_app import search, selectors, services, tokens
+from sessions_app import recall, selectors, services, tokens
 from sessions_app.api import serializers as s
 from sessions_app.api.openapi import BODY, PAGE_PARAMETERS, errors, page_of
 from sessions_app.context import context_prepare
@@ -305,8 +305,8 @@ class SessionContextView(APIView):
         if prepared.compaction is not None:
             payload["compaction"] = prepared.compaction
         # Once some originals are out of the context, the model may ask for them back.
-        if search.session_has_recallable(session=session):
-            payload["tools"] = [search.recall_tool(fmt=fmt)]
+        if recall.session_has_recallable(session=session):
+            payload["tools"] = [recall.recall_tool(fmt=fmt)]
         return Response(payload)
 
 
