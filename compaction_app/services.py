@@ -28,18 +28,13 @@ from compaction_app.signals import memory_flush
 from compaction_app.strategies import SUMMARY_MESSAGE_OVERHEAD, plan_compaction
 from compaction_app.summarizers.base import SummarizerError, SummaryMessage
 from compaction_app.summarizers.factory import build_summarizer
-from compaction_app.summarizers.local import truncate_to_tokens
 from compaction_app.types import Budget, Plan, PlanEvent
 from sessions_app import tokens
 from sessions_app.errors import Conflict, InvalidInput, ServiceUnavailable
 from sessions_app.models import Event, EventType, Session
 from sessions_app.selectors import event_content, usage_for_session
 from sessions_app.services import EventInput, event_append, session_record_compaction
-from sessions_app.session_settings import (
-    STRATEGY_NAMES,
-    SUMMARIZER_NAMES,
-    resolve_max_summary_tokens,
-)
+from sessions_app.session_settings import STRATEGY_NAMES, SUMMARIZER_NAMES, SessionSettings
 
 logger = logging.getLogger("compaction_app")
 audit = logging.getLogger("context")
@@ -76,22 +71,18 @@ def _plan_events(session: Session) -> list[PlanEvent]:
 
 
 def _budget(session: Session, *, target_ratio: float | None) -> Budget:
-    settings = session.settings
-    ratio = (
-        target_ratio if target_ratio is not None else float(settings.get("compactThreshold", 0.8))
-    )
+    settings = SessionSettings.of(session.settings)
+    ratio = target_ratio if target_ratio is not None else settings.compact_threshold
     return Budget(
         context_limit=session.context_limit,
         target_tokens=int(session.context_limit * ratio),
         max_summary_tokens=_max_summary_tokens(session),
-        keep_recent_events=int(settings.get("keepRecentEvents", 2)),
+        keep_recent_events=settings.keep_recent_events,
     )
 
 
 def _max_summary_tokens(session: Session) -> int:
-    return resolve_max_summary_tokens(
-        session.settings.get("maxSummaryTokens"), session.context_limit
-    )
+    return SessionSettings.of(session.settings).summary_budget(session.context_limit)
 
 
 def _check_choice(value: str | None, choices: Sequence[str], field: str) -> None:
@@ -112,7 +103,7 @@ def compaction_plan(
 ) -> DryRun:
     """What a run would do now, changing nothing (the API's dryRun). Refuses the same bad
     input as a real request would."""
-    strategy = strategy or session.settings.get("strategy", "summarize")
+    strategy = strategy or SessionSettings.of(session.settings).strategy
     _check_choice(strategy, STRATEGY_NAMES, "strategy")
     _check_choice(summarizer, SUMMARIZER_NAMES, "summarizer")
     counter = tokens.counter_for_model(session.model)
@@ -148,8 +139,8 @@ def compaction_request(
         with transaction.atomic():
             run = CompactionRun.objects.create(
                 session=session,
-                strategy=strategy or session.settings.get("strategy", "summarize"),
-                summarizer=summarizer or session.settings.get("summarizer", "local"),
+                strategy=strategy or SessionSettings.of(session.settings).strategy,
+                summarizer=summarizer or SessionSettings.of(session.settings).summarizer,
                 trigger=trigger,
                 requested_by=user if user is not None and user.is_authenticated else None,  # type: ignore[misc]
                 target_ratio=target_ratio,
@@ -383,7 +374,7 @@ def _execute(run: CompactionRun) -> CompactionRun:
             raise SummarizerError("the summarizer returned an empty summary", permanent=True)
         # Hold the whole summary message within the plan's reserve so tokens_after is a bound.
         budget_text = max(plan.summary_reserve_tokens - SUMMARY_MESSAGE_OVERHEAD, 1)
-        summary_text = truncate_to_tokens(
+        summary_text = tokens.truncate_to_tokens(
             summary_text, max_tokens=min(max_tokens, budget_text), count_tokens=counter.count
         )
 
@@ -676,8 +667,8 @@ def maybe_auto_compact(
     try:
         if session is None:
             session = Session.objects.get(pk=session_id)
-        settings = session.settings
-        threshold = int(settings.get("refreshThresholdTokens", 800_000))
+        settings = SessionSettings.of(session.settings)
+        threshold = settings.refresh_threshold_tokens
         if session.cumulative_tokens >= threshold:
             # Reset first, conditionally: of concurrent appenders only one wins the update.
             won = Session.objects.filter(pk=session_id, cumulative_tokens__gte=threshold).update(
@@ -696,11 +687,11 @@ def maybe_auto_compact(
                         "refresh for %s postponed: a compaction is already active", session_id
                     )
                     return None
-        if not settings.get("autoCompact", True) or not session.context_limit:
+        if not settings.auto_compact or not session.context_limit:
             return None
-        if session.usage_ratio < float(settings.get("compactThreshold", 0.8)):
+        if session.usage_ratio < settings.compact_threshold:
             return None
-        cooldown = int(settings.get("cooldownSeconds", 60))
+        cooldown = settings.cooldown_seconds
         since = timezone.now() - timedelta(seconds=cooldown)
         trigger = Trigger.AUTO
         if CompactionRun.objects.filter(
@@ -710,7 +701,7 @@ def maybe_auto_compact(
         ).exists():
             # The cooldown only spaces threshold-triggered runs. Past the hard limit the
             # context no longer fits: compact now, unless there is nothing left to fold.
-            if session.usage_ratio < float(settings.get("hardLimitThreshold", 0.95)):
+            if session.usage_ratio < settings.hard_limit_threshold:
                 return None
             if compaction_plan(session=session).plan.is_empty:
                 return None

@@ -8,16 +8,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# Event types, mirrored from sessions_app.models.EventType as plain strings so this module
-# stays importable without Django.
-SYSTEM_PROMPT = "SYSTEM_PROMPT"
-USER_MESSAGE = "USER_MESSAGE"
-AGENT_MESSAGE = "AGENT_MESSAGE"
-TOOL_CALL = "TOOL_CALL"
-TOOL_RESULT = "TOOL_RESULT"
-LOCAL_SYSTEM_MESSAGE = "LOCAL_SYSTEM_MESSAGE"
-COMPACTION = "COMPACTION"
-CONTEXT_REFRESH = "CONTEXT_REFRESH"
+from sessions_app.event_types import EventType
+
+# Short names for the event types the pure code compares against (sessions_app.event_types is
+# pure too, so this module stays importable without Django).
+SYSTEM_PROMPT = EventType.SYSTEM_PROMPT
+USER_MESSAGE = EventType.USER_MESSAGE
+AGENT_MESSAGE = EventType.AGENT_MESSAGE
+TOOL_CALL = EventType.TOOL_CALL
+TOOL_RESULT = EventType.TOOL_RESULT
+LOCAL_SYSTEM_MESSAGE = EventType.LOCAL_SYSTEM_MESSAGE
+COMPACTION = EventType.COMPACTION
+CONTEXT_REFRESH = EventType.CONTEXT_REFRESH
 
 
 @dataclass(frozen=True)

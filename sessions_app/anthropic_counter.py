@@ -13,19 +13,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from sessions_app.event_types import EventType
+
 __all__ = ["PAD_MESSAGE", "AnthropicCountClient", "CountError", "LedgerMessage", "is_claude"]
 
 # The endpoint needs at least one message; the system prompt's own cost is measured as the
 # difference it makes to this one-character user turn.
 PAD_MESSAGE: dict[str, Any] = {"role": "user", "content": "."}
 
-_ROLE = {
-    "USER_MESSAGE": "user",
-    "TOOL_RESULT": "user",
-    "CONTEXT_REFRESH": "user",
-    "COMPACTION": "user",
-    "AGENT_MESSAGE": "assistant",
-    "TOOL_CALL": "assistant",
+_ROLE: dict[str, str] = {
+    EventType.USER_MESSAGE: "user",
+    EventType.TOOL_RESULT: "user",
+    EventType.CONTEXT_REFRESH: "user",
+    EventType.COMPACTION: "user",
+    EventType.AGENT_MESSAGE: "assistant",
+    EventType.TOOL_CALL: "assistant",
 }
 
 
@@ -53,9 +55,9 @@ class LedgerMessage:
 def _block(message: LedgerMessage) -> dict[str, Any]:
     # Tool calls and results are sent as the text the ledger stores: a tool_use block would
     # need its tool_result in the same request, which a prefix ending at the call lacks.
-    if message.type == "TOOL_CALL":
+    if message.type == EventType.TOOL_CALL:
         return {"type": "text", "text": f"[tool call {message.name}] {message.content}"}
-    if message.type == "TOOL_RESULT":
+    if message.type == EventType.TOOL_RESULT:
         return {"type": "text", "text": f"[tool result {message.name}] {message.content}"}
     return {"type": "text", "text": message.content or "."}
 

@@ -14,6 +14,7 @@ from sessions_app.errors import Unprocessable
 from sessions_app.models import Event, EventType, Session
 from sessions_app.render import Repair
 from sessions_app.selectors import active_events, render_context
+from sessions_app.session_settings import SessionSettings
 from sessions_app.signals import context_hard_limit
 
 logger = logging.getLogger("context")
@@ -75,8 +76,9 @@ def context_prepare(
     limit = context_window.effective_limit(
         context_limit=session.context_limit, max_tokens=max_tokens, reserve_tokens=reserve_tokens
     )
-    compact_threshold = float(session.settings.get("compactThreshold", 0.8))
-    hard_threshold = float(session.settings.get("hardLimitThreshold", 0.95))
+    settings = SessionSettings.of(session.settings)
+    compact_threshold = settings.compact_threshold
+    hard_threshold = settings.hard_limit_threshold
     events = active_events(session=session)
     tokens = context_window.context_cost([event.effective_token_count for event in events])
     level = context_window.window_level(

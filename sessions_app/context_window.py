@@ -5,13 +5,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from sessions_app.event_types import EventType
+
 # The context-cost rule (sum of message costs, plus the reply primer when anything is sent) is
 # tokens.py's; window math uses it under its own name.
 from sessions_app.tokens import REPLY_PRIMER
 from sessions_app.tokens import context_tokens as context_cost
 
-ALWAYS_KEPT_TYPES = frozenset({"SYSTEM_PROMPT", "COMPACTION"})
-USER_TYPES = frozenset({"USER_MESSAGE", "CONTEXT_REFRESH"})
+ALWAYS_KEPT_TYPES = frozenset({EventType.SYSTEM_PROMPT, EventType.COMPACTION})
+USER_TYPES = frozenset({EventType.USER_MESSAGE, EventType.CONTEXT_REFRESH})
 
 
 @dataclass(frozen=True)
@@ -70,7 +72,7 @@ def prune(items: Sequence[WindowItem], *, budget: int) -> list[str] | None:
     for item in items:
         if item.key in required:
             continue
-        if item.tool_call_id and item.type in ("TOOL_CALL", "TOOL_RESULT"):
+        if item.tool_call_id and item.type in (EventType.TOOL_CALL, EventType.TOOL_RESULT):
             group = by_call.get(item.tool_call_id)
             if group is None:
                 group = by_call[item.tool_call_id] = []

@@ -5,18 +5,8 @@ import uuid
 from django.conf import settings
 from django.db import models
 
+from sessions_app.event_types import EventType
 from sessions_app.tokens import REPLY_PRIMER
-
-
-class EventType(models.TextChoices):
-    SYSTEM_PROMPT = "SYSTEM_PROMPT"
-    USER_MESSAGE = "USER_MESSAGE"
-    AGENT_MESSAGE = "AGENT_MESSAGE"
-    TOOL_CALL = "TOOL_CALL"
-    TOOL_RESULT = "TOOL_RESULT"
-    LOCAL_SYSTEM_MESSAGE = "LOCAL_SYSTEM_MESSAGE"
-    COMPACTION = "COMPACTION"
-    CONTEXT_REFRESH = "CONTEXT_REFRESH"
 
 
 class TokenProvenance(models.TextChoices):
@@ -140,7 +130,7 @@ class Event(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid.uuid4)
     session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="events")
     seq = models.PositiveBigIntegerField()
-    type = models.CharField(max_length=32, choices=EventType.choices)
+    type = models.CharField(max_length=32, choices=EventType.choices())
     content = models.TextField(blank=True, default="")
     # True when the client sent structured (non-text) content; `content` then holds its JSON.
     content_is_json = models.BooleanField(default=False)

@@ -30,14 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
-SYSTEM_PROMPT = "SYSTEM_PROMPT"
-USER_MESSAGE = "USER_MESSAGE"
-AGENT_MESSAGE = "AGENT_MESSAGE"
-TOOL_CALL = "TOOL_CALL"
-TOOL_RESULT = "TOOL_RESULT"
-LOCAL_SYSTEM_MESSAGE = "LOCAL_SYSTEM_MESSAGE"
-COMPACTION = "COMPACTION"
-CONTEXT_REFRESH = "CONTEXT_REFRESH"
+from sessions_app.event_types import EventType
 
 MISSING_RESULT_TEXT = "[no result was recorded for this tool call]"
 ORPHAN_RESULT_PREFIX = "[tool result for call {call_id}{tool}, whose call is not in this context]"
@@ -97,9 +90,9 @@ T = TypeVar("T", bound=_Typed)
 def is_sent(item: _Typed) -> bool:
     """Whether an event is part of what the model sees: not a LOCAL_SYSTEM_MESSAGE, not a
     trim's empty COMPACTION marker."""
-    if item.type == LOCAL_SYSTEM_MESSAGE:
+    if item.type == EventType.LOCAL_SYSTEM_MESSAGE:
         return False
-    return not (item.type == COMPACTION and not item.content)
+    return not (item.type == EventType.COMPACTION and not item.content)
 
 
 def context_order(items: Sequence[T]) -> list[T]:
@@ -107,9 +100,13 @@ def context_order(items: Sequence[T]) -> list[T]:
     which callers give by seq). Events the model never sees are dropped."""
     sent = [item for item in items if is_sent(item)]
     return (
-        [item for item in sent if item.type == SYSTEM_PROMPT]
-        + [item for item in sent if item.type == COMPACTION]
-        + [item for item in sent if item.type not in (SYSTEM_PROMPT, COMPACTION)]
+        [item for item in sent if item.type == EventType.SYSTEM_PROMPT]
+        + [item for item in sent if item.type == EventType.COMPACTION]
+        + [
+            item
+            for item in sent
+            if item.type not in (EventType.SYSTEM_PROMPT, EventType.COMPACTION)
+        ]
     )
 
 
@@ -155,13 +152,13 @@ def _turns(records: Sequence[Record]) -> tuple[list[_Turn], list[Repair]]:
     records = context_order(records)
     first_call: dict[str, int] = {}
     for index, record in enumerate(records):
-        if record.type == TOOL_CALL and record.tool_call_id:
+        if record.type == EventType.TOOL_CALL and record.tool_call_id:
             first_call.setdefault(record.tool_call_id, index)
     # The result a call is answered with: the first one recorded after it.
     answer: dict[str, int] = {}
     for index, record in enumerate(records):
         call_at = first_call.get(record.tool_call_id)
-        if record.type == TOOL_RESULT and call_at is not None and call_at < index:
+        if record.type == EventType.TOOL_RESULT and call_at is not None and call_at < index:
             answer.setdefault(record.tool_call_id, index)
 
     turns: list[_Turn] = []
@@ -186,7 +183,7 @@ def _turns(records: Sequence[Record]) -> tuple[list[_Turn], list[Repair]]:
 
     for index, record in enumerate(records):
         kind = record.type
-        if kind == TOOL_CALL and first_call.get(record.tool_call_id) == index:
+        if kind == EventType.TOOL_CALL and first_call.get(record.tool_call_id) == index:
             if open_turn is None:
                 previous = turns[-1] if turns else None
                 if (
@@ -203,7 +200,7 @@ def _turns(records: Sequence[Record]) -> tuple[list[_Turn], list[Repair]]:
             open_turn.calls.append(_Call(record.tool_call_id, record.name, record.content))
             continue
         close()
-        if kind == TOOL_RESULT:
+        if kind == EventType.TOOL_RESULT:
             if answer.get(record.tool_call_id) == index:
                 continue  # already sent right after its call
             template = (
@@ -214,23 +211,23 @@ def _turns(records: Sequence[Record]) -> tuple[list[_Turn], list[Repair]]:
             turns.append(_Turn(role="user", content=text))
             kind_name = "duplicate_result" if record.tool_call_id in answer else "orphan_result"
             repairs.append(Repair(kind_name, "user", text, replaces=record.key))
-        elif kind == TOOL_CALL:
+        elif kind == EventType.TOOL_CALL:
             head = DUPLICATE_CALL_PREFIX.format(
                 call_id=record.tool_call_id, tool=_tool_label(record.name)
             )
             text = f"{head}\n{text_of(record.content)}"
             turns.append(_Turn(role="assistant", content=text))
             repairs.append(Repair("duplicate_call", "assistant", text, replaces=record.key))
-        elif kind in (SYSTEM_PROMPT, COMPACTION):
+        elif kind in (EventType.SYSTEM_PROMPT, EventType.COMPACTION):
             turns.append(
                 _Turn(
                     role="system",
                     content=record.content,
                     name=record.name,
-                    summary=kind == COMPACTION,
+                    summary=kind == EventType.COMPACTION,
                 )
             )
-        elif kind == AGENT_MESSAGE:
+        elif kind == EventType.AGENT_MESSAGE:
             turns.append(_Turn(role="assistant", content=record.content, name=record.name))
         else:  # USER_MESSAGE, CONTEXT_REFRESH
             turns.append(_Turn(role="user", content=record.content, name=record.name))

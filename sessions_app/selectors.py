@@ -13,6 +13,7 @@ from sessions_app import render, tokens
 from sessions_app.errors import NotFound
 from sessions_app.exact_counts import exact_counting_enabled
 from sessions_app.models import Event, EventType, Session, TokenProvenance
+from sessions_app.session_settings import SessionSettings
 
 
 def sessions_visible_to(*, user: AbstractBaseUser | AnonymousUser) -> QuerySet[Session]:
@@ -45,7 +46,7 @@ def event_get(*, session: Session, event_id: Any) -> Event:
 
 def usage_for_session(*, session: Session) -> dict[str, Any]:
     """The usage document of the design, from counters only (O(1) in session size)."""
-    settings = session.settings
+    settings = SessionSettings.of(session.settings)
     ratio = session.usage_ratio
     return {
         "totalPromptTokens": session.reported_prompt_tokens,
@@ -55,13 +56,13 @@ def usage_for_session(*, session: Session) -> dict[str, Any]:
         "contextTokens": session.context_tokens,
         "contextLimit": session.context_limit,
         "percentUsed": session.percent_used,
-        "nearLimit": ratio >= settings.get("compactThreshold", 0.8),
-        "atLimit": ratio >= settings.get("hardLimitThreshold", 0.95),
+        "nearLimit": ratio >= settings.compact_threshold,
+        "atLimit": ratio >= settings.hard_limit_threshold,
         "model": session.model,
         "encoding": session.encoding,
         "exact": counter_is_exact(session=session),
         "cumulativeTokens": session.cumulative_tokens,
-        "refreshThresholdTokens": settings.get("refreshThresholdTokens", 800_000),
+        "refreshThresholdTokens": settings.refresh_threshold_tokens,
         "lastCompaction": session.last_compaction,
         "lastProviderPromptTokens": session.last_provider_prompt_tokens,
         "countDriftPercent": count_drift_percent(session=session),

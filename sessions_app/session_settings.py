@@ -1,8 +1,10 @@
-"""Per-session compaction settings: defaults and strict validation (pure, no ORM)."""
+"""Per-session compaction settings: the typed settings with their defaults, and strict
+validation of changes (pure, no ORM)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, fields
 from typing import Any
 
 from sessions_app.errors import InvalidInput
@@ -12,16 +14,56 @@ from sessions_app.errors import InvalidInput
 STRATEGY_NAMES = ("trim", "summarize", "clear_tool_results")
 SUMMARIZER_NAMES = ("local", "openai", "anthropic")
 
+
+@dataclass(frozen=True)
+class SessionSettings:
+    """A session's compaction settings, typed, with the defaults (the one place they are
+    written). Stored on the session as JSON under the camelCase names (`compactThreshold`);
+    `of` reads that JSON, the default standing in for any setting it lacks."""
+
+    auto_compact: bool = True
+    compact_threshold: float = 0.80
+    hard_limit_threshold: float = 0.95
+    cooldown_seconds: int = 60
+    strategy: str = "summarize"
+    summarizer: str = "local"
+    max_summary_tokens: int | None = None  # auto: see resolve_max_summary_tokens
+    keep_recent_events: int = 2
+    refresh_threshold_tokens: int = 800_000
+
+    @classmethod
+    def of(cls, stored: Mapping[str, Any]) -> SessionSettings:
+        """The settings a session's stored JSON stands for (validated when it was stored)."""
+        value = {name: stored.get(key, DEFAULTS[key]) for key, name in _FIELD_FOR_KEY.items()}
+        budget = value["max_summary_tokens"]
+        return cls(
+            auto_compact=bool(value["auto_compact"]),
+            compact_threshold=float(value["compact_threshold"]),
+            hard_limit_threshold=float(value["hard_limit_threshold"]),
+            cooldown_seconds=int(value["cooldown_seconds"]),
+            strategy=str(value["strategy"]),
+            summarizer=str(value["summarizer"]),
+            max_summary_tokens=None if budget is None else int(budget),
+            keep_recent_events=int(value["keep_recent_events"]),
+            refresh_threshold_tokens=int(value["refresh_threshold_tokens"]),
+        )
+
+    def summary_budget(self, context_limit: int) -> int:
+        """The summary budget `max_summary_tokens` stands for in a window of `context_limit`."""
+        return resolve_max_summary_tokens(self.max_summary_tokens, context_limit)
+
+
+def _camel(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(part.title() for part in rest)
+
+
+# camelCase JSON name → field name, in declaration order.
+_FIELD_FOR_KEY: dict[str, str] = {_camel(f.name): f.name for f in fields(SessionSettings)}
+
+# The defaults as stored JSON (what a new session's `settings` holds before any change).
 DEFAULTS: dict[str, Any] = {
-    "autoCompact": True,
-    "compactThreshold": 0.80,
-    "hardLimitThreshold": 0.95,
-    "cooldownSeconds": 60,
-    "strategy": "summarize",
-    "summarizer": "local",
-    "maxSummaryTokens": None,  # auto: see resolve_max_summary_tokens
-    "keepRecentEvents": 2,
-    "refreshThresholdTokens": 800_000,
+    key: getattr(SessionSettings(), name) for key, name in _FIELD_FOR_KEY.items()
 }
 
 

@@ -56,6 +56,7 @@ __all__ = [
     "non_text_tokens",
     "register_model_counter",
     "resolve_encoding",
+    "truncate_to_tokens",
     "unregister_model_counter",
 ]
 
@@ -448,3 +449,52 @@ def context_tokens(message_costs: Iterable[int]) -> int:
         total += cost
         seen = True
     return total + REPLY_PRIMER if seen else 0
+
+
+# --- truncation ------------------------------------------------------------------------------
+
+_SENTENCE_END = re.compile(r"[.!?](?=\s)|\n")
+_WORD_END = re.compile(r"\S(?=\s)")
+
+
+def _largest_fitting(
+    text: str, cuts: list[int], *, max_tokens: int, count_tokens: Callable[[str], int]
+) -> str:
+    """The longest `text[:cut]` (right-stripped) within `max_tokens`, by binary search."""
+    lo, hi, best = 0, len(cuts) - 1, ""
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        candidate = text[: cuts[mid]].rstrip()
+        if count_tokens(candidate) <= max_tokens:
+            best, lo = candidate, mid + 1
+        else:
+            hi = mid - 1
+    return best
+
+
+def truncate_to_tokens(text: str, *, max_tokens: int, count_tokens: Callable[[str], int]) -> str:
+    """`text` cut to at most `max_tokens` tokens, at a sentence or line end, never mid-word.
+
+    Prefers the last sentence / line end that fits; falls back to the last word end when no
+    sentence fits or the sentence cut would keep less than half the budget. Returns "" when
+    not even the first word fits. Counts O(log n) prefixes, never per sentence.
+    """
+    if max_tokens <= 0 or not text:
+        return ""
+    # Grow a prefix from ~4 chars per token, doubling until it overflows, so huge inputs are
+    # never tokenized in full just to learn that they are too long.
+    region_end = min(len(text), max(64, max_tokens * 4))
+    while count_tokens(text[:region_end]) <= max_tokens:
+        if region_end == len(text):
+            return text
+        region_end = min(len(text), region_end * 2)
+    region = text[: region_end + 1]  # +1 so a boundary right at region_end is seen
+    sentence_cuts = [
+        m.start() if region[m.start()] == "\n" else m.end() for m in _SENTENCE_END.finditer(region)
+    ]
+    best = _largest_fitting(text, sentence_cuts, max_tokens=max_tokens, count_tokens=count_tokens)
+    if best and count_tokens(best) * 2 >= max_tokens:
+        return best
+    word_cuts = [m.end() for m in _WORD_END.finditer(region)]
+    by_word = _largest_fitting(text, word_cuts, max_tokens=max_tokens, count_tokens=count_tokens)
+    return by_word if len(by_word) > len(best) else best

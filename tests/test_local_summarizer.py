@@ -9,7 +9,8 @@ import pytest
 from bench.session_gen import generate_session
 from compaction_app.summarizers import local as local_summarizer
 from compaction_app.summarizers.base import SummaryMessage, summarizer_class
-from compaction_app.summarizers.local import SECTIONS, LocalSummarizer, truncate_to_tokens
+from compaction_app.summarizers.local import SECTIONS, LocalSummarizer
+from sessions_app.tokens import truncate_to_tokens
 
 
 def words(text: str) -> int:

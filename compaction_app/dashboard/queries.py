@@ -30,7 +30,7 @@ from sessions_app.models import MODEL_INVISIBLE_TYPES, Event, EventType, Session
 from sessions_app.search import sessions_matching_content
 from sessions_app.selectors import counter_is_exact, sessions_visible_to, usage_for_session
 from sessions_app.session_settings import DEFAULTS as SETTING_DEFAULTS
-from sessions_app.session_settings import STRATEGY_NAMES
+from sessions_app.session_settings import STRATEGY_NAMES, SessionSettings
 from sessions_app.tokens import REPLY_PRIMER
 
 PAGE_SIZE = 25
@@ -379,10 +379,10 @@ class Schedule:
 
 
 def schedule_for(*, session: Session, now: datetime | None = None) -> Schedule:
-    settings = {**SETTING_DEFAULTS, **session.settings}
-    compact_ratio = float(settings["compactThreshold"])
-    hard_ratio = float(settings["hardLimitThreshold"])
-    cooldown = int(settings["cooldownSeconds"])
+    settings = SessionSettings.of(session.settings)
+    compact_ratio = settings.compact_threshold
+    hard_ratio = settings.hard_limit_threshold
+    cooldown = settings.cooldown_seconds
     compact_at = int(session.context_limit * compact_ratio)
     hard_at = int(session.context_limit * hard_ratio)
     last_auto = (
@@ -395,10 +395,10 @@ def schedule_for(*, session: Session, now: datetime | None = None) -> Schedule:
     left = 0
     if last_auto is not None:
         left = max(int(cooldown - (now - last_auto).total_seconds()), 0)
-    refresh_at = int(settings["refreshThresholdTokens"])
+    refresh_at = settings.refresh_threshold_tokens
     context = session.context_tokens
     return Schedule(
-        auto_compact=bool(settings["autoCompact"]),
+        auto_compact=settings.auto_compact,
         compact_ratio=compact_ratio,
         hard_ratio=hard_ratio,
         compact_at=compact_at,

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 from decimal import Decimal
 from typing import Any, Protocol
 
+from sessions_app.event_types import EventType
+
 # Content longer than this shows its first lines with a "show all" control.
 CLAMP_LINES = 6
 CLAMP_CHARS = 900
@@ -38,16 +40,16 @@ class TraceEvent(Protocol):
 
 
 LABELS = {
-    "SYSTEM_PROMPT": "System prompt",
-    "USER_MESSAGE": "You",
-    "AGENT_MESSAGE": "Agent",
-    "TOOL_RESULT": "Tool result",
-    "LOCAL_SYSTEM_MESSAGE": "Note (not sent to the model)",
-    "COMPACTION": "Summary",
-    "CONTEXT_REFRESH": "Context refresh",
+    EventType.SYSTEM_PROMPT: "System prompt",
+    EventType.USER_MESSAGE: "You",
+    EventType.AGENT_MESSAGE: "Agent",
+    EventType.TOOL_RESULT: "Tool result",
+    EventType.LOCAL_SYSTEM_MESSAGE: "Note (not sent to the model)",
+    EventType.COMPACTION: "Summary",
+    EventType.CONTEXT_REFRESH: "Context refresh",
 }
 # CSS side of the bubble: the user on the right, everything else on the left.
-SIDES = {"USER_MESSAGE": "user", "CONTEXT_REFRESH": "user"}
+SIDES = {EventType.USER_MESSAGE: "user", EventType.CONTEXT_REFRESH: "user"}
 
 
 def _first_line(text: str, limit: int = 110) -> str:
@@ -178,12 +180,12 @@ Item = Entry | FoldGroup
 def _entry(event: Any, *, cost_of: Callable[[Any], Decimal | None]) -> Entry:
     kind = "turn"
     label = LABELS.get(event.type, event.type)
-    if event.type == "TOOL_CALL":
+    if event.type == EventType.TOOL_CALL:
         kind = "tool"
         label = f"Tool: {event.name}" if event.name else "Tool call"
-    elif event.type == "TOOL_RESULT":
+    elif event.type == EventType.TOOL_RESULT:
         label = f"Tool result: {event.name}" if event.name else "Tool result"
-    elif event.type == "COMPACTION":
+    elif event.type == EventType.COMPACTION:
         kind = "summary" if event.content else "marker"
         label = "Summary" if event.content else "Trim marker"
     return Entry(
@@ -212,15 +214,15 @@ def build_trace(
     calls: dict[tuple[Any, str], Entry] = {}
     flat: list[Entry] = []
     for event in events:
-        if event.type == "TOOL_RESULT" and event.tool_call_id:
+        if event.type == EventType.TOOL_RESULT and event.tool_call_id:
             owner = calls.get((event.compacted_by_id, event.tool_call_id))
             if owner is not None:
                 owner.results.append(event)
                 continue
         entry = _entry(event, cost_of=cost_of)
-        if event.type == "COMPACTION":
+        if event.type == EventType.COMPACTION:
             entry.run = runs_by_marker.get(event.id) if hasattr(event, "id") else None
-        if event.type == "TOOL_CALL" and event.tool_call_id:
+        if event.type == EventType.TOOL_CALL and event.tool_call_id:
             calls[(event.compacted_by_id, event.tool_call_id)] = entry
         flat.append(entry)
 

@@ -22,6 +22,7 @@ from sessions_app.context import context_prepare
 from sessions_app.errors import Unprocessable
 from sessions_app.models import Event, EventType, Session
 from sessions_app.services import model_registry
+from sessions_app.session_settings import SessionSettings
 
 logger = logging.getLogger("compaction_app.gateway")
 audit = logging.getLogger("context")
@@ -110,13 +111,13 @@ def fit(
     )
     if not enabled:
         return as_sent
-    settings = session.settings
+    settings = SessionSettings.of(session.settings)
     compacted = has_compaction(session)
     choice = decide(
         tokens=context,
         limit=max(limit - definitions, 0),
-        compact_threshold=float(settings.get("compactThreshold", 0.8)),
-        hard_threshold=float(settings.get("hardLimitThreshold", 0.95)),
+        compact_threshold=settings.compact_threshold,
+        hard_threshold=settings.hard_limit_threshold,
         compacted=compacted,
     )
     if choice == PASS_THROUGH:

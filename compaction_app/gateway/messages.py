@@ -11,13 +11,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-# Event types as plain strings (sessions_app.models.EventType mirrors them) so this module
-# imports without Django.
-SYSTEM_PROMPT = "SYSTEM_PROMPT"
-USER_MESSAGE = "USER_MESSAGE"
-AGENT_MESSAGE = "AGENT_MESSAGE"
-TOOL_CALL = "TOOL_CALL"
-TOOL_RESULT = "TOOL_RESULT"
+from sessions_app.event_types import EventType
+
+# Short names for the event types a client message becomes (sessions_app.event_types is pure
+# too, so this module imports without Django).
+SYSTEM_PROMPT = EventType.SYSTEM_PROMPT
+USER_MESSAGE = EventType.USER_MESSAGE
+AGENT_MESSAGE = EventType.AGENT_MESSAGE
+TOOL_CALL = EventType.TOOL_CALL
+TOOL_RESULT = EventType.TOOL_RESULT
 
 # Event ids derived from (session, position, message hash, part): a retried or concurrently
 # repeated request maps to the ids already stored, which the append service returns as they

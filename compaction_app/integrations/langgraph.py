@@ -43,8 +43,9 @@ from langgraph.graph.message import REMOVE_ALL_MESSAGES
 from pydantic import BaseModel
 
 from compaction_app.summarizers.base import SummaryMessage
-from compaction_app.summarizers.local import LocalSummarizer, truncate_to_tokens
+from compaction_app.summarizers.local import LocalSummarizer
 from sessions_app import tokens as ledger_tokens
+from sessions_app.event_types import EventType
 
 try:
     from langgraph._internal._runnable import RunnableCallable
@@ -286,18 +287,24 @@ def _summary_messages(messages: Sequence[AnyMessage]) -> list[SummaryMessage]:
         event_id = str(message.id or "")
         text = _text(message.content)
         if isinstance(message, ToolMessage):
-            out.append(SummaryMessage(event_id, "TOOL_RESULT", "tool", text, message.name or ""))
+            out.append(
+                SummaryMessage(event_id, EventType.TOOL_RESULT, "tool", text, message.name or "")
+            )
         elif isinstance(message, AIMessage):
             if text:
-                out.append(SummaryMessage(event_id, "AGENT_MESSAGE", "assistant", text))
+                out.append(SummaryMessage(event_id, EventType.AGENT_MESSAGE, "assistant", text))
             for call in message.tool_calls:
                 args = json.dumps(call["args"], sort_keys=True, default=str)
-                out.append(SummaryMessage(event_id, "TOOL_CALL", "assistant", args, call["name"]))
+                out.append(
+                    SummaryMessage(event_id, EventType.TOOL_CALL, "assistant", args, call["name"])
+                )
         elif message.type == "human":
-            out.append(SummaryMessage(event_id, "USER_MESSAGE", "user", text))
+            out.append(SummaryMessage(event_id, EventType.USER_MESSAGE, "user", text))
         else:
             out.append(
-                SummaryMessage(event_id, "AGENT_MESSAGE", _ROLES.get(message.type, "system"), text)
+                SummaryMessage(
+                    event_id, EventType.AGENT_MESSAGE, _ROLES.get(message.type, "system"), text
+                )
             )
     return out
 
@@ -373,7 +380,7 @@ class _Summarize:
         existing = self.running
         running = self.running
         if summary_text is not None:
-            summary_text = truncate_to_tokens(
+            summary_text = ledger_tokens.truncate_to_tokens(
                 summary_text, max_tokens=self.summary_budget(), count_tokens=self.node.text_counter
             )
             ids = set(existing.summarized_message_ids) if existing else set()
@@ -406,7 +413,7 @@ class _Summarize:
             if over <= 0 or summary_text is None:
                 break
             budget = self.node.text_counter(running.summary) - over
-            running.summary = truncate_to_tokens(
+            running.summary = ledger_tokens.truncate_to_tokens(
                 running.summary, max_tokens=max(0, budget), count_tokens=self.node.text_counter
             )
             out = self._render(system_messages, running.summary, kept)
@@ -505,7 +512,7 @@ class LedgerSink:
                 events.append(
                     {
                         "id": self._event_id(session_id, key),
-                        "type": "TOOL_RESULT",
+                        "type": EventType.TOOL_RESULT,
                         "content": message.content,
                         "toolCallId": message.tool_call_id,
                         "name": message.name or "",
@@ -516,7 +523,7 @@ class LedgerSink:
                     events.append(
                         {
                             "id": self._event_id(session_id, key),
-                            "type": "AGENT_MESSAGE",
+                            "type": EventType.AGENT_MESSAGE,
                             "content": message.content,
                         }
                     )
@@ -524,7 +531,7 @@ class LedgerSink:
                     events.append(
                         {
                             "id": self._event_id(session_id, key, str(call["id"])),
-                            "type": "TOOL_CALL",
+                            "type": EventType.TOOL_CALL,
                             "name": call["name"],
                             "toolCallId": call["id"],
                             "content": json.dumps(call["args"], default=str),
@@ -534,7 +541,7 @@ class LedgerSink:
                 events.append(
                     {
                         "id": self._event_id(session_id, key),
-                        "type": "SYSTEM_PROMPT",
+                        "type": EventType.SYSTEM_PROMPT,
                         "content": message.content,
                     }
                 )
@@ -542,7 +549,7 @@ class LedgerSink:
                 events.append(
                     {
                         "id": self._event_id(session_id, key),
-                        "type": "USER_MESSAGE",
+                        "type": EventType.USER_MESSAGE,
                         "content": message.content,
                     }
                 )
@@ -552,7 +559,7 @@ class LedgerSink:
         session_id = self._resolve()
         return {
             "id": self._event_id(session_id, "summary", str(running.last_summarized_message_id)),
-            "type": "LOCAL_SYSTEM_MESSAGE",
+            "type": EventType.LOCAL_SYSTEM_MESSAGE,
             "content": f"LangGraph SummarizationNode folded {len(folded)} messages into the "
             f"running summary:\n\n{running.summary}",
             "metadata": {

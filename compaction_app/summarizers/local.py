@@ -1,4 +1,4 @@
-"""The offline, deterministic, extractive summarizer (`local`), and a token-bounded truncator.
+"""The offline, deterministic, extractive summarizer (`local`).
 
 No model is called: sentences and lines are picked out of the folded messages by cheap regex
 scores (user constraints, decisions, errors, file paths, identifiers, numbers, URLs beat
@@ -13,16 +13,17 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 from compaction_app.evidence import extract, shape_of
+from sessions_app.event_types import EventType
+from sessions_app.tokens import truncate_to_tokens
 
 from .base import Summarizer, SummaryMessage, register
 
-__all__ = ["SECTIONS", "LocalSummarizer", "truncate_to_tokens"]
+__all__ = ["SECTIONS", "LocalSummarizer"]
 
-TokenCounter = Callable[[str], int]
 
 SECTIONS: tuple[str, ...] = (
     "Request and intent",
@@ -36,55 +37,6 @@ SECTIONS: tuple[str, ...] = (
 )
 _REQUEST, _STATUS, _TECH, _CHANGES, _ISSUES, _PREFS, _CONTINUE, _WORKING = SECTIONS
 _EMPTY = "None."
-
-# --- truncation --------------------------------------------------------------------------------
-
-_SENTENCE_END = re.compile(r"[.!?](?=\s)|\n")
-_WORD_END = re.compile(r"\S(?=\s)")
-
-
-def _largest_fitting(
-    text: str, cuts: list[int], *, max_tokens: int, count_tokens: TokenCounter
-) -> str:
-    """The longest `text[:cut]` (right-stripped) within `max_tokens`, by binary search."""
-    lo, hi, best = 0, len(cuts) - 1, ""
-    while lo <= hi:
-        mid = (lo + hi) // 2
-        candidate = text[: cuts[mid]].rstrip()
-        if count_tokens(candidate) <= max_tokens:
-            best, lo = candidate, mid + 1
-        else:
-            hi = mid - 1
-    return best
-
-
-def truncate_to_tokens(text: str, *, max_tokens: int, count_tokens: TokenCounter) -> str:
-    """`text` cut to at most `max_tokens` tokens, at a sentence or line end, never mid-word.
-
-    Prefers the last sentence / line end that fits; falls back to the last word end when no
-    sentence fits or the sentence cut would keep less than half the budget. Returns "" when
-    not even the first word fits. Counts O(log n) prefixes, never per sentence.
-    """
-    if max_tokens <= 0 or not text:
-        return ""
-    # Grow a prefix from ~4 chars per token, doubling until it overflows, so huge inputs are
-    # never tokenized in full just to learn that they are too long.
-    region_end = min(len(text), max(64, max_tokens * 4))
-    while count_tokens(text[:region_end]) <= max_tokens:
-        if region_end == len(text):
-            return text
-        region_end = min(len(text), region_end * 2)
-    region = text[: region_end + 1]  # +1 so a boundary right at region_end is seen
-    sentence_cuts = [
-        m.start() if region[m.start()] == "\n" else m.end() for m in _SENTENCE_END.finditer(region)
-    ]
-    best = _largest_fitting(text, sentence_cuts, max_tokens=max_tokens, count_tokens=count_tokens)
-    if best and count_tokens(best) * 2 >= max_tokens:
-        return best
-    word_cuts = [m.end() for m in _WORD_END.finditer(region)]
-    by_word = _largest_fitting(text, word_cuts, max_tokens=max_tokens, count_tokens=count_tokens)
-    return by_word if len(by_word) > len(best) else best
-
 
 # --- scoring -----------------------------------------------------------------------------------
 
@@ -707,13 +659,13 @@ class LocalSummarizer(Summarizer):
         for index, message in enumerate(messages):
             role = message.role
             content = message.content
-            if message.type == "TOOL_CALL":
+            if message.type == EventType.TOOL_CALL:
                 label, paths = _call_summary(message)
                 calls.append(label)
                 files[:0] = [p for p in paths if p not in files]
                 counts["tool"] += 1
                 continue
-            if message.type == "TOOL_RESULT" or role == "tool":
+            if message.type == EventType.TOOL_RESULT or role == "tool":
                 self._tool_result(collector, content, message.name, seq=message.seq)
                 counts["tool"] += 1
                 continue

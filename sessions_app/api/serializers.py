@@ -13,7 +13,7 @@ from rest_framework import serializers
 from sessions_app.models import Event, EventType, Session
 from sessions_app.services import MAX_REPORTED_TOKENS, EventInput, TokenUsage
 
-CLIENT_EVENT_TYPES = [t for t in EventType.values if t != EventType.COMPACTION]
+CLIENT_EVENT_TYPES = [t.value for t in EventType if t != EventType.COMPACTION]
 
 
 class StrictIntegerField(serializers.IntegerField):
