@@ -205,7 +205,10 @@ def test_it_lists_the_callers_sessions_newest_activity_first_with_fill(
     assert row["events"] == 6
     assert row["percentUsed"] == round(100 * row["contextTokens"] / 1000, 1) > 0
     assert "owner" not in row
-    assert [r["id"] for r in payload(call(live_url, token_for(alice), "ledger_sessions", limit=1))["sessions"]] == [newer]
+    assert [
+        r["id"]
+        for r in payload(call(live_url, token_for(alice), "ledger_sessions", limit=1))["sessions"]
+    ] == [newer]
 
 
 def test_it_reports_usage_of_the_named_or_latest_session(live_url, alice, alice_api):
@@ -226,14 +229,18 @@ def test_it_searches_folded_events_and_recalls_the_exact_text_of_a_folded_tool_r
     session_id = coding_session(alice_api)
     fold(session_id)
     token = token_for(alice)
-    found = payload(call(live_url, token, "ledger_search", session=session_id, query="ERR_LOCK_TIMEOUT"))
+    found = payload(
+        call(live_url, token, "ledger_search", session=session_id, query="ERR_LOCK_TIMEOUT")
+    )
     assert [hit["seq"] for hit in found["results"]] == [4]
     hit = found["results"][0]
     assert hit["folded"] is True
     assert hit["type"] == "TOOL_RESULT"
     assert "**ERR_LOCK_TIMEOUT**" in hit["snippet"] and "<mark>" not in hit["snippet"]
 
-    recalled = payload(call(live_url, token, "ledger_recall", session=session_id, seqs=[hit["seq"]]))
+    recalled = payload(
+        call(live_url, token, "ledger_recall", session=session_id, seqs=[hit["seq"]])
+    )
     by_seq = {event["seq"]: event for event in recalled["events"]}
     # The tool call travels with its result.
     assert sorted(by_seq) == [3, 4]
@@ -241,16 +248,18 @@ def test_it_searches_folded_events_and_recalls_the_exact_text_of_a_folded_tool_r
     assert by_seq[4]["folded"] is True
     assert recalled["omitted"] == [] and recalled["missing"] == []
 
-    by_query = payload(call(live_url, token, "ledger_recall", query="orders_archive_2025 exit code"))
+    by_query = payload(
+        call(live_url, token, "ledger_recall", query="orders_archive_2025 exit code")
+    )
     assert MIGRATION_OUTPUT in [event["content"] for event in by_query["events"]]
 
 
-def test_it_plans_then_requests_a_compaction_and_reports_a_running_one(
-    live_url, alice, alice_api
-):
+def test_it_plans_then_requests_a_compaction_and_reports_a_running_one(live_url, alice, alice_api):
     session_id = coding_session(alice_api)
     token = token_for(alice)
-    plan = payload(call(live_url, token, "ledger_compact", dryRun=True, strategy="trim", targetRatio=0.01))
+    plan = payload(
+        call(live_url, token, "ledger_compact", dryRun=True, strategy="trim", targetRatio=0.01)
+    )
     assert plan["dryRun"] is True
     assert plan["strategy"] == "trim"
     assert plan["eventsToFold"] > 0
@@ -270,7 +279,9 @@ def test_it_plans_then_requests_a_compaction_and_reports_a_running_one(
 
 def test_it_queues_a_compaction_that_the_worker_completes(live_url, worker, alice, alice_api):
     session_id = coding_session(alice_api)
-    out = payload(call(live_url, token_for(alice), "ledger_compact", strategy="trim", targetRatio=0.01))
+    out = payload(
+        call(live_url, token_for(alice), "ledger_compact", strategy="trim", targetRatio=0.01)
+    )
     run = out["compaction"]
     assert run["sessionId"] == session_id
     assert run["status"] == "pending"
@@ -377,9 +388,7 @@ def test_it_keeps_bobs_session_from_alice_through_every_tool_and_resource(
     ]
     # Alice has a session of her own, so omitting the session is no error.
     own = create_session(alice_api, limit=1000)
-    append_events(
-        alice_api, session_id=own, events=[{"type": "USER_MESSAGE", "content": "Hello."}]
-    )
+    append_events(alice_api, session_id=own, events=[{"type": "USER_MESSAGE", "content": "Hello."}])
 
     async def body(client):
         results = []
@@ -459,9 +468,7 @@ def test_it_answers_bad_arguments_with_a_tool_error_the_model_can_read(
     assert error["detail"]
 
 
-def test_it_answers_an_unknown_tool_or_session_without_dropping_the_connection(
-    live_url, alice
-):
+def test_it_answers_an_unknown_tool_or_session_without_dropping_the_connection(live_url, alice):
     async def body(client):
         with pytest.raises(MCPError) as unknown:
             await client.call_tool("ledger_delete_everything", {})
@@ -474,6 +481,10 @@ def test_it_answers_an_unknown_tool_or_session_without_dropping_the_connection(
 
     unknown, none, bad_uri, tools = run(live_url, token_for(alice), body)
     assert "Unknown tool" in unknown.message
-    assert error_of(none) == {"error": "not_found", "detail": "you have no sessions yet", "status": 404}
+    assert error_of(none) == {
+        "error": "not_found",
+        "detail": "you have no sessions yet",
+        "status": 404,
+    }
     assert "Unknown resource" in bad_uri.message
     assert len(tools.tools) == len(TOOL_NAMES)

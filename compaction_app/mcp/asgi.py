@@ -103,9 +103,7 @@ class McpApp:
         host = headers.get(b"host", b"").decode("latin-1")
         domain, _port = split_domain_port(host)
         if not domain or not validate_host(domain, settings.ALLOWED_HOSTS):
-            await _json(
-                send, 400, {"error": "bad_request", "detail": "Invalid Host header."}, []
-            )
+            await _json(send, 400, {"error": "bad_request", "detail": "Invalid Host header."}, [])
             return
         raw = headers.get(b"authorization")
         outcome = await threads.run(authenticate, raw.decode("latin-1") if raw else None)

@@ -50,7 +50,9 @@ INSTRUCTIONS = (
 
 SUMMARY_URI = "ledger://sessions/{session}/summary"
 LOSS_REPORT_URI = "ledger://sessions/{session}/loss-report"
-_RESOURCE_URI = re.compile(r"ledger://sessions/(?P<session>[^/]{1,200})/(?P<kind>summary|loss-report)")
+_RESOURCE_URI = re.compile(
+    r"ledger://sessions/(?P<session>[^/]{1,200})/(?P<kind>summary|loss-report)"
+)
 RESOURCES_LISTED = 10
 
 
@@ -61,7 +63,9 @@ def _caller(ctx: ServerRequestContext[Any, Any], stdio_user: AbstractBaseUser | 
     user = request.scope.get(SCOPE_USER) if request is not None else None
     if user is None:
         # asgi.McpApp answers 401 before any handler runs; this is a transport without it.
-        raise MCPError(code=types.INVALID_REQUEST, message="Authentication credentials were not provided.")
+        raise MCPError(
+            code=types.INVALID_REQUEST, message="Authentication credentials were not provided."
+        )
     return user
 
 

@@ -52,8 +52,6 @@ class Command(BaseCommand):
             from mcp.server.stdio import stdio_server
 
             async with stdio_server() as (read_stream, write_stream):
-                await server.run(
-                    read_stream, write_stream, server.create_initialization_options()
-                )
+                await server.run(read_stream, write_stream, server.create_initialization_options())
 
         anyio.run(serve)
