@@ -221,6 +221,21 @@ def test_it_reports_usage_of_the_named_or_latest_session(live_url, alice, alice_
         assert {key: out[key] for key in rest} == rest
         assert out["thresholds"] == {"compact": 0.8, "hardLimit": 0.95}
     assert payload(call(live_url, token_for(alice), "ledger_usage"))["session"]["id"] == latest
+    assert payload(call(live_url, token_for(alice), "ledger_usage"))["costUsd"] is None
+    append_events(
+        alice_api,
+        session_id=first,
+        events=[
+            {
+                "type": "AGENT_MESSAGE",
+                "content": "Done.",
+                "tokenUsage": {"promptTokens": 1000, "completionTokens": 100, "totalTokens": 1100},
+            }
+        ],
+    )
+    billed = payload(call(live_url, token_for(alice), "ledger_usage", session=first))
+    assert billed["totalPromptTokens"] == 1000
+    assert billed["costUsd"] > 0
 
 
 def test_it_searches_folded_events_and_recalls_the_exact_text_of_a_folded_tool_result(
@@ -488,3 +503,25 @@ def test_it_answers_an_unknown_tool_or_session_without_dropping_the_connection(l
     }
     assert "Unknown resource" in bad_uri.message
     assert len(tools.tools) == len(TOOL_NAMES)
+
+
+# --- the session page ------------------------------------------------------------------------
+
+
+def test_it_shows_how_to_connect_an_agent_on_the_session_page(alice, alice_api, client):
+    session_id = coding_session(alice_api, client_key="worker-7")
+    client.force_login(alice)
+    page = client.get(f"/sessions/{session_id}/").content.decode()
+    assert (
+        "claude mcp add --transport http ledger http://testserver/mcp "
+        '--header "Authorization: Token &lt;API token&gt;"'
+    ) in page
+    assert (
+        '[mcp_servers.ledger]\nurl = "http://testserver/mcp"\nbearer_token_env_var = "LEDGER_TOKEN"'
+        in page
+    )
+    assert "MCPServerStreamableHttp(" in page
+    assert '"url": "http://testserver/mcp"' in page
+    assert "<code>worker-7</code>" in page
+    # No API token is ever printed on the page.
+    assert token_for(alice) not in page
