@@ -175,16 +175,23 @@ def test_it_answers_401_before_reading_the_body(alice):
         assert (b"www-authenticate", b"Token") in sent[0]["headers"]
 
 
-@pytest.mark.parametrize("scheme", ["Token", "Bearer", "bearer"])
-def test_it_takes_the_api_token_as_token_or_bearer(live_url, alice, alice_api, scheme):
+@pytest.mark.parametrize(
+    ("scheme", "mode"), [("Token", "auto"), ("Bearer", "legacy"), ("bearer", "auto")]
+)
+def test_it_takes_the_api_token_as_token_or_bearer_in_either_protocol_era(
+    live_url, alice, alice_api, scheme, mode
+):
     session_id = coding_session(alice_api)
 
     async def body(client):
-        return await client.call_tool("ledger_usage", {})
+        usage = await client.call_tool("ledger_usage", {})
+        wrong = await client.call_tool("ledger_pin", {"seq": "two"})
+        return usage, wrong
 
-    result = run(live_url, token_for(alice), body, scheme=scheme)
-    assert not result.is_error
-    assert payload(result)["session"]["id"] == session_id
+    usage, wrong = run(live_url, token_for(alice), body, scheme=scheme, mode=mode)
+    assert not usage.is_error
+    assert payload(usage)["session"]["id"] == session_id
+    assert error_of(wrong)["fields"] == {"seq": "A valid integer is required."}
 
 
 # --- each tool -------------------------------------------------------------------------------
