@@ -532,3 +532,34 @@ def test_it_shows_how_to_connect_an_agent_on_the_session_page(alice, alice_api, 
     assert "<code>worker-7</code>" in page
     # No API token is ever printed on the page.
     assert token_for(alice) not in page
+
+
+def test_it_answers_a_bug_with_rests_internal_error_and_keeps_answering(
+    live_url, alice, alice_api, monkeypatch
+):
+    from dataclasses import replace
+
+    from compaction_app.mcp import tools
+
+    def broken(user, arguments):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setitem(
+        tools.TOOLS_BY_NAME,
+        "ledger_usage",
+        replace(tools.TOOLS_BY_NAME["ledger_usage"], handler=broken),
+    )
+    coding_session(alice_api)
+
+    async def body(client):
+        return await client.call_tool("ledger_usage", {}), await client.call_tool(
+            "ledger_sessions", {}
+        )
+
+    failed, after = run(live_url, token_for(alice), body)
+    assert error_of(failed) == {
+        "error": "internal_error",
+        "detail": "An unexpected error occurred; it has been logged.",
+        "status": 500,
+    }
+    assert not after.is_error
