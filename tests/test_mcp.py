@@ -448,6 +448,12 @@ def test_it_keeps_bobs_session_from_alice_through_every_tool_and_resource(
     for name in (bobs, "bobs-thread"):
         out = payload(call(live_url, staff_token, "ledger_usage", session=name))
         assert out["session"]["id"] == bobs
+
+    async def staff_reads(client):
+        return await client.read_resource("ledger://sessions/bobs%2Dthread/loss-report")
+
+    report = json.loads(run(live_url, staff_token, staff_reads).contents[0].text)
+    assert report["sessionId"] == bobs
     listed = payload(call(live_url, staff_token, "ledger_sessions"))["sessions"]
     assert {row["owner"] for row in listed} == {"alice", "bob"}
 

@@ -22,6 +22,7 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
+from urllib.parse import unquote
 
 import mcp_types as types
 from django.contrib.auth.models import AbstractBaseUser
@@ -128,7 +129,8 @@ def _read_resource(user: Any, uri: str) -> tuple[str, str]:
 
     match = _RESOURCE_URI.fullmatch(uri)
     assert match is not None
-    session = selectors.session_named(user=user, name=match["session"])
+    # A client key may hold any character; a client sends it percent-encoded in the URI.
+    session = selectors.session_named(user=user, name=unquote(match["session"]))
     if match["kind"] == "summary":
         summary = running_summary_get(session=session)
         return "text/markdown", summary.summary
