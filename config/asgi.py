@@ -13,6 +13,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from compaction_app.gateway.asgi import GatewayHandler, with_gateway  # noqa: E402
+from compaction_app.mcp.asgi import McpApp, with_mcp  # noqa: E402
 from compaction_app.routing import websocket_urlpatterns  # noqa: E402
 from compaction_app.ws_auth import TokenAuthMiddleware  # noqa: E402
 from sessions_app.middleware import StreamingBodyLimit  # noqa: E402
@@ -22,9 +23,12 @@ application = ProtocolTypeRouter(
         # Static files are served by the app itself so the embedded profile needs no other
         # server; production deployments may put a CDN or proxy in front instead.
         # The body limit is enforced while the body streams in (see StreamingBodyLimit).
-        # The gateway skips the site's sync middleware (see compaction_app/gateway/asgi.py).
+        # The gateway skips the site's sync middleware (see compaction_app/gateway/asgi.py);
+        # /mcp is the MCP SDK's own ASGI transport (compaction_app/mcp/asgi.py).
         "http": StreamingBodyLimit(
-            with_gateway(ASGIStaticFilesHandler(django_asgi_app), GatewayHandler())
+            with_mcp(
+                with_gateway(ASGIStaticFilesHandler(django_asgi_app), GatewayHandler()), McpApp()
+            )
         ),
         # The Origin check lives in TokenAuthMiddleware: it applies to cookie-authenticated
         # connections only (token clients such as Python agents send no Origin).
