@@ -21,14 +21,14 @@ from compaction_app import services as compaction
 from compaction_app.api.serializers import CompactionRequestSerializer, run_to_dict
 from compaction_app.mcp import selectors
 from compaction_app.models import Trigger
-from sessions_app import search
+from sessions_app import recall, search
 from sessions_app import selectors as ledger
 from sessions_app import services as ledger_services
 from sessions_app.api.search_views import RecallInSerializer
 from sessions_app.errors import InvalidInput
 from sessions_app.model_registry import estimate_cost_usd
 from sessions_app.models import Session
-from sessions_app.session_settings import DEFAULTS
+from sessions_app.session_settings import SessionSettings
 
 User = AbstractBaseUser | AnonymousUser
 Handler = Callable[[User, Mapping[str, Any]], dict[str, Any]]
@@ -140,7 +140,7 @@ def ledger_sessions(user: User, arguments: Mapping[str, Any]) -> dict[str, Any]:
 
 def ledger_usage(user: User, arguments: Mapping[str, Any]) -> dict[str, Any]:
     session = _session(user, _valid(_SessionArg, arguments))
-    settings = session.settings
+    settings = SessionSettings.of(session.settings)
     usage = ledger.usage_for_session(session=session)
     if "costUsd" not in usage:
         # The dashboard's estimate from the provider-reported totals (null: unknown price).
@@ -156,8 +156,8 @@ def ledger_usage(user: User, arguments: Mapping[str, Any]) -> dict[str, Any]:
         "session": _session_ref(session),
         **usage,
         "thresholds": {
-            "compact": settings.get("compactThreshold", DEFAULTS["compactThreshold"]),
-            "hardLimit": settings.get("hardLimitThreshold", DEFAULTS["hardLimitThreshold"]),
+            "compact": settings.compact_threshold,
+            "hardLimit": settings.hard_limit_threshold,
         },
     }
 
@@ -192,14 +192,14 @@ def ledger_recall(user: User, arguments: Mapping[str, Any]) -> dict[str, Any]:
     data = _valid(_RecallArgs, arguments)
     session = _session(user, data)
     # As POST /sessions/{id}/recall.
-    max_tokens = data.get("maxTokens", min(search.RECALL_DEFAULT_TOKENS, session.context_limit))
+    max_tokens = data.get("maxTokens", min(recall.RECALL_DEFAULT_TOKENS, session.context_limit))
     if max_tokens > session.context_limit:
         raise InvalidInput(
             "maxTokens must not exceed the session's contextLimit",
             code="invalid_request",
             fields={"maxTokens": f"at most {session.context_limit}"},
         )
-    result = search.recall(
+    result = recall.recall(
         session=session,
         text=data.get("query"),
         seqs=data.get("seqs"),
@@ -376,7 +376,7 @@ TOOLS: tuple[ToolSpec, ...] = (
                     "type": "array",
                     "items": {"type": "integer", "minimum": 1},
                     "minItems": 1,
-                    "maxItems": search.RECALL_MAX_SEQS,
+                    "maxItems": recall.RECALL_MAX_SEQS,
                     "description": "Sequence numbers of the events to fetch.",
                 },
                 "query": {
