@@ -20,7 +20,8 @@ from django.db.models import Count, F, Q, Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from compaction_app import broadcast, evidence
+from compaction_app import evidence
+from compaction_app.realtime import broadcast
 from compaction_app.heartbeat import beating
 from compaction_app.models import ACTIVE_STATUSES, CompactionRun, RunningSummary, RunStatus, Trigger
 from compaction_app.selectors import latest_revertible_run

@@ -30,7 +30,7 @@ from django.db import close_old_connections, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from compaction_app import broadcast
+from compaction_app.realtime import broadcast
 from compaction_app.models import ACTIVE_STATUSES, CompactionRun, RunStatus
 from compaction_app.services import complete_message, run_snapshot
 from sessions_app.models import Session

@@ -13,7 +13,7 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.core.management import call_command
 
-from compaction_app.broadcast import session_group
+from compaction_app.realtime.broadcast import session_group
 from sessions_app.anthropic_counter import LedgerMessage, to_anthropic_messages
 from sessions_app.models import Event, Session, TokenProvenance
 from tests.fake_providers import (

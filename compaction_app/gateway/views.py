@@ -21,7 +21,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
-from compaction_app import broadcast
+from compaction_app.realtime import broadcast
 from compaction_app.gateway import after, anthropic, forward, openai, threads
 from compaction_app.gateway.fit import Fitted, fit, model_window
 from compaction_app.gateway.messages import (

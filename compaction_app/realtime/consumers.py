@@ -7,7 +7,7 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from compaction_app.broadcast import STAFF_GROUP, session_group, user_group
+from compaction_app.realtime.broadcast import STAFF_GROUP, session_group, user_group
 from sessions_app.errors import NotFound
 from sessions_app.selectors import session_get
 
