@@ -13,8 +13,8 @@ from typing import Any
 
 from channels.db import database_sync_to_async
 
-from compaction_app.realtime.consumers import SessionConsumer, SessionsConsumer
 from compaction_app.dashboard.render import list_frame, session_frame
+from compaction_app.realtime.consumers import SessionConsumer, SessionsConsumer
 from sessions_app.errors import NotFound
 from sessions_app.selectors import session_get
 
