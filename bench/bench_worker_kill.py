@@ -98,7 +98,7 @@ def _child(stale: float, sweep: float, tmp: Path) -> dict[str, Any]:
     from sessions_app.errors import Conflict
     from sessions_app.models import Event, EventType, Session
     from sessions_app.services import EventInput
-    from tests.fake_providers import FakeProvider, slow
+    from tests.provider_standin import ProviderStandIn, slow
 
     owner = get_user_model().objects.create_user(username=f"bench-{os.getpid()}")
     session = services.session_create(
@@ -119,8 +119,8 @@ def _child(stale: float, sweep: float, tmp: Path) -> dict[str, Any]:
 
     before = folded()
     procs: list[subprocess.Popen] = []
-    with FakeProvider(default=slow(600.0)) as fake:
-        env = {**os.environ, "OPENAI_BASE_URL": fake.openai_base_url, "OPENAI_API_KEY": "k"}
+    with ProviderStandIn(default=slow(600.0)) as fake:
+        env = {**os.environ, "OPENAI_BASE_URL": fake.openai_url, "OPENAI_API_KEY": "k"}
         try:
             victim = _start_worker(env, tmp / "victim.log", "victim")
             procs.append(victim)

@@ -16,7 +16,7 @@ from django.core.management import call_command
 from compaction_app.realtime.broadcast import session_group
 from sessions_app.anthropic_counter import LedgerMessage, to_anthropic_messages
 from sessions_app.models import Event, Session, TokenProvenance
-from tests.fake_providers import (
+from tests.provider_standin import (
     ANTHROPIC_COUNT_PATH,
     fake_token_count,
     invalid_json,
@@ -50,7 +50,7 @@ TURNS = [
 def counting(settings, fake):
     settings.ANTHROPIC_API_KEY = "sk-ant-test"
     settings.LEDGER_ANTHROPIC_COUNT_TOKENS = True
-    settings.LEDGER_ANTHROPIC_UPSTREAM = fake.anthropic_base_url
+    settings.LEDGER_ANTHROPIC_UPSTREAM = fake.anthropic_url
     settings.LEDGER_ANTHROPIC_COUNT_TIMEOUT_SECONDS = 0.5
     settings.LEDGER_ANTHROPIC_COUNT_MAX_RETRIES = 2
     settings.LEDGER_ANTHROPIC_COUNT_BACKOFF_SECONDS = 0.05
