@@ -475,9 +475,6 @@ class _ApiMethod(Generic[_P, _T]):
         return self if client is None else client._bind(self.op)
 
 
-_api_method = _ApiMethod
-
-
 class _Base(Generic[_Transport]):
     def __init__(
         self,
@@ -537,7 +534,7 @@ class _Base(Generic[_Transport]):
             yield _Pause(self.backoff * 2 ** (attempt - 1))
 
     # sessions
-    @_api_method
+    @_ApiMethod
     def create_session(
         self,
         *,
@@ -550,11 +547,11 @@ class _Base(Generic[_Transport]):
         body = _session_body(model, title, context_limit, system_prompt, settings)
         return Session.from_api((yield from self._call("POST", "sessions", json=body)))
 
-    @_api_method
+    @_ApiMethod
     def get_session(self, session_id: str) -> _Op[Session]:
         return Session.from_api((yield from self._call("GET", f"sessions/{session_id}")))
 
-    @_api_method
+    @_ApiMethod
     def list_sessions(self) -> _Op[list[Session]]:
         """Every session the token's user may see (follows the pagination)."""
         sessions: list[Session] = []
@@ -566,7 +563,7 @@ class _Base(Generic[_Transport]):
                 return sessions
             page += 1
 
-    @_api_method
+    @_ApiMethod
     def update_session(
         self,
         session_id: str,
@@ -586,25 +583,25 @@ class _Base(Generic[_Transport]):
             (yield from self._call("PATCH", f"sessions/{session_id}", json=body))
         )
 
-    @_api_method
+    @_ApiMethod
     def delete_session(self, session_id: str) -> _Op[None]:
         yield from self._call("DELETE", f"sessions/{session_id}")
 
     # events
-    @_api_method
+    @_ApiMethod
     def append(self, session_id: str, event: Mapping[str, Any]) -> _Op[Event]:
         """Append one event (`{"type": ..., "content": ..., "id"?: ...}`; snake_case keys work)."""
         path = f"sessions/{session_id}/events"
         return Event.from_api((yield from self._call("POST", path, json=_event_body(event))))
 
-    @_api_method
+    @_ApiMethod
     def append_many(self, session_id: str, events: Iterable[Mapping[str, Any]]) -> _Op[list[Event]]:
         """Append a list of events atomically (all or none)."""
         body = [_event_body(event) for event in events]
         data = yield from self._call("POST", f"sessions/{session_id}/events", json=body)
         return [Event.from_api(item) for item in data]
 
-    @_api_method
+    @_ApiMethod
     def events(
         self, session_id: str, *, after: int = 0, include_compacted: bool = False, limit: int = 500
     ) -> _Op[list[Event]]:
@@ -618,11 +615,11 @@ class _Base(Generic[_Transport]):
                 return events
             after = data["nextAfter"]
 
-    @_api_method
+    @_ApiMethod
     def usage(self, session_id: str) -> _Op[Usage]:
         return Usage.from_api((yield from self._call("GET", f"sessions/{session_id}/usage")))
 
-    @_api_method
+    @_ApiMethod
     def context(
         self,
         session_id: str,
@@ -639,13 +636,13 @@ class _Base(Generic[_Transport]):
         path = f"sessions/{session_id}/context"
         return Context.from_api((yield from self._call("GET", path, params=params)))
 
-    @_api_method
+    @_ApiMethod
     def summary(self, session_id: str) -> _Op[SessionSummary]:
         path = f"sessions/{session_id}/summary"
         return SessionSummary.from_api((yield from self._call("GET", path)))
 
     # compactions
-    @_api_method
+    @_ApiMethod
     def start_compaction(
         self,
         session_id: str,
@@ -658,7 +655,7 @@ class _Base(Generic[_Transport]):
         path = f"sessions/{session_id}/compactions"
         return Compaction.from_api((yield from self._call("POST", path, json=body)))
 
-    @_api_method
+    @_ApiMethod
     def plan_compaction(
         self, session_id: str, *, strategy: str | None = None, **extra: Any
     ) -> _Op[dict[str, Any]]:
@@ -668,17 +665,17 @@ class _Base(Generic[_Transport]):
         result: dict[str, Any] = yield from self._call("POST", path, json=body)
         return result
 
-    @_api_method
+    @_ApiMethod
     def compaction(self, compaction_id: str) -> _Op[Compaction]:
         return Compaction.from_api((yield from self._call("GET", f"compactions/{compaction_id}")))
 
-    @_api_method
+    @_ApiMethod
     def compactions(self, session_id: str) -> _Op[list[Compaction]]:
         data = yield from self._call("GET", f"sessions/{session_id}/compactions")
         items = data["results"] if isinstance(data, dict) else data
         return [Compaction.from_api(item) for item in items]
 
-    @_api_method
+    @_ApiMethod
     def wait_compaction(
         self, compaction_id: str, *, timeout: float = 60.0, poll: float = 0.2
     ) -> _Op[Compaction]:
@@ -693,20 +690,20 @@ class _Base(Generic[_Transport]):
                 raise LedgerError("timeout", f"compaction {compaction_id} still {run.status}")
             yield _Pause(poll)
 
-    @_api_method
+    @_ApiMethod
     def revert_compaction(self, compaction_id: str) -> _Op[Compaction]:
         path = f"compactions/{compaction_id}/revert"
         return Compaction.from_api((yield from self._call("POST", path)))
 
     # search and recall
-    @_api_method
+    @_ApiMethod
     def search(self, session_id: str, q: str, *, limit: int | None = None) -> _Op[list[SearchHit]]:
         params: dict[str, Any] = {"q": q}
         if limit is not None:
             params["limit"] = limit
         return _hits((yield from self._call("GET", f"sessions/{session_id}/search", params=params)))
 
-    @_api_method
+    @_ApiMethod
     def recall(
         self, session_id: str, query: str, *, max_tokens: int | None = None, **extra: Any
     ) -> _Op[RecallResult]:
