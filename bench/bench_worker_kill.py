@@ -8,7 +8,7 @@ Production profile: a throwaway `bench_worker_kill` database on the local Postgr
 For each `stale:sweep` configuration (COMPACTION_STALE_SECONDS:COMPACTION_SWEEP_SECONDS):
 
 1. a "victim" `celery -A config worker` starts a summarize run whose `openai` summarizer calls a
-   local provider stand-in (tests/fake_providers.py) that never answers in time;
+   local provider stand-in (tests/provider_standin.py) that never answers in time;
 2. a second worker running Celery beat (`-B`, the sweeper's schedule) is up, as in production;
 3. the victim's main process gets SIGKILL (its pool child dies with it);
 4. the clock runs from the kill until the run is `failed` and until the session accepts a new

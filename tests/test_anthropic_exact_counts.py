@@ -1,5 +1,5 @@
 """Anthropic's count-tokens API as the exact counter of Claude sessions: the official SDK
-against a local stand-in (tests/fake_providers.py) over real HTTP, with a real Celery worker
+against a local stand-in (tests/provider_standin.py) over real HTTP, with a real Celery worker
 thread replacing the local counts after the append answered."""
 
 from __future__ import annotations
