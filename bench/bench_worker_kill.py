@@ -8,7 +8,7 @@ Production profile: a throwaway `bench_worker_kill` database on the local Postgr
 For each `stale:sweep` configuration (COMPACTION_STALE_SECONDS:COMPACTION_SWEEP_SECONDS):
 
 1. a "victim" `celery -A config worker` starts a summarize run whose `openai` summarizer calls a
-   local provider stand-in (tests/fake_providers.py) that never answers in time;
+   local provider stand-in (tests/provider_standin.py) that never answers in time;
 2. a second worker running Celery beat (`-B`, the sweeper's schedule) is up, as in production;
 3. the victim's main process gets SIGKILL (its pool child dies with it);
 4. the clock runs from the kill until the run is `failed` and until the session accepts a new
@@ -98,7 +98,7 @@ def _child(stale: float, sweep: float, tmp: Path) -> dict[str, Any]:
     from sessions_app.errors import Conflict
     from sessions_app.models import Event, EventType, Session
     from sessions_app.services import EventInput
-    from tests.fake_providers import FakeProvider, slow
+    from tests.provider_standin import ProviderStandIn, slow
 
     owner = get_user_model().objects.create_user(username=f"bench-{os.getpid()}")
     session = services.session_create(
@@ -119,8 +119,8 @@ def _child(stale: float, sweep: float, tmp: Path) -> dict[str, Any]:
 
     before = folded()
     procs: list[subprocess.Popen] = []
-    with FakeProvider(default=slow(600.0)) as fake:
-        env = {**os.environ, "OPENAI_BASE_URL": fake.openai_base_url, "OPENAI_API_KEY": "k"}
+    with ProviderStandIn(default=slow(600.0)) as fake:
+        env = {**os.environ, "OPENAI_BASE_URL": fake.openai_url, "OPENAI_API_KEY": "k"}
         try:
             victim = _start_worker(env, tmp / "victim.log", "victim")
             procs.append(victim)

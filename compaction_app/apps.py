@@ -8,5 +8,10 @@ class CompactionAppConfig(AppConfig):
 
     def ready(self) -> None:
         # Register signal receivers, strategies and summarizers.
-        from compaction_app import receivers  # noqa: F401
+        # Registered in every process (web servers too), not only in workers: the services
+        # send tasks by name through compaction_app.enqueue.
+        from compaction_app import (
+            receivers,  # noqa: F401
+            tasks,  # noqa: F401
+        )
         from compaction_app.summarizers import registry  # noqa: F401

@@ -20,9 +20,11 @@ from django.db.models import Count, F, Q, Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from compaction_app import broadcast, evidence
+from compaction_app import evidence
+from compaction_app.enqueue import enqueue_memory_flush, enqueue_run_on_commit
 from compaction_app.heartbeat import beating
 from compaction_app.models import ACTIVE_STATUSES, CompactionRun, RunningSummary, RunStatus, Trigger
+from compaction_app.realtime import broadcast
 from compaction_app.selectors import latest_revertible_run
 from compaction_app.signals import memory_flush
 from compaction_app.strategies import SUMMARY_MESSAGE_OVERHEAD, plan_compaction
@@ -153,29 +155,8 @@ def compaction_request(
             compactionId=str(active.id) if active else None,
         ) from None
     if enqueue:
-        run_id = run.pk
-        transaction.on_commit(lambda: _enqueue(run_id))
+        enqueue_run_on_commit(run.pk)
     return run
-
-
-ENQUEUE_RETRY_AFTER_SECONDS = 10
-
-
-def _enqueue(run_id: uuid.UUID) -> None:
-    """Send the run's task. If the broker refuses, remove the run and answer 503: a pending
-    run nobody will execute would block every later compaction of the session with a 409, and
-    a failed one would record a compaction that never started."""
-    from compaction_app.tasks import run_compaction
-
-    try:
-        run_compaction.delay(str(run_id))
-    except Exception as exc:
-        logger.warning("could not queue compaction %s: %s: %s", run_id, type(exc).__name__, exc)
-        CompactionRun.objects.filter(pk=run_id, status=RunStatus.PENDING).delete()
-        raise ServiceUnavailable(
-            "the task queue is unreachable; no compaction was started, try again shortly",
-            retryAfter=ENQUEUE_RETRY_AFTER_SECONDS,
-        ) from exc
 
 
 def _running_summary(session: Session) -> RunningSummary:
@@ -382,13 +363,7 @@ def _execute(run: CompactionRun) -> CompactionRun:
 
     if folded and not plan.is_empty:
         memory_flush.send(sender=CompactionRun, session_id=session.pk, run_id=run.pk, events=folded)
-        from compaction_app.tasks import memory_flush_webhook
-
-        try:
-            memory_flush_webhook.delay_on_commit(str(run.pk), [str(e.pk) for e in folded])
-        except Exception:
-            # The flush must never hold up or fail the run it reports on.
-            logger.exception("could not queue the memory_flush webhook for run %s", run.pk)
+        enqueue_memory_flush(run_id=run.pk, event_ids=[str(e.pk) for e in folded])
 
     with transaction.atomic():
         locked = Session.objects.select_for_update().get(pk=session.pk)
@@ -721,7 +696,7 @@ def maybe_auto_compact(
         try:
             return compaction_request(session=session, user=None, trigger=trigger)
         except (Conflict, ServiceUnavailable):
-            return None  # ServiceUnavailable: logged by _enqueue; the next append retries
+            return None  # ServiceUnavailable: logged by enqueue_run; the next append retries
     except Exception:
         logger.exception("auto compaction check failed for session %s", session_id)
         return None

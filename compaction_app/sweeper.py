@@ -25,13 +25,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from celery.exceptions import CeleryError
 from django.conf import settings
 from django.db import close_old_connections, connection, transaction
 from django.db.models import F
 from django.utils import timezone
+from kombu.exceptions import KombuError
 
-from compaction_app import broadcast
+from compaction_app.enqueue import send_run
 from compaction_app.models import ACTIVE_STATUSES, CompactionRun, RunStatus
+from compaction_app.realtime import broadcast
 from compaction_app.services import complete_message, run_snapshot
 from sessions_app.models import Session
 from sessions_app.services import session_record_compaction
@@ -139,11 +142,6 @@ def fail_run(
 
 
 def _requeue(*, run_id: uuid.UUID | str, stale_before: datetime) -> bool:
-    from celery.exceptions import CeleryError
-    from kombu.exceptions import KombuError
-
-    from compaction_app.tasks import run_compaction
-
     # Stamp first (conditionally), so a concurrent sweep does not queue it a second time and
     # the next sweep waits a full window for this task.
     claimed = CompactionRun.objects.filter(
@@ -152,7 +150,7 @@ def _requeue(*, run_id: uuid.UUID | str, stale_before: datetime) -> bool:
     if not claimed:
         return False
     try:
-        run_compaction.delay(str(run_id))
+        send_run(run_id)
     except (CeleryError, KombuError, OSError) as exc:
         # The broker is down: the run stays pending and the next sweep tries again.
         logger.warning("could not re-queue compaction %s: %s", run_id, exc)

@@ -11,6 +11,9 @@ from django.conf import settings
 
 from compaction_app.models import CompactionRun
 from compaction_app.services import TransientCompactionError, compaction_execute
+from compaction_app.sweeper import sweep_stale_runs
+from sessions_app.event_documents import event_out
+from sessions_app.models import Event
 
 logger = logging.getLogger("compaction_app.tasks")
 
@@ -55,16 +58,13 @@ def memory_flush_webhook(self, run_id: str, event_ids: list[str]) -> int | None:
     url = settings.MEMORY_FLUSH_WEBHOOK_URL
     if not url:
         return None
-    from sessions_app.api.serializers import EventOutSerializer
-    from sessions_app.models import Event
-
     events = list(Event.objects.filter(pk__in=event_ids).order_by("seq"))
     session_id = str(events[0].session_id) if events else None
     payload = {
         "type": "memory_flush",
         "compactionId": run_id,
         "sessionId": session_id,
-        "events": EventOutSerializer(events, many=True).data,
+        "events": event_out(events),
     }
     timeout = float(settings.MEMORY_FLUSH_WEBHOOK_TIMEOUT_SECONDS)
     try:
@@ -89,8 +89,6 @@ def memory_flush_webhook(self, run_id: str, event_ids: list[str]) -> int | None:
 @shared_task(acks_late=True, ignore_result=True)
 def sweep_stale_compactions() -> dict[str, list[str]]:
     """Celery beat's periodic sweep: fail or re-queue compaction runs whose worker is gone."""
-    from compaction_app.sweeper import sweep_stale_runs
-
     result = sweep_stale_runs()
     return {"failed": result.failed, "requeued": result.requeued}
 

@@ -14,8 +14,8 @@ from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: 
 
 from compaction_app.gateway.asgi import GatewayHandler, with_gateway  # noqa: E402
 from compaction_app.mcp.asgi import McpApp, with_mcp  # noqa: E402
-from compaction_app.routing import websocket_urlpatterns  # noqa: E402
-from compaction_app.ws_auth import TokenAuthMiddleware  # noqa: E402
+from compaction_app.realtime.routing import websocket_urlpatterns  # noqa: E402
+from compaction_app.realtime.ws_auth import TokenAuthMiddleware  # noqa: E402
 from sessions_app.middleware import StreamingBodyLimit  # noqa: E402
 
 application = ProtocolTypeRouter(

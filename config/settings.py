@@ -158,7 +158,7 @@ _REDIS_KEEPALIVE = {
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "compaction_app.layers.LedgerRedisChannelLayer",
+            "BACKEND": "compaction_app.realtime.layers.LedgerRedisChannelLayer",
             "CONFIG": {
                 "hosts": [
                     {
@@ -201,7 +201,7 @@ if REDIS_URL:
     }
 else:
     CHANNEL_LAYERS = {
-        "default": {"BACKEND": "compaction_app.layers.ThreadSafeInMemoryChannelLayer"}
+        "default": {"BACKEND": "compaction_app.realtime.layers.ThreadSafeInMemoryChannelLayer"}
     }
     CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
 

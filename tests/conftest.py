@@ -128,10 +128,10 @@ def staff_api(staff):
 
 @pytest.fixture
 def fake():
-    """A running FakeProvider (local OpenAI and Anthropic wire-format server), closed after."""
-    from tests.fake_providers import FakeProvider
+    """A running ProviderStandIn (local OpenAI and Anthropic wire-format server), closed after."""
+    from tests.provider_standin import ProviderStandIn
 
-    with FakeProvider() as server:
+    with ProviderStandIn() as server:
         yield server
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from compaction_app.summarizers.base import SummarizerError
-from tests.fake_providers import Behaviour, FakeProvider
+from tests.provider_standin import ProviderStandIn, Step
 
 SYSTEM_PROMPT = "You are a coding agent."
 WS_ORIGIN = (b"origin", b"http://testserver")
@@ -145,10 +145,10 @@ def compaction_marker(events: list[dict[str, Any]], *, run_id: str) -> dict[str,
 
 
 @contextmanager
-def fake_openai(settings: Any, *, default: Behaviour | None = None) -> Iterator[FakeProvider]:
-    """A running FakeProvider the OpenAI summarizer of the app is pointed at."""
-    with FakeProvider(default=default) as fake:
-        settings.OPENAI_BASE_URL = fake.openai_base_url
+def fake_openai(settings: Any, *, default: Step | None = None) -> Iterator[ProviderStandIn]:
+    """A running ProviderStandIn the OpenAI summarizer of the app is pointed at."""
+    with ProviderStandIn(default=default) as fake:
+        settings.OPENAI_BASE_URL = fake.openai_url
         settings.OPENAI_API_KEY = "test-key"
         yield fake
 

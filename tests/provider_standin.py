@@ -1,12 +1,20 @@
-"""A provider stand-in for the gateway tests and bench: a real HTTP/1.1 server on 127.0.0.1
-that speaks OpenAI Chat Completions (`POST /v1/chat/completions`) and Anthropic Messages
-(`POST /v1/messages`), streamed or not, with usage, scripted errors and pauses between
-streamed chunks, and keeps every request it received.
+"""The provider stand-in: a real HTTP/1.1 server on 127.0.0.1 (random port) that speaks OpenAI
+Chat Completions (`POST /v1/chat/completions`) and Anthropic Messages (`POST /v1/messages`,
+and `POST /v1/messages/count_tokens`), streamed or not, with usage, scripted errors, malformed
+answers and pauses, and keeps every request it received.
+
+Tests point the official SDKs, the summarizers and the gateway at it instead of mocking them,
+so the real request encoding, response parsing and error classes are exercised.
 
     with ProviderStandIn() as upstream:
-        upstream.script(Step(kind="error", status=429), Step(text="hello"))
+        upstream.script(rate_limited(retry_after=1), Step(text="hello"))
+        client = openai.OpenAI(api_key="k", base_url=upstream.openai_url)
         ...
-        upstream.requests[-1].body["messages"]
+        assert upstream.requests[-1].body["model"] == "gpt-4o"
+
+Steps are consumed one per request, in order; once the script is used up, `default` answers
+(a plain success unless set otherwise). Each reply (success or error) is shaped in the wire
+format of the endpoint that was called.
 """
 
 from __future__ import annotations
@@ -19,10 +27,11 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 OPENAI_PATH = "/v1/chat/completions"
+ANTHROPIC_PATH = "/v1/messages"
+ANTHROPIC_COUNT_PATH = "/v1/messages/count_tokens"
 # A Step text that makes the reply echo the request's last message ("Re: …"), so concurrent
 # conversations get distinct replies.
 ECHO = "__echo__"
-ANTHROPIC_PATH = "/v1/messages"
 
 
 @dataclass(frozen=True)
@@ -30,10 +39,15 @@ class Step:
     """What the stand-in does for one request.
 
     kind "reply": answer with `text` and `tool_calls` ((id, name, arguments JSON) triples),
-    streamed when the request asks for it, `pause` seconds between streamed chunks.
-    kind "error": HTTP `status` with the provider's error body.
+    streamed when the request asks for it, `pause` seconds between streamed chunks; on the
+    count_tokens route, the count of fake_token_count.
+    kind "error": HTTP `status` with the provider's error body (and `headers`).
     kind "break": stream `chunks_before_break` chunks, then drop the connection.
     kind "stream_error": stream `chunks_before_break` chunks, then the provider's error event.
+    kind "invalid_json": 200 with a body that is not JSON.
+    kind "missing_fields": 200 with a JSON object lacking choices / content.
+    kind "raw": 200 with `raw_body` as the JSON body, verbatim.
+    `delay` seconds are slept before answering (cut short when the stand-in closes).
     `prompt_tokens` None: the stand-in's own estimate (characters / 4).
     """
 
@@ -42,11 +56,60 @@ class Step:
     tool_calls: tuple[tuple[str, str, str], ...] = ()
     status: int = 200
     message: str = "stand-in error"
+    headers: tuple[tuple[str, str], ...] = ()
     pause: float = 0.0
     delay: float = 0.0
     prompt_tokens: int | None = None
     chunks_before_break: int = 2
     cache_read_tokens: int = 0
+    raw_body: bytes = b""
+
+
+def reply_text(text: str, *, delay: float = 0.0) -> Step:
+    return Step(kind="reply", text=text, delay=delay)
+
+
+def error(status: int, message: str = "", *, headers: dict[str, str] | None = None) -> Step:
+    return Step(
+        kind="error",
+        status=status,
+        message=message or f"stand-in error {status}",
+        headers=tuple((headers or {}).items()),
+    )
+
+
+def rate_limited(*, retry_after: int = 1) -> Step:
+    return error(429, "Rate limit reached", headers={"Retry-After": str(retry_after)})
+
+
+def server_error(status: int = 500) -> Step:
+    return error(status, "The server had an error while processing your request")
+
+
+def overloaded() -> Step:
+    """Anthropic's 529 overloaded_error."""
+    return error(529, "Overloaded")
+
+
+def unauthorized() -> Step:
+    return error(401, "invalid x-api-key")
+
+
+def slow(seconds: float, text: str = "too late") -> Step:
+    return Step(kind="reply", text=text, delay=seconds)
+
+
+def invalid_json() -> Step:
+    return Step(kind="invalid_json")
+
+
+def missing_fields() -> Step:
+    return Step(kind="missing_fields")
+
+
+def raw_json(body: Any) -> Step:
+    """A 200 whose JSON body is exactly `body` (for odd shapes: null content, empty choices...)."""
+    return Step(kind="raw", raw_body=json.dumps(body).encode())
 
 
 @dataclass(frozen=True)
@@ -64,11 +127,14 @@ class ProviderStandIn:
     def __post_init__(self) -> None:
         self._script: list[Step] = []
         self._lock = threading.Lock()
+        self._closing = threading.Event()
         self._server: ThreadingHTTPServer | None = None
         self._thread: threading.Thread | None = None
+        # The bench turns this off: a long run would keep every request.
         self.keep_requests = True
 
     def script(self, *steps: Step) -> None:
+        """Queue steps, one per upcoming request."""
         with self._lock:
             self._script.extend(steps)
 
@@ -80,7 +146,7 @@ class ProviderStandIn:
 
     @property
     def base(self) -> str:
-        assert self._server is not None
+        assert self._server is not None, "stand-in not started"
         return f"http://127.0.0.1:{self._server.server_address[1]}"
 
     @property
@@ -93,14 +159,20 @@ class ProviderStandIn:
 
     def start(self) -> ProviderStandIn:
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+        # Kept-alive connections hold a handler thread each: closing does not wait for them,
+        # and delays wake on _closing, so no test waits on a slow reply at the end.
         self._server.daemon_threads = True
         self._thread = threading.Thread(
-            target=self._server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
+            target=self._server.serve_forever,
+            kwargs={"poll_interval": 0.05},
+            name="provider-standin",
+            daemon=True,
         )
         self._thread.start()
         return self
 
     def close(self) -> None:
+        self._closing.set()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -112,6 +184,22 @@ class ProviderStandIn:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def fake_token_count(body: dict[str, Any]) -> int:
+    """The count-tokens route's answer: deterministic and additive, so tests can predict it.
+    7 per request, plus len(system) // 3 + 2 for a system prompt, plus per turn 4 and
+    len(text) // 3 for each text block."""
+    total = 7
+    system = body.get("system")
+    if isinstance(system, str) and system:
+        total += len(system) // 3 + 2
+    for message in body.get("messages") or []:
+        total += 4
+        content = message.get("content")
+        blocks = [{"text": content}] if isinstance(content, str) else content or []
+        total += sum(len(block.get("text", "")) // 3 for block in blocks)
+    return total
 
 
 def _estimate(body: dict[str, Any]) -> int:
@@ -292,20 +380,69 @@ def _anthropic_events(step: Step, body: dict[str, Any]) -> list[bytes]:
     return [f"event: {name}\ndata: {json.dumps(data)}\n\n".encode() for name, data in events]
 
 
+_ERROR_TYPES_ANTHROPIC = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    413: "request_too_large",
+    429: "rate_limit_error",
+    529: "overloaded_error",
+}
+_ERROR_TYPES_OPENAI = {
+    400: "invalid_request_error",
+    401: "invalid_request_error",
+    403: "invalid_request_error",
+    404: "invalid_request_error",
+    429: "requests",
+}
+
+
 def _error_body(is_openai: bool, step: Step) -> dict[str, Any]:
     if is_openai:
         return {
             "error": {
                 "message": step.message,
-                "type": "server_error" if step.status >= 500 else "invalid_request_error",
+                "type": _ERROR_TYPES_OPENAI.get(step.status, "server_error"),
                 "param": None,
                 "code": None,
             }
         }
-    kinds = {429: "rate_limit_error", 529: "overloaded_error", 400: "invalid_request_error"}
     return {
         "type": "error",
-        "error": {"type": kinds.get(step.status, "api_error"), "message": step.message},
+        "error": {
+            "type": _ERROR_TYPES_ANTHROPIC.get(step.status, "api_error"),
+            "message": step.message,
+        },
+    }
+
+
+def _reply(step: Step, body: dict[str, Any], is_openai: bool) -> dict[str, Any]:
+    if is_openai:
+        return {
+            "id": "chatcmpl-standin",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.get("model", "stand-in"),
+            "choices": [
+                {
+                    "index": 0,
+                    "message": _openai_message(step),
+                    "logprobs": None,
+                    "finish_reason": "stop",
+                }
+            ],
+            "usage": _openai_usage(step, body),
+        }
+    return {
+        "id": "msg_standin",
+        "type": "message",
+        "role": "assistant",
+        "model": body.get("model", "stand-in"),
+        "content": _anthropic_blocks(step),
+        "stop_reason": "end_turn",
+        "stop_sequence": None,
+        "usage": _anthropic_usage(step, body),
     }
 
 
@@ -317,7 +454,7 @@ def _handler(standin: ProviderStandIn) -> type[BaseHTTPRequestHandler]:
         disable_nagle_algorithm = True
 
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-            pass
+            pass  # keep pytest output clean
 
         def do_POST(self) -> None:  # noqa: N802
             length = int(self.headers.get("Content-Length") or 0)
@@ -332,58 +469,48 @@ def _handler(standin: ProviderStandIn) -> type[BaseHTTPRequestHandler]:
                     path=path, headers={k.lower(): v for k, v in self.headers.items()}, body=body
                 )
             )
-            if path not in (OPENAI_PATH, ANTHROPIC_PATH):
-                self._json(404, {"error": {"message": "no such route"}})
+            if path not in (OPENAI_PATH, ANTHROPIC_PATH, ANTHROPIC_COUNT_PATH):
+                self._json(404, {"error": {"message": f"no route {path}", "type": "not_found"}})
                 return
-            if step.delay:
-                time.sleep(step.delay)
+            if step.delay and standin._closing.wait(step.delay):
+                return
             if step.text == ECHO:
                 last = (body.get("messages") or [{}])[-1].get("content")
                 step = Step(**{**step.__dict__, "text": f"Re: {last}"})
             is_openai = path == OPENAI_PATH
+            request = body if isinstance(body, dict) else {}
+            headers = dict(step.headers)
             if step.kind == "error":
-                self._json(step.status, _error_body(is_openai, step))
-                return
-            if body.get("stream"):
-                self._stream(step, body, is_openai)
-                return
-            if is_openai:
-                payload = {
-                    "id": "chatcmpl-standin",
-                    "object": "chat.completion",
-                    "created": int(time.time()),
-                    "model": body.get("model", "stand-in"),
-                    "choices": [
-                        {
-                            "index": 0,
-                            "message": _openai_message(step),
-                            "logprobs": None,
-                            "finish_reason": "stop",
-                        }
-                    ],
-                    "usage": _openai_usage(step, body),
-                }
+                self._json(step.status, _error_body(is_openai, step), headers)
+            elif step.kind == "invalid_json":
+                self._send(200, b'{"id": "broken", "choices": [', headers)
+            elif step.kind == "missing_fields":
+                shape = {"id": "x", "object": "chat.completion"} if is_openai else {"id": "x"}
+                self._json(200, shape, headers)
+            elif step.kind == "raw":
+                self._send(200, step.raw_body, headers)
+            elif path == ANTHROPIC_COUNT_PATH:
+                self._json(200, {"input_tokens": fake_token_count(request)}, headers)
+            elif request.get("stream"):
+                self._stream(step, request, is_openai)
             else:
-                payload = {
-                    "id": "msg_standin",
-                    "type": "message",
-                    "role": "assistant",
-                    "model": body.get("model", "stand-in"),
-                    "content": _anthropic_blocks(step),
-                    "stop_reason": "end_turn",
-                    "stop_sequence": None,
-                    "usage": _anthropic_usage(step, body),
-                }
-            self._json(200, payload)
+                self._json(200, _reply(step, request, is_openai), headers)
 
-        def _json(self, status: int, payload: Any) -> None:
-            data = json.dumps(payload).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.send_header("x-request-id", "req_standin")
-            self.end_headers()
-            self.wfile.write(data)
+        def _json(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
+            self._send(status, json.dumps(payload).encode(), headers)
+
+        def _send(self, status: int, data: bytes, headers: dict[str, str] | None = None) -> None:
+            try:
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.send_header("x-request-id", "req_standin")
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
+                self.end_headers()
+                self.wfile.write(data)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the client gave up (timeout); nothing to answer
 
         def _stream(self, step: Step, body: dict[str, Any], is_openai: bool) -> None:
             chunks = _openai_chunks(step, body) if is_openai else _anthropic_events(step, body)

@@ -1,5 +1,5 @@
 """Anthropic's count-tokens API as the exact counter of Claude sessions: the official SDK
-against a local stand-in (tests/fake_providers.py) over real HTTP, with a real Celery worker
+against a local stand-in (tests/provider_standin.py) over real HTTP, with a real Celery worker
 thread replacing the local counts after the append answered."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.core.management import call_command
 
-from compaction_app.broadcast import session_group
+from compaction_app.realtime.broadcast import session_group
 from sessions_app.anthropic_counter import LedgerMessage, to_anthropic_messages
 from sessions_app.models import Event, Session, TokenProvenance
-from tests.fake_providers import (
+from tests.provider_standin import (
     ANTHROPIC_COUNT_PATH,
     fake_token_count,
     invalid_json,
@@ -50,7 +50,7 @@ TURNS = [
 def counting(settings, fake):
     settings.ANTHROPIC_API_KEY = "sk-ant-test"
     settings.LEDGER_ANTHROPIC_COUNT_TOKENS = True
-    settings.LEDGER_ANTHROPIC_UPSTREAM = fake.anthropic_base_url
+    settings.LEDGER_ANTHROPIC_UPSTREAM = fake.anthropic_url
     settings.LEDGER_ANTHROPIC_COUNT_TIMEOUT_SECONDS = 0.5
     settings.LEDGER_ANTHROPIC_COUNT_MAX_RETRIES = 2
     settings.LEDGER_ANTHROPIC_COUNT_BACKOFF_SECONDS = 0.05

@@ -6,8 +6,9 @@ import pytest
 
 from compaction_app.summarizers.anthropic_summarizer import AnthropicSummarizer
 from compaction_app.summarizers.base import SummaryMessage, summarizer_class
-from tests.fake_providers import (
-    FakeProvider,
+from tests.helpers import closed_port, rough_token_count, summarizer_error
+from tests.provider_standin import (
+    ProviderStandIn,
     error,
     invalid_json,
     missing_fields,
@@ -19,16 +20,15 @@ from tests.fake_providers import (
     slow,
     unauthorized,
 )
-from tests.helpers import closed_port, rough_token_count, summarizer_error
 
 API_KEY = "sk-ant-test-secret-key"
 
 
-def make(fake: FakeProvider, **overrides: object) -> AnthropicSummarizer:
+def make(fake: ProviderStandIn, **overrides: object) -> AnthropicSummarizer:
     options: dict[str, object] = {
         "count_tokens": rough_token_count,
         "api_key": API_KEY,
-        "base_url": fake.anthropic_base_url,
+        "base_url": fake.anthropic_url,
         "model": "claude-3-5-sonnet-latest",
         "timeout_seconds": 5.0,
     }
@@ -72,7 +72,7 @@ def test_it_is_registered_as_anthropic() -> None:
 
 
 def test_it_returns_the_stripped_summary_and_sends_model_max_tokens_system_and_messages(
-    fake: FakeProvider,
+    fake: ProviderStandIn,
 ) -> None:
     fake.script(reply_text("\n  ## Status\n- KeyError at src/app.py:88  \n"))
 
@@ -98,7 +98,7 @@ def test_it_returns_the_stripped_summary_and_sends_model_max_tokens_system_and_m
     assert "KeyError 'user_id'" in user["content"]
 
 
-def test_it_joins_the_text_blocks_and_skips_other_blocks(fake: FakeProvider) -> None:
+def test_it_joins_the_text_blocks_and_skips_other_blocks(fake: ProviderStandIn) -> None:
     fake.script(
         raw_json(
             message_body(
@@ -114,7 +114,7 @@ def test_it_joins_the_text_blocks_and_skips_other_blocks(fake: FakeProvider) -> 
     assert summarize(make(fake)) == "## Status\n- done"
 
 
-def test_it_treats_429_as_transient_and_reports_retry_after(fake: FakeProvider) -> None:
+def test_it_treats_429_as_transient_and_reports_retry_after(fake: ProviderStandIn) -> None:
     fake.script(rate_limited(retry_after=7))
 
     failure = summarizer_error(lambda: summarize(make(fake)))
@@ -124,7 +124,7 @@ def test_it_treats_429_as_transient_and_reports_retry_after(fake: FakeProvider) 
     assert len(fake.requests) == 1  # the SDK does not retry: Celery does
 
 
-def test_it_treats_500_as_transient(fake: FakeProvider) -> None:
+def test_it_treats_500_as_transient(fake: ProviderStandIn) -> None:
     fake.script(server_error(500))
 
     failure = summarizer_error(lambda: summarize(make(fake)))
@@ -132,7 +132,7 @@ def test_it_treats_500_as_transient(fake: FakeProvider) -> None:
     assert failure.permanent is False
 
 
-def test_it_treats_529_overloaded_as_transient(fake: FakeProvider) -> None:
+def test_it_treats_529_overloaded_as_transient(fake: ProviderStandIn) -> None:
     fake.script(overloaded())
 
     failure = summarizer_error(lambda: summarize(make(fake)))
@@ -141,7 +141,7 @@ def test_it_treats_529_overloaded_as_transient(fake: FakeProvider) -> None:
     assert "529" in str(failure)
 
 
-def test_it_treats_a_timeout_as_transient(fake: FakeProvider) -> None:
+def test_it_treats_a_timeout_as_transient(fake: ProviderStandIn) -> None:
     fake.script(slow(2.0))
 
     failure = summarizer_error(lambda: summarize(make(fake, timeout_seconds=0.5)))
@@ -177,7 +177,7 @@ def test_it_treats_a_refused_connection_as_transient() -> None:
     ],
     ids=["invalid-json", "missing-fields", "no-blocks", "null-content", "blank", "no-text-block"],
 )
-def test_it_treats_a_malformed_body_as_permanent(fake: FakeProvider, behaviour: object) -> None:
+def test_it_treats_a_malformed_body_as_permanent(fake: ProviderStandIn, behaviour: object) -> None:
     fake.script(behaviour)  # type: ignore[arg-type]
 
     failure = summarizer_error(lambda: summarize(make(fake)))
@@ -186,7 +186,7 @@ def test_it_treats_a_malformed_body_as_permanent(fake: FakeProvider, behaviour: 
     assert "malformed" in str(failure)
 
 
-def test_it_treats_a_refusal_as_permanent(fake: FakeProvider) -> None:
+def test_it_treats_a_refusal_as_permanent(fake: ProviderStandIn) -> None:
     fake.script(raw_json(message_body([{"type": "text", "text": "I can't help."}], "refusal")))
 
     failure = summarizer_error(lambda: summarize(make(fake)))
@@ -195,7 +195,7 @@ def test_it_treats_a_refusal_as_permanent(fake: FakeProvider) -> None:
 
 
 @pytest.mark.parametrize("status", [400, 401, 403, 404])
-def test_it_treats_a_rejected_request_as_permanent(fake: FakeProvider, status: int) -> None:
+def test_it_treats_a_rejected_request_as_permanent(fake: ProviderStandIn, status: int) -> None:
     fake.script(error(status, f"invalid x-api-key: {API_KEY}"))
 
     failure = summarizer_error(lambda: summarize(make(fake)))
@@ -205,7 +205,7 @@ def test_it_treats_a_rejected_request_as_permanent(fake: FakeProvider, status: i
     assert API_KEY not in str(failure)
 
 
-def test_it_treats_401_as_permanent(fake: FakeProvider) -> None:
+def test_it_treats_401_as_permanent(fake: ProviderStandIn) -> None:
     fake.script(unauthorized())
 
     failure = summarizer_error(lambda: summarize(make(fake)))
@@ -214,7 +214,7 @@ def test_it_treats_401_as_permanent(fake: FakeProvider) -> None:
 
 
 def test_it_splits_large_input_into_pieces_carrying_the_summary_forward(
-    fake: FakeProvider,
+    fake: ProviderStandIn,
 ) -> None:
     # Each message costs 600 + 8 tokens; the budget (window - reserve, floor 1000) fits one.
     messages = [

@@ -7,29 +7,29 @@ from typing import Any
 
 import pytest
 
-from tests.fake_providers import (
-    FakeProvider,
+from tests.helpers import all_events, coding_turns, compact_and_wait, grown_session
+from tests.provider_standin import (
+    ProviderStandIn,
     overloaded,
     rate_limited,
     reply_text,
     server_error,
     unauthorized,
 )
-from tests.helpers import all_events, coding_turns, compact_and_wait, grown_session
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
 def provider(settings):
-    """A FakeProvider both SDKs are pointed at, with fast task retries."""
+    """A ProviderStandIn both SDKs are pointed at, with fast task retries."""
     settings.COMPACTION_RETRY_BACKOFF_SECONDS = 0.02
     settings.SUMMARIZER_TIMEOUT_SECONDS = 5
-    with FakeProvider() as fake:
-        settings.OPENAI_BASE_URL = fake.openai_base_url
+    with ProviderStandIn() as fake:
+        settings.OPENAI_BASE_URL = fake.openai_url
         settings.OPENAI_API_KEY = "sk-test-openai"
         settings.OPENAI_SUMMARY_MODEL = "gpt-4o-mini"
-        settings.ANTHROPIC_BASE_URL = fake.anthropic_base_url
+        settings.ANTHROPIC_BASE_URL = fake.anthropic_url
         settings.ANTHROPIC_API_KEY = "sk-ant-test"
         settings.ANTHROPIC_SUMMARY_MODEL = "claude-haiku-4-5"
         yield fake

@@ -13,7 +13,6 @@ from compaction_app.models import CompactionRun
 from compaction_app.signals import memory_flush
 from compaction_app.tasks import run_compaction
 from sessions_app.models import Event, Session
-from tests.fake_providers import reply_text
 from tests.helpers import (
     SYSTEM_PROMPT,
     all_events,
@@ -24,6 +23,7 @@ from tests.helpers import (
     create_session,
     fake_openai,
 )
+from tests.provider_standin import reply_text
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

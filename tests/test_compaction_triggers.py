@@ -13,7 +13,6 @@ from compaction_app.models import CompactionRun
 from compaction_app.signals import memory_flush
 from sessions_app.models import Session
 from sessions_app.signals import session_compaction_requested
-from tests.fake_providers import unauthorized
 from tests.helpers import (
     SYSTEM_PROMPT,
     all_events,
@@ -23,6 +22,7 @@ from tests.helpers import (
     fake_openai,
     wait_for_run,
 )
+from tests.provider_standin import unauthorized
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

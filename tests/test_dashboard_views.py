@@ -7,8 +7,8 @@ from asgiref.sync import async_to_sync, sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.test import Client
 
-from compaction_app import broadcast
 from compaction_app.models import CompactionRun, RunStatus
+from compaction_app.realtime import broadcast
 from compaction_app.services import compaction_execute, compaction_request
 from config.asgi import application
 from sessions_app.models import Event, Session

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.skipif(not os.environ.get("REDIS_URL"), reason="needs R
 
 
 def make_layer():
-    from compaction_app.layers import LedgerRedisChannelLayer
+    from compaction_app.realtime.layers import LedgerRedisChannelLayer
 
     return LedgerRedisChannelLayer(
         hosts=[os.environ["REDIS_URL"]], prefix=f"test-layers-{os.getpid()}-{time.time_ns()}"

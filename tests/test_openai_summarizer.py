@@ -6,8 +6,9 @@ import pytest
 
 from compaction_app.summarizers.base import SummaryMessage, summarizer_class
 from compaction_app.summarizers.openai_summarizer import OpenAISummarizer
-from tests.fake_providers import (
-    FakeProvider,
+from tests.helpers import closed_port, rough_token_count, summarizer_error
+from tests.provider_standin import (
+    ProviderStandIn,
     error,
     invalid_json,
     missing_fields,
@@ -18,16 +19,15 @@ from tests.fake_providers import (
     slow,
     unauthorized,
 )
-from tests.helpers import closed_port, rough_token_count, summarizer_error
 
 API_KEY = "sk-test-secret-key"
 
 
-def make(fake: FakeProvider, **overrides: object) -> OpenAISummarizer:
+def make(fake: ProviderStandIn, **overrides: object) -> OpenAISummarizer:
     options: dict[str, object] = {
         "count_tokens": rough_token_count,
         "api_key": API_KEY,
-        "base_url": fake.openai_base_url,
+        "base_url": fake.openai_url,
         "model": "gpt-4o-mini",
         "timeout_seconds": 5.0,
     }
@@ -58,7 +58,7 @@ def test_it_is_registered_as_openai() -> None:
 
 
 def test_it_returns_the_stripped_summary_and_sends_model_max_tokens_and_messages(
-    fake: FakeProvider,
+    fake: ProviderStandIn,
 ) -> None:
     fake.script(reply_text("\n  ## Status\n- bug #42 open  \n"))
 
@@ -78,7 +78,7 @@ def test_it_returns_the_stripped_summary_and_sends_model_max_tokens_and_messages
     assert "TOOL_CALL (assistant, name=read_file)" in user["content"]
 
 
-def test_it_treats_429_as_transient_and_reports_retry_after(fake: FakeProvider) -> None:
+def test_it_treats_429_as_transient_and_reports_retry_after(fake: ProviderStandIn) -> None:
     fake.script(rate_limited(retry_after=7))
 
     failure = summarizer_error(lambda: summarize(make(fake)))
@@ -88,7 +88,7 @@ def test_it_treats_429_as_transient_and_reports_retry_after(fake: FakeProvider) 
     assert len(fake.requests) == 1  # the SDK does not retry: Celery does
 
 
-def test_it_treats_500_as_transient(fake: FakeProvider) -> None:
+def test_it_treats_500_as_transient(fake: ProviderStandIn) -> None:
     fake.script(server_error(500))
 
     failure = summarizer_error(lambda: summarize(make(fake)))
@@ -96,7 +96,7 @@ def test_it_treats_500_as_transient(fake: FakeProvider) -> None:
     assert failure.permanent is False
 
 
-def test_it_treats_a_timeout_as_transient(fake: FakeProvider) -> None:
+def test_it_treats_a_timeout_as_transient(fake: ProviderStandIn) -> None:
     fake.script(slow(2.0))
 
     failure = summarizer_error(lambda: summarize(make(fake, timeout_seconds=0.5)))
@@ -150,7 +150,7 @@ def test_it_treats_a_refused_connection_as_transient() -> None:
     ],
     ids=["invalid-json", "missing-fields", "no-choices", "null-content", "blank", "non-string"],
 )
-def test_it_treats_a_malformed_body_as_permanent(fake: FakeProvider, behaviour: object) -> None:
+def test_it_treats_a_malformed_body_as_permanent(fake: ProviderStandIn, behaviour: object) -> None:
     fake.script(behaviour)  # type: ignore[arg-type]
 
     failure = summarizer_error(lambda: summarize(make(fake)))
@@ -160,7 +160,7 @@ def test_it_treats_a_malformed_body_as_permanent(fake: FakeProvider, behaviour: 
 
 
 @pytest.mark.parametrize("status", [400, 401, 403, 404])
-def test_it_treats_a_rejected_request_as_permanent(fake: FakeProvider, status: int) -> None:
+def test_it_treats_a_rejected_request_as_permanent(fake: ProviderStandIn, status: int) -> None:
     fake.script(error(status, f"Incorrect API key provided: {API_KEY}"))
 
     failure = summarizer_error(lambda: summarize(make(fake)))
@@ -170,7 +170,7 @@ def test_it_treats_a_rejected_request_as_permanent(fake: FakeProvider, status: i
     assert API_KEY not in str(failure)
 
 
-def test_it_treats_401_as_permanent(fake: FakeProvider) -> None:
+def test_it_treats_401_as_permanent(fake: ProviderStandIn) -> None:
     fake.script(unauthorized())
 
     failure = summarizer_error(lambda: summarize(make(fake)))
@@ -179,7 +179,7 @@ def test_it_treats_401_as_permanent(fake: FakeProvider) -> None:
 
 
 def test_it_falls_back_to_max_completion_tokens_when_the_model_asks_for_it(
-    fake: FakeProvider,
+    fake: ProviderStandIn,
 ) -> None:
     fake.script(
         error(
@@ -197,7 +197,7 @@ def test_it_falls_back_to_max_completion_tokens_when_the_model_asks_for_it(
 
 
 def test_it_splits_large_input_into_pieces_carrying_the_summary_forward(
-    fake: FakeProvider,
+    fake: ProviderStandIn,
 ) -> None:
     # Each message costs 600 + 8 tokens; the budget (window - reserve, floor 1000) fits one.
     messages = [
@@ -225,7 +225,7 @@ def test_it_refuses_to_start_without_a_key_for_the_default_endpoint() -> None:
     assert failure.permanent is True
 
 
-def test_it_accepts_a_keyless_local_server(fake: FakeProvider) -> None:
+def test_it_accepts_a_keyless_local_server(fake: ProviderStandIn) -> None:
     fake.script(reply_text("local ok"))
 
     assert summarize(make(fake, api_key="")) == "local ok"

@@ -247,7 +247,7 @@ def test_it_returns_messages_the_official_sdks_send(alice_api, fake):
     session_id = folded_session(alice_api)
     context = alice_api.get(f"{SESSIONS}/{session_id}/context").json()
     body = recalled(alice_api, session_id, query="ERR_QUOTA_EXCEEDED")
-    client = openai.OpenAI(base_url=fake.openai_base_url, api_key="k", max_retries=0)
+    client = openai.OpenAI(base_url=fake.openai_url, api_key="k", max_retries=0)
     client.chat.completions.create(
         model="gpt-4o", messages=body["messages"] + context["messages"], tools=context["tools"]
     )
@@ -257,7 +257,7 @@ def test_it_returns_messages_the_official_sdks_send(alice_api, fake):
 
     anthropic_context = alice_api.get(f"{SESSIONS}/{session_id}/context?format=anthropic").json()
     body = recalled(alice_api, session_id, query="ERR_QUOTA_EXCEEDED", format="anthropic")
-    client_a = anthropic.Anthropic(base_url=fake.anthropic_base_url, api_key="k", max_retries=0)
+    client_a = anthropic.Anthropic(base_url=fake.anthropic_url, api_key="k", max_retries=0)
     client_a.messages.create(
         model="claude-3-5-sonnet-latest",
         max_tokens=100,

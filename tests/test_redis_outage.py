@@ -100,7 +100,7 @@ def on_private_redis(settings, private_redis):
     }
     settings.CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "compaction_app.layers.LedgerRedisChannelLayer",
+            "BACKEND": "compaction_app.realtime.layers.LedgerRedisChannelLayer",
             "CONFIG": {
                 "hosts": [
                     {

@@ -20,7 +20,6 @@ from compaction_app.services import compaction_execute
 from compaction_app.sweeper import MAX_REQUEUES, start_embedded_sweeper, sweep_stale_runs
 from compaction_app.tasks import sweep_stale_compactions
 from config.celery import app
-from tests.fake_providers import slow
 from tests.helpers import (
     all_events,
     api_token,
@@ -33,6 +32,7 @@ from tests.helpers import (
     wait_for_run,
     ws_communicator,
 )
+from tests.provider_standin import slow
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -21,8 +21,8 @@ from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.test import Client
 
-from compaction_app.broadcast import user_group
-from compaction_app.layers import ThreadSafeInMemoryChannelLayer
+from compaction_app.realtime.broadcast import user_group
+from compaction_app.realtime.layers import ThreadSafeInMemoryChannelLayer
 from tests.helpers import (
     api_token,
     append_events,

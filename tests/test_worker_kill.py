@@ -19,7 +19,6 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from tests.fake_providers import FakeProvider, slow
 from tests.helpers import (
     all_events,
     coding_turns,
@@ -27,6 +26,7 @@ from tests.helpers import (
     request_compaction,
     wait_for_run,
 )
+from tests.provider_standin import ProviderStandIn, slow
 
 ROOT = Path(__file__).resolve().parent.parent
 STALE_SECONDS = 3
@@ -107,9 +107,9 @@ class Workers:
 
 
 @pytest.fixture
-def provider() -> Iterator[FakeProvider]:
+def provider() -> Iterator[ProviderStandIn]:
     # Every summarizer call hangs for a minute (cut short when the server closes).
-    with FakeProvider(default=slow(60.0)) as fake:
+    with ProviderStandIn(default=slow(60.0)) as fake:
         yield fake
 
 
@@ -140,7 +140,7 @@ def workers(transactional_db, settings, tmp_path, provider) -> Iterator[Workers]
         "CHANNELS_PREFIX": settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"],
         "COMPACTION_STALE_SECONDS": str(STALE_SECONDS),
         "COMPACTION_SWEEP_SECONDS": str(SWEEP_SECONDS),
-        "OPENAI_BASE_URL": provider.openai_base_url,
+        "OPENAI_BASE_URL": provider.openai_url,
         "OPENAI_API_KEY": "test-key",
         "SUMMARIZER_TIMEOUT_SECONDS": "120",
     }

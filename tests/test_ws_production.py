@@ -27,7 +27,7 @@ from django.test import Client
 from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
-from compaction_app import broadcast
+from compaction_app.realtime import broadcast
 from tests.helpers import api_token, closed_port, create_session
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -5,7 +5,8 @@ from typing import Any
 from rest_framework import serializers
 
 from compaction_app.models import CompactionRun, RunningSummary
-from sessions_app.api.serializers import StrictBooleanField, StrictCharField, iso_datetime
+from sessions_app.api.serializers import StrictBooleanField, StrictCharField
+from sessions_app.event_documents import iso_datetime
 
 
 class CompactionRequestSerializer(serializers.Serializer):

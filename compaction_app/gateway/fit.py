@@ -13,10 +13,10 @@ from typing import Any, Protocol
 
 from django.contrib.auth.models import AbstractBaseUser
 
-from compaction_app import broadcast
 from compaction_app.gateway.fit_rules import PASS_THROUGH, decide
 from compaction_app.gateway.messages import GatewayError
 from compaction_app.models import Trigger
+from compaction_app.realtime import broadcast
 from sessions_app import tokens
 from sessions_app.context import context_prepare
 from sessions_app.errors import Unprocessable

@@ -21,7 +21,6 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
-from compaction_app import broadcast
 from compaction_app.gateway import after, anthropic, forward, openai, threads
 from compaction_app.gateway.fit import Fitted, fit, model_window
 from compaction_app.gateway.messages import (
@@ -37,6 +36,7 @@ from compaction_app.gateway.record import (
     record_request,
 )
 from compaction_app.gateway.stream import relay
+from compaction_app.realtime import broadcast
 from sessions_app import tokens
 from sessions_app.api.parsers import MAX_JSON_DEPTH, check_depth
 from sessions_app.errors import InvalidInput

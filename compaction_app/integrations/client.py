@@ -11,12 +11,22 @@ or a dropped connection) returns the stored event instead of storing a duplicate
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import (
+    AsyncIterator,
+    Callable,
+    Coroutine,
+    Generator,
+    Iterable,
+    Iterator,
+    Mapping,
+)
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, overload
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import httpx
@@ -378,13 +388,114 @@ def _hits(data: Any) -> list[SearchHit]:
     return [SearchHit.from_api(item) for item in items or []]
 
 
-class _Base:
-    def __init__(self, base_url: str, token: str, *, retries: int, backoff: float) -> None:
+# An operation (every API method, written once on _Base) is a generator: it yields the I/O it
+# needs, a _Send or a _Pause, gets the answer back, and returns the method's result. The two
+# clients differ only in how they carry out those two kinds of I/O (Client._run, AsyncClient._run).
+
+
+@dataclass(frozen=True)
+class _Send:
+    """Send one HTTP request; the answer is the httpx.Response, or the transport error thrown in."""
+
+    method: str
+    url: str
+    params: Mapping[str, Any] | None = None
+    json: Any = None
+
+    @property
+    def request(self) -> dict[str, Any]:
+        """The arguments of httpx's `request`."""
+        return {"method": self.method, "url": self.url, "params": self.params, "json": self.json}
+
+
+@dataclass(frozen=True)
+class _Pause:
+    """Wait this long (a retry's backoff, a poll's interval); the answer is None."""
+
+    seconds: float
+
+
+_Step = _Send | _Pause
+_T = TypeVar("_T")
+_P = ParamSpec("_P")
+_Transport = TypeVar("_Transport", httpx.BaseTransport, httpx.AsyncBaseTransport)
+_Op = Generator[_Step, Any, _T]
+
+
+class _Steps:
+    """Carries an operation's steps to its client and the answers back."""
+
+    def __init__(self, op: _Op[_T]) -> None:
+        self._op = op
+        self.reply: Any = None
+        self._error: BaseException | None = None
+        self.result: Any = None
+
+    def next(self) -> _Step | None:
+        """The next I/O to do, or None when the operation has its result."""
+        reply, error = self.reply, self._error
+        self.reply = self._error = None
+        try:
+            return self._op.throw(error) if error else self._op.send(reply)
+        except StopIteration as stop:
+            self.result = stop.value
+            return None
+
+    @contextlib.contextmanager
+    def answering(self) -> Iterator[None]:
+        """Around the I/O of one step: a transport error becomes the operation's answer (it
+        decides whether to retry); `reply` is the answer otherwise."""
+        try:
+            yield
+        except httpx.TransportError as exc:
+            self._error = exc
+
+
+class _ApiMethod(Generic[_P, _T]):
+    """One API method, written once as an operation on _Base. Read from a Client it is a plain
+    method returning the result; read from an AsyncClient, a coroutine method (each client's
+    `_bind` says how it runs the operation)."""
+
+    def __init__(self, op: Callable[Concatenate[Any, _P], _Op[_T]]) -> None:
+        self.op = op
+        self.__doc__ = op.__doc__
+
+    @overload
+    def __get__(self, client: None, owner: type) -> _ApiMethod[_P, _T]: ...
+
+    @overload
+    def __get__(self, client: Client, owner: type | None = None) -> Callable[_P, _T]: ...
+
+    @overload
+    def __get__(
+        self, client: AsyncClient, owner: type | None = None
+    ) -> Callable[_P, Coroutine[Any, Any, _T]]: ...
+
+    def __get__(self, client: Client | AsyncClient | None, owner: type | None = None) -> Any:
+        return self if client is None else client._bind(self.op)
+
+
+class _Base(Generic[_Transport]):
+    def __init__(
+        self,
+        base_url: str,
+        token: str,
+        *,
+        timeout: float = 30.0,
+        retries: int = 2,
+        backoff: float = 0.5,
+        transport: _Transport | None = None,
+    ) -> None:
         self.base_url = base_url.rstrip("/")
         self.token = token
         self.retries = retries
         self.backoff = backoff
         self._headers = {"Authorization": f"Token {token}", "Accept": "application/json"}
+        self._http = self._open(timeout=timeout, transport=transport)
+
+    def _open(self, *, timeout: float, transport: _Transport | None) -> Any:
+        """The client's httpx client."""
+        raise NotImplementedError
 
     def _api(self, path: str) -> str:
         return f"{self.base_url}/api/v1/{path.lstrip('/')}"
@@ -397,6 +508,210 @@ class _Base:
         # cookie-authenticated ones) accept it, and it is true, the client talks to that host.
         origin = f"{parts.scheme}://{parts.netloc}"
         return _watch(_ws_url(self.base_url, session_id, self.token), origin=origin)
+
+    # --- the API, written once -------------------------------------------------------------
+
+    def _call(
+        self, method: str, path: str, *, params: Mapping[str, Any] | None = None, json: Any = None
+    ) -> _Op[Any]:
+        """One API call: transport failures and RETRY_STATUSES are retried with exponential
+        backoff; the decoded body is returned, an error answer raised as LedgerError."""
+        attempt = 0
+        while True:
+            try:
+                response = yield _Send(method, self._api(path), params, json)
+            except httpx.TimeoutException as exc:
+                if attempt >= self.retries:
+                    raise LedgerError("timeout", str(exc)) from exc
+            except httpx.TransportError as exc:
+                if attempt >= self.retries:
+                    raise LedgerError("connection_error", str(exc)) from exc
+            else:
+                if response.status_code not in RETRY_STATUSES or attempt >= self.retries:
+                    _raise_for(response)
+                    return response.json() if response.content else None
+            attempt += 1
+            yield _Pause(self.backoff * 2 ** (attempt - 1))
+
+    # sessions
+    @_ApiMethod
+    def create_session(
+        self,
+        *,
+        model: str,
+        title: str | None = None,
+        context_limit: int | None = None,
+        system_prompt: str | None = None,
+        settings: Mapping[str, Any] | None = None,
+    ) -> _Op[Session]:
+        body = _session_body(model, title, context_limit, system_prompt, settings)
+        return Session.from_api((yield from self._call("POST", "sessions", json=body)))
+
+    @_ApiMethod
+    def get_session(self, session_id: str) -> _Op[Session]:
+        return Session.from_api((yield from self._call("GET", f"sessions/{session_id}")))
+
+    @_ApiMethod
+    def list_sessions(self) -> _Op[list[Session]]:
+        """Every session the token's user may see (follows the pagination)."""
+        sessions: list[Session] = []
+        page = 1
+        while True:
+            data = yield from self._call("GET", "sessions", params={"page": page})
+            sessions += [Session.from_api(item) for item in data["results"]]
+            if not data.get("next"):
+                return sessions
+            page += 1
+
+    @_ApiMethod
+    def update_session(
+        self,
+        session_id: str,
+        *,
+        title: str | None = None,
+        context_limit: int | None = None,
+        settings: Mapping[str, Any] | None = None,
+    ) -> _Op[Session]:
+        body: dict[str, Any] = {}
+        if title is not None:
+            body["title"] = title
+        if context_limit is not None:
+            body["contextLimit"] = context_limit
+        if settings is not None:
+            body["settings"] = dict(settings)
+        return Session.from_api(
+            (yield from self._call("PATCH", f"sessions/{session_id}", json=body))
+        )
+
+    @_ApiMethod
+    def delete_session(self, session_id: str) -> _Op[None]:
+        yield from self._call("DELETE", f"sessions/{session_id}")
+
+    # events
+    @_ApiMethod
+    def append(self, session_id: str, event: Mapping[str, Any]) -> _Op[Event]:
+        """Append one event (`{"type": ..., "content": ..., "id"?: ...}`; snake_case keys work)."""
+        path = f"sessions/{session_id}/events"
+        return Event.from_api((yield from self._call("POST", path, json=_event_body(event))))
+
+    @_ApiMethod
+    def append_many(self, session_id: str, events: Iterable[Mapping[str, Any]]) -> _Op[list[Event]]:
+        """Append a list of events atomically (all or none)."""
+        body = [_event_body(event) for event in events]
+        data = yield from self._call("POST", f"sessions/{session_id}/events", json=body)
+        return [Event.from_api(item) for item in data]
+
+    @_ApiMethod
+    def events(
+        self, session_id: str, *, after: int = 0, include_compacted: bool = False, limit: int = 500
+    ) -> _Op[list[Event]]:
+        """Every event after seq `after` (follows the cursor)."""
+        events: list[Event] = []
+        while True:
+            params = {"after": after, "limit": limit, "includeCompacted": include_compacted}
+            data = yield from self._call("GET", f"sessions/{session_id}/events", params=params)
+            events += [Event.from_api(item) for item in data["results"]]
+            if data.get("nextAfter") is None:
+                return events
+            after = data["nextAfter"]
+
+    @_ApiMethod
+    def usage(self, session_id: str) -> _Op[Usage]:
+        return Usage.from_api((yield from self._call("GET", f"sessions/{session_id}/usage")))
+
+    @_ApiMethod
+    def context(
+        self,
+        session_id: str,
+        *,
+        max_tokens: int | None = None,
+        reserve_tokens: int | None = None,
+        format: str = "openai",
+    ) -> _Op[Context]:
+        params: dict[str, Any] = {"format": format}
+        if max_tokens is not None:
+            params["maxTokens"] = max_tokens
+        if reserve_tokens is not None:
+            params["reserveTokens"] = reserve_tokens
+        path = f"sessions/{session_id}/context"
+        return Context.from_api((yield from self._call("GET", path, params=params)))
+
+    @_ApiMethod
+    def summary(self, session_id: str) -> _Op[SessionSummary]:
+        path = f"sessions/{session_id}/summary"
+        return SessionSummary.from_api((yield from self._call("GET", path)))
+
+    # compactions
+    @_ApiMethod
+    def start_compaction(
+        self,
+        session_id: str,
+        *,
+        strategy: str | None = None,
+        summarizer: str | None = None,
+        **extra: Any,
+    ) -> _Op[Compaction]:
+        body = _compaction_body(strategy, summarizer, extra)
+        path = f"sessions/{session_id}/compactions"
+        return Compaction.from_api((yield from self._call("POST", path, json=body)))
+
+    @_ApiMethod
+    def plan_compaction(
+        self, session_id: str, *, strategy: str | None = None, **extra: Any
+    ) -> _Op[dict[str, Any]]:
+        """A dry run: the plan (events to fold, projected tokensAfter…), nothing changed."""
+        body = _compaction_body(strategy, None, {**extra, "dry_run": True})
+        path = f"sessions/{session_id}/compactions"
+        result: dict[str, Any] = yield from self._call("POST", path, json=body)
+        return result
+
+    @_ApiMethod
+    def compaction(self, compaction_id: str) -> _Op[Compaction]:
+        return Compaction.from_api((yield from self._call("GET", f"compactions/{compaction_id}")))
+
+    @_ApiMethod
+    def compactions(self, session_id: str) -> _Op[list[Compaction]]:
+        data = yield from self._call("GET", f"sessions/{session_id}/compactions")
+        items = data["results"] if isinstance(data, dict) else data
+        return [Compaction.from_api(item) for item in items]
+
+    @_ApiMethod
+    def wait_compaction(
+        self, compaction_id: str, *, timeout: float = 60.0, poll: float = 0.2
+    ) -> _Op[Compaction]:
+        """Poll until the run is completed or failed; `LedgerError("timeout")` after `timeout`."""
+        deadline = time.monotonic() + timeout
+        while True:
+            data = yield from self._call("GET", f"compactions/{compaction_id}")
+            run = Compaction.from_api(data)
+            if run.finished:
+                return run
+            if time.monotonic() > deadline:
+                raise LedgerError("timeout", f"compaction {compaction_id} still {run.status}")
+            yield _Pause(poll)
+
+    @_ApiMethod
+    def revert_compaction(self, compaction_id: str) -> _Op[Compaction]:
+        path = f"compactions/{compaction_id}/revert"
+        return Compaction.from_api((yield from self._call("POST", path)))
+
+    # search and recall
+    @_ApiMethod
+    def search(self, session_id: str, q: str, *, limit: int | None = None) -> _Op[list[SearchHit]]:
+        params: dict[str, Any] = {"q": q}
+        if limit is not None:
+            params["limit"] = limit
+        return _hits((yield from self._call("GET", f"sessions/{session_id}/search", params=params)))
+
+    @_ApiMethod
+    def recall(
+        self, session_id: str, query: str, *, max_tokens: int | None = None, **extra: Any
+    ) -> _Op[RecallResult]:
+        body: dict[str, Any] = {"query": query, **{_camel(k): v for k, v in extra.items()}}
+        if max_tokens is not None:
+            body["maxTokens"] = max_tokens
+        path = f"sessions/{session_id}/recall"
+        return RecallResult.from_api((yield from self._call("POST", path, json=body)))
 
 
 async def _watch(url: str, *, origin: str) -> AsyncIterator[dict[str, Any]]:
@@ -419,25 +734,16 @@ async def _watch(url: str, *, origin: str) -> AsyncIterator[dict[str, Any]]:
         raise LedgerError("connection_error", str(exc)) from exc
 
 
-# --- the synchronous client ----------------------------------------------------------------------
+# --- the clients: only the I/O differs --------------------------------------------------------------
 
 
-class Client(_Base):
+class Client(_Base[httpx.BaseTransport]):
     """Synchronous client. `Client("http://127.0.0.1:8000", token)`; use as a context manager
-    or call `close()`."""
+    or call `close()`. Options: `timeout` (seconds), `retries` and `backoff` (see _Base._call),
+    `transport` (an httpx transport, e.g. for tests)."""
 
-    def __init__(
-        self,
-        base_url: str,
-        token: str,
-        *,
-        timeout: float = 30.0,
-        retries: int = 2,
-        backoff: float = 0.5,
-        transport: httpx.BaseTransport | None = None,
-    ) -> None:
-        super().__init__(base_url, token, retries=retries, backoff=backoff)
-        self._http = httpx.Client(headers=self._headers, timeout=timeout, transport=transport)
+    def _open(self, *, timeout: float, transport: httpx.BaseTransport | None) -> httpx.Client:
+        return httpx.Client(headers=self._headers, timeout=timeout, transport=transport)
 
     def close(self) -> None:
         self._http.close()
@@ -448,203 +754,32 @@ class Client(_Base):
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _request(self, method: str, path: str, **kwargs: Any) -> Any:
-        attempt = 0
-        while True:
-            try:
-                response = self._http.request(method, self._api(path), **kwargs)
-            except httpx.TimeoutException as exc:
-                if attempt >= self.retries:
-                    raise LedgerError("timeout", str(exc)) from exc
-            except httpx.TransportError as exc:
-                if attempt >= self.retries:
-                    raise LedgerError("connection_error", str(exc)) from exc
-            else:
-                if response.status_code not in RETRY_STATUSES or attempt >= self.retries:
-                    _raise_for(response)
-                    return response.json() if response.content else None
-            attempt += 1
-            time.sleep(self.backoff * 2 ** (attempt - 1))
+    def _bind(self, op: Callable[..., _Op[_T]]) -> Callable[..., _T]:
+        @functools.wraps(op)
+        def method(*args: Any, **kwargs: Any) -> _T:
+            return self._run(op(self, *args, **kwargs))
 
-    # sessions
-    def create_session(
-        self,
-        *,
-        model: str,
-        title: str | None = None,
-        context_limit: int | None = None,
-        system_prompt: str | None = None,
-        settings: Mapping[str, Any] | None = None,
-    ) -> Session:
-        body = _session_body(model, title, context_limit, system_prompt, settings)
-        return Session.from_api(self._request("POST", "sessions", json=body))
+        return method
 
-    def get_session(self, session_id: str) -> Session:
-        return Session.from_api(self._request("GET", f"sessions/{session_id}"))
-
-    def list_sessions(self) -> list[Session]:
-        """Every session the token's user may see (follows the pagination)."""
-        sessions: list[Session] = []
-        page = 1
-        while True:
-            data = self._request("GET", "sessions", params={"page": page})
-            sessions += [Session.from_api(item) for item in data["results"]]
-            if not data.get("next"):
-                return sessions
-            page += 1
-
-    def update_session(
-        self,
-        session_id: str,
-        *,
-        title: str | None = None,
-        context_limit: int | None = None,
-        settings: Mapping[str, Any] | None = None,
-    ) -> Session:
-        body: dict[str, Any] = {}
-        if title is not None:
-            body["title"] = title
-        if context_limit is not None:
-            body["contextLimit"] = context_limit
-        if settings is not None:
-            body["settings"] = dict(settings)
-        return Session.from_api(self._request("PATCH", f"sessions/{session_id}", json=body))
-
-    def delete_session(self, session_id: str) -> None:
-        self._request("DELETE", f"sessions/{session_id}")
-
-    # events
-    def append(self, session_id: str, event: Mapping[str, Any]) -> Event:
-        """Append one event (`{"type": ..., "content": ..., "id"?: ...}`; snake_case keys work)."""
-        data = self._request("POST", f"sessions/{session_id}/events", json=_event_body(event))
-        return Event.from_api(data)
-
-    def append_many(self, session_id: str, events: Iterable[Mapping[str, Any]]) -> list[Event]:
-        """Append a list of events atomically (all or none)."""
-        body = [_event_body(event) for event in events]
-        data = self._request("POST", f"sessions/{session_id}/events", json=body)
-        return [Event.from_api(item) for item in data]
-
-    def events(
-        self, session_id: str, *, after: int = 0, include_compacted: bool = False, limit: int = 500
-    ) -> list[Event]:
-        """Every event after seq `after` (follows the cursor)."""
-        events: list[Event] = []
-        while True:
-            params = {"after": after, "limit": limit, "includeCompacted": include_compacted}
-            data = self._request("GET", f"sessions/{session_id}/events", params=params)
-            events += [Event.from_api(item) for item in data["results"]]
-            if data.get("nextAfter") is None:
-                return events
-            after = data["nextAfter"]
-
-    def usage(self, session_id: str) -> Usage:
-        return Usage.from_api(self._request("GET", f"sessions/{session_id}/usage"))
-
-    def context(
-        self,
-        session_id: str,
-        *,
-        max_tokens: int | None = None,
-        reserve_tokens: int | None = None,
-        format: str = "openai",
-    ) -> Context:
-        params: dict[str, Any] = {"format": format}
-        if max_tokens is not None:
-            params["maxTokens"] = max_tokens
-        if reserve_tokens is not None:
-            params["reserveTokens"] = reserve_tokens
-        return Context.from_api(
-            self._request("GET", f"sessions/{session_id}/context", params=params)
-        )
-
-    def summary(self, session_id: str) -> SessionSummary:
-        return SessionSummary.from_api(self._request("GET", f"sessions/{session_id}/summary"))
-
-    # compactions
-    def start_compaction(
-        self,
-        session_id: str,
-        *,
-        strategy: str | None = None,
-        summarizer: str | None = None,
-        **extra: Any,
-    ) -> Compaction:
-        body = _compaction_body(strategy, summarizer, extra)
-        return Compaction.from_api(
-            self._request("POST", f"sessions/{session_id}/compactions", json=body)
-        )
-
-    def plan_compaction(
-        self, session_id: str, *, strategy: str | None = None, **extra: Any
-    ) -> dict[str, Any]:
-        """A dry run: the plan (events to fold, projected tokensAfter…), nothing changed."""
-        body = _compaction_body(strategy, None, {**extra, "dry_run": True})
-        result: dict[str, Any] = self._request(
-            "POST", f"sessions/{session_id}/compactions", json=body
-        )
+    def _run(self, op: _Op[_T]) -> _T:
+        steps = _Steps(op)
+        while (step := steps.next()) is not None:
+            with steps.answering():
+                if isinstance(step, _Pause):
+                    time.sleep(step.seconds)
+                else:
+                    steps.reply = self._http.request(**step.request)
+        result: _T = steps.result
         return result
 
-    def compaction(self, compaction_id: str) -> Compaction:
-        return Compaction.from_api(self._request("GET", f"compactions/{compaction_id}"))
 
-    def compactions(self, session_id: str) -> list[Compaction]:
-        data = self._request("GET", f"sessions/{session_id}/compactions")
-        items = data["results"] if isinstance(data, dict) else data
-        return [Compaction.from_api(item) for item in items]
+class AsyncClient(_Base[httpx.AsyncBaseTransport]):
+    """`Client`'s twin for asyncio code: the same methods, awaited; `aclose()` or `async with`."""
 
-    def wait_compaction(
-        self, compaction_id: str, *, timeout: float = 60.0, poll: float = 0.2
-    ) -> Compaction:
-        """Poll until the run is completed or failed; `LedgerError("timeout")` after `timeout`."""
-        deadline = time.monotonic() + timeout
-        while True:
-            run = self.compaction(compaction_id)
-            if run.finished:
-                return run
-            if time.monotonic() > deadline:
-                raise LedgerError("timeout", f"compaction {compaction_id} still {run.status}")
-            time.sleep(poll)
-
-    def revert_compaction(self, compaction_id: str) -> Compaction:
-        return Compaction.from_api(self._request("POST", f"compactions/{compaction_id}/revert"))
-
-    # search and recall
-    def search(self, session_id: str, q: str, *, limit: int | None = None) -> list[SearchHit]:
-        params: dict[str, Any] = {"q": q}
-        if limit is not None:
-            params["limit"] = limit
-        return _hits(self._request("GET", f"sessions/{session_id}/search", params=params))
-
-    def recall(
-        self, session_id: str, query: str, *, max_tokens: int | None = None, **extra: Any
-    ) -> RecallResult:
-        body: dict[str, Any] = {"query": query, **{_camel(k): v for k, v in extra.items()}}
-        if max_tokens is not None:
-            body["maxTokens"] = max_tokens
-        return RecallResult.from_api(
-            self._request("POST", f"sessions/{session_id}/recall", json=body)
-        )
-
-
-# --- the asynchronous client ---------------------------------------------------------------------
-
-
-class AsyncClient(_Base):
-    """`Client`'s twin for asyncio code: the same methods, awaited."""
-
-    def __init__(
-        self,
-        base_url: str,
-        token: str,
-        *,
-        timeout: float = 30.0,
-        retries: int = 2,
-        backoff: float = 0.5,
-        transport: httpx.AsyncBaseTransport | None = None,
-    ) -> None:
-        super().__init__(base_url, token, retries=retries, backoff=backoff)
-        self._http = httpx.AsyncClient(headers=self._headers, timeout=timeout, transport=transport)
+    def _open(
+        self, *, timeout: float, transport: httpx.AsyncBaseTransport | None
+    ) -> httpx.AsyncClient:
+        return httpx.AsyncClient(headers=self._headers, timeout=timeout, transport=transport)
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -655,174 +790,20 @@ class AsyncClient(_Base):
     async def __aexit__(self, *exc: object) -> None:
         await self.aclose()
 
-    async def _request(self, method: str, path: str, **kwargs: Any) -> Any:
-        attempt = 0
-        while True:
-            try:
-                response = await self._http.request(method, self._api(path), **kwargs)
-            except httpx.TimeoutException as exc:
-                if attempt >= self.retries:
-                    raise LedgerError("timeout", str(exc)) from exc
-            except httpx.TransportError as exc:
-                if attempt >= self.retries:
-                    raise LedgerError("connection_error", str(exc)) from exc
-            else:
-                if response.status_code not in RETRY_STATUSES or attempt >= self.retries:
-                    _raise_for(response)
-                    return response.json() if response.content else None
-            attempt += 1
-            await asyncio.sleep(self.backoff * 2 ** (attempt - 1))
+    def _bind(self, op: Callable[..., _Op[_T]]) -> Callable[..., Coroutine[Any, Any, _T]]:
+        @functools.wraps(op)
+        async def method(*args: Any, **kwargs: Any) -> _T:
+            return await self._run(op(self, *args, **kwargs))
 
-    async def create_session(
-        self,
-        *,
-        model: str,
-        title: str | None = None,
-        context_limit: int | None = None,
-        system_prompt: str | None = None,
-        settings: Mapping[str, Any] | None = None,
-    ) -> Session:
-        body = _session_body(model, title, context_limit, system_prompt, settings)
-        return Session.from_api(await self._request("POST", "sessions", json=body))
+        return method
 
-    async def get_session(self, session_id: str) -> Session:
-        return Session.from_api(await self._request("GET", f"sessions/{session_id}"))
-
-    async def list_sessions(self) -> list[Session]:
-        sessions: list[Session] = []
-        page = 1
-        while True:
-            data = await self._request("GET", "sessions", params={"page": page})
-            sessions += [Session.from_api(item) for item in data["results"]]
-            if not data.get("next"):
-                return sessions
-            page += 1
-
-    async def update_session(
-        self,
-        session_id: str,
-        *,
-        title: str | None = None,
-        context_limit: int | None = None,
-        settings: Mapping[str, Any] | None = None,
-    ) -> Session:
-        body: dict[str, Any] = {}
-        if title is not None:
-            body["title"] = title
-        if context_limit is not None:
-            body["contextLimit"] = context_limit
-        if settings is not None:
-            body["settings"] = dict(settings)
-        return Session.from_api(await self._request("PATCH", f"sessions/{session_id}", json=body))
-
-    async def delete_session(self, session_id: str) -> None:
-        await self._request("DELETE", f"sessions/{session_id}")
-
-    async def append(self, session_id: str, event: Mapping[str, Any]) -> Event:
-        data = await self._request("POST", f"sessions/{session_id}/events", json=_event_body(event))
-        return Event.from_api(data)
-
-    async def append_many(
-        self, session_id: str, events: Iterable[Mapping[str, Any]]
-    ) -> list[Event]:
-        body = [_event_body(event) for event in events]
-        data = await self._request("POST", f"sessions/{session_id}/events", json=body)
-        return [Event.from_api(item) for item in data]
-
-    async def events(
-        self, session_id: str, *, after: int = 0, include_compacted: bool = False, limit: int = 500
-    ) -> list[Event]:
-        events: list[Event] = []
-        while True:
-            params = {"after": after, "limit": limit, "includeCompacted": include_compacted}
-            data = await self._request("GET", f"sessions/{session_id}/events", params=params)
-            events += [Event.from_api(item) for item in data["results"]]
-            if data.get("nextAfter") is None:
-                return events
-            after = data["nextAfter"]
-
-    async def usage(self, session_id: str) -> Usage:
-        return Usage.from_api(await self._request("GET", f"sessions/{session_id}/usage"))
-
-    async def context(
-        self,
-        session_id: str,
-        *,
-        max_tokens: int | None = None,
-        reserve_tokens: int | None = None,
-        format: str = "openai",
-    ) -> Context:
-        params: dict[str, Any] = {"format": format}
-        if max_tokens is not None:
-            params["maxTokens"] = max_tokens
-        if reserve_tokens is not None:
-            params["reserveTokens"] = reserve_tokens
-        return Context.from_api(
-            await self._request("GET", f"sessions/{session_id}/context", params=params)
-        )
-
-    async def summary(self, session_id: str) -> SessionSummary:
-        return SessionSummary.from_api(await self._request("GET", f"sessions/{session_id}/summary"))
-
-    async def start_compaction(
-        self,
-        session_id: str,
-        *,
-        strategy: str | None = None,
-        summarizer: str | None = None,
-        **extra: Any,
-    ) -> Compaction:
-        body = _compaction_body(strategy, summarizer, extra)
-        return Compaction.from_api(
-            await self._request("POST", f"sessions/{session_id}/compactions", json=body)
-        )
-
-    async def plan_compaction(
-        self, session_id: str, *, strategy: str | None = None, **extra: Any
-    ) -> dict[str, Any]:
-        body = _compaction_body(strategy, None, {**extra, "dry_run": True})
-        result: dict[str, Any] = await self._request(
-            "POST", f"sessions/{session_id}/compactions", json=body
-        )
+    async def _run(self, op: _Op[_T]) -> _T:
+        steps = _Steps(op)
+        while (step := steps.next()) is not None:
+            with steps.answering():
+                if isinstance(step, _Pause):
+                    await asyncio.sleep(step.seconds)
+                else:
+                    steps.reply = await self._http.request(**step.request)
+        result: _T = steps.result
         return result
-
-    async def compaction(self, compaction_id: str) -> Compaction:
-        return Compaction.from_api(await self._request("GET", f"compactions/{compaction_id}"))
-
-    async def compactions(self, session_id: str) -> list[Compaction]:
-        data = await self._request("GET", f"sessions/{session_id}/compactions")
-        items = data["results"] if isinstance(data, dict) else data
-        return [Compaction.from_api(item) for item in items]
-
-    async def wait_compaction(
-        self, compaction_id: str, *, timeout: float = 60.0, poll: float = 0.2
-    ) -> Compaction:
-        deadline = time.monotonic() + timeout
-        while True:
-            run = await self.compaction(compaction_id)
-            if run.finished:
-                return run
-            if time.monotonic() > deadline:
-                raise LedgerError("timeout", f"compaction {compaction_id} still {run.status}")
-            await asyncio.sleep(poll)
-
-    async def revert_compaction(self, compaction_id: str) -> Compaction:
-        return Compaction.from_api(
-            await self._request("POST", f"compactions/{compaction_id}/revert")
-        )
-
-    async def search(self, session_id: str, q: str, *, limit: int | None = None) -> list[SearchHit]:
-        params: dict[str, Any] = {"q": q}
-        if limit is not None:
-            params["limit"] = limit
-        return _hits(await self._request("GET", f"sessions/{session_id}/search", params=params))
-
-    async def recall(
-        self, session_id: str, query: str, *, max_tokens: int | None = None, **extra: Any
-    ) -> RecallResult:
-        body: dict[str, Any] = {"query": query, **{_camel(k): v for k, v in extra.items()}}
-        if max_tokens is not None:
-            body["maxTokens"] = max_tokens
-        return RecallResult.from_api(
-            await self._request("POST", f"sessions/{session_id}/recall", json=body)
-        )

@@ -2,85 +2,36 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from types import ModuleType
+from typing import Any
 
-from .base import Summarizer, SummarizerError, SummaryMessage, TokenCounter, register
-
-if TYPE_CHECKING:
-    import anthropic
-
-from .prompts import SYSTEM_PROMPT, render_messages
-from .sdk_errors import sdk_error
-
-# A gateway in front of Anthropic may authenticate on its own, but the SDK wants some key.
-_PLACEHOLDER_KEY = "not-needed"
+from .base import SummarizerError, register
+from .provider import ProviderSummarizer
 
 
 @register
-class AnthropicSummarizer(Summarizer):
+class AnthropicSummarizer(ProviderSummarizer):
     """Summarizes through `messages.create` on the Anthropic API (or a compatible gateway).
 
-    The SDK's own retries are off by default because the Celery task retries transient
-    failures (`SummarizerError(permanent=False)`): 429, 5xx including 529 overloaded,
-    timeouts, connection errors. A rejected request (400/401/403/404) or an unusable answer
-    is permanent. A provider error is always raised, never returned as summary text.
+    Transient failures include 529 overloaded; retries and error mapping: see
+    ProviderSummarizer.
     """
 
     name = "anthropic"
+    sdk_module = "anthropic"
+    client_class = "Anthropic"
+    sdk_base_error = "AnthropicError"
 
-    def __init__(
-        self,
-        *,
-        count_tokens: TokenCounter,
-        input_window_tokens: int = 100_000,
-        api_key: str,
-        base_url: str | None = None,
-        model: str,
-        timeout_seconds: float = 60.0,
-        max_retries: int = 0,
-    ) -> None:
-        import anthropic  # lazily: the SDK is large and most deployments never call it
-
-        super().__init__(count_tokens=count_tokens, input_window_tokens=input_window_tokens)
-        if not api_key and not base_url:
-            raise SummarizerError("anthropic: no API key configured", permanent=True)
-        self.model = model
-        self._api_key = api_key
-        self._client = anthropic.Anthropic(
-            api_key=api_key or _PLACEHOLDER_KEY,
-            base_url=base_url,
-            timeout=timeout_seconds,
-            max_retries=max_retries,
+    def _ask(self, sdk: ModuleType, *, system: str, user_turn: str, max_tokens: int) -> Any:
+        return self._client.messages.create(
+            model=self.model,
+            max_tokens=max_tokens,
+            system=system,
+            messages=[{"role": "user", "content": user_turn}],
         )
 
-    def _summarize_piece(
-        self, *, previous_summary: str, messages: Sequence[SummaryMessage], max_tokens: int
-    ) -> str:
-        import anthropic  # lazily: the SDK is large and most deployments never call it
-
-        user_turn = render_messages(
-            previous_summary=previous_summary, messages=messages, max_tokens=max_tokens
-        )
-        try:
-            message = self._client.messages.create(
-                model=self.model,
-                max_tokens=max_tokens,
-                system=SYSTEM_PROMPT,
-                messages=[{"role": "user", "content": user_turn}],
-            )
-        except (anthropic.AnthropicError, ValueError, TypeError) as exc:
-            raise sdk_error(exc, sdk=anthropic, provider="anthropic", secret=self._api_key) from exc
-        return _message_text(message)
-
-
-def _error_message(exc: anthropic.APIStatusError) -> str:
-    body = exc.body
-    if isinstance(body, dict):
-        error = body.get("error", body)
-        if isinstance(error, dict) and isinstance(error.get("message"), str):
-            return error["message"]
-    return exc.message
+    def _reply_text(self, reply: object) -> str:
+        return _message_text(reply)
 
 
 def _message_text(message: object) -> str:

@@ -2,97 +2,49 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
-from .base import Summarizer, SummarizerError, SummaryMessage, TokenCounter, register
+from .base import SummarizerError, register
+from .provider import ProviderSummarizer
 
 if TYPE_CHECKING:
-    import openai
     from openai.types.chat import ChatCompletionMessageParam
-
-from .prompts import SYSTEM_PROMPT, render_messages
-from .sdk_errors import sdk_error
-
-# Local servers (Ollama, LM Studio, vLLM) ignore the key, but the SDK refuses to start without one.
-_PLACEHOLDER_KEY = "not-needed"
 
 
 @register
-class OpenAISummarizer(Summarizer):
+class OpenAISummarizer(ProviderSummarizer):
     """Summarizes through `chat.completions.create` on OpenAI or any compatible server.
 
     `base_url` selects the endpoint (e.g. `http://localhost:11434/v1` for Ollama); None means
-    api.openai.com. The SDK's own retries are off by default because the Celery task retries
-    transient failures (`SummarizerError(permanent=False)`): 429, 5xx, timeouts, connection
-    errors. A rejected request (400/401/403/404) or an unusable answer is permanent. A provider
-    error is always raised, never returned as summary text.
+    api.openai.com. Retries and error mapping: see ProviderSummarizer.
     """
 
     name = "openai"
+    sdk_module = "openai"
+    client_class = "OpenAI"
+    sdk_base_error = "OpenAIError"
 
-    def __init__(
-        self,
-        *,
-        count_tokens: TokenCounter,
-        input_window_tokens: int = 100_000,
-        api_key: str,
-        base_url: str | None = None,
-        model: str,
-        timeout_seconds: float = 60.0,
-        max_retries: int = 0,
-    ) -> None:
-        import openai  # lazily: the SDK is large and most deployments never call it
-
-        super().__init__(count_tokens=count_tokens, input_window_tokens=input_window_tokens)
-        if not api_key and not base_url:
-            raise SummarizerError("openai: no API key configured", permanent=True)
-        self.model = model
-        self._api_key = api_key
-        self._client = openai.OpenAI(
-            api_key=api_key or _PLACEHOLDER_KEY,
-            base_url=base_url,
-            timeout=timeout_seconds,
-            max_retries=max_retries,
-        )
-
-    def _summarize_piece(
-        self, *, previous_summary: str, messages: Sequence[SummaryMessage], max_tokens: int
-    ) -> str:
-        import openai  # lazily: the SDK is large and most deployments never call it
-
-        user_turn = render_messages(
-            previous_summary=previous_summary, messages=messages, max_tokens=max_tokens
-        )
+    def _ask(self, sdk: ModuleType, *, system: str, user_turn: str, max_tokens: int) -> Any:
         chat: list[ChatCompletionMessageParam] = [
-            {"role": "system", "content": SYSTEM_PROMPT},
+            {"role": "system", "content": system},
             {"role": "user", "content": user_turn},
         ]
         try:
-            try:
-                completion = self._client.chat.completions.create(
-                    model=self.model, messages=chat, max_tokens=max_tokens
-                )
-            except openai.BadRequestError as exc:
-                # Reasoning models (o-series, gpt-5) reject `max_tokens` and name the
-                # replacement; every other compatible server only knows `max_tokens`.
-                if "max_completion_tokens" not in str(exc):
-                    raise
-                completion = self._client.chat.completions.create(
-                    model=self.model, messages=chat, max_completion_tokens=max_tokens
-                )
-        except (openai.OpenAIError, ValueError, TypeError) as exc:
-            raise sdk_error(exc, sdk=openai, provider="openai", secret=self._api_key) from exc
-        return _completion_text(completion)
+            return self._client.chat.completions.create(
+                model=self.model, messages=chat, max_tokens=max_tokens
+            )
+        except sdk.BadRequestError as exc:
+            # Reasoning models (o-series, gpt-5) reject `max_tokens` and name the
+            # replacement; every other compatible server only knows `max_tokens`.
+            if "max_completion_tokens" not in str(exc):
+                raise
+            return self._client.chat.completions.create(
+                model=self.model, messages=chat, max_completion_tokens=max_tokens
+            )
 
-
-def _error_message(exc: openai.APIStatusError) -> str:
-    body = exc.body
-    if isinstance(body, dict):
-        error = body.get("error", body)
-        if isinstance(error, dict) and isinstance(error.get("message"), str):
-            return error["message"]
-    return exc.message
+    def _reply_text(self, reply: object) -> str:
+        return _completion_text(reply)
 
 
 def _completion_text(completion: object) -> str:

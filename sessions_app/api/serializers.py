@@ -10,6 +10,9 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+# The plain event document lives outside the REST layer so tasks (the memory_flush webhook)
+# send the same shape; the views answer with it through this module.
+from sessions_app.event_documents import event_out as event_out
 from sessions_app.models import Event, EventType, Session
 from sessions_app.services import MAX_REPORTED_TOKENS, EventInput, TokenUsage
 
@@ -323,52 +326,6 @@ class ModelOutSerializer(serializers.Serializer):
     model = serializers.CharField()
     contextLimit = serializers.IntegerField()
     encoding = serializers.CharField()
-
-
-def event_out(events: list[Event]) -> list[dict[str, Any]]:
-    """EventOutSerializer's output, built by hand: a bulk append answers thousands of events
-    and DRF's per-field machinery was ~15% of its time. tests/test_api_serializers.py keeps
-    the two identical."""
-    return [_event_dict(event) for event in events]
-
-
-def iso_datetime(value: Any) -> str:
-    """A datetime as DRF renders it: ISO 8601, UTC as 'Z'."""
-    text = value.isoformat()
-    return text[:-6] + "Z" if text.endswith("+00:00") else text
-
-
-def _event_dict(event: Event) -> dict[str, Any]:
-    usage = None
-    if not (
-        event.prompt_tokens is None
-        and event.completion_tokens is None
-        and event.total_tokens is None
-    ):
-        usage = {
-            "promptTokens": event.prompt_tokens,
-            "completionTokens": event.completion_tokens,
-            "totalTokens": event.total_tokens,
-        }
-    return {
-        "id": str(event.id),
-        "sessionId": str(event.session_id),
-        "seq": event.seq,
-        "type": event.type,
-        "role": event.role,
-        "content": json.loads(event.content) if event.content_is_json else event.content,
-        "name": event.name,
-        "toolCallId": event.tool_call_id,
-        "tokenCount": event.token_count,
-        "tokenProvenance": event.token_provenance,
-        "tokenUsage": usage,
-        "pinned": event.pinned,
-        "metadata": event.metadata,
-        "compactedBy": str(event.compacted_by_id) if event.compacted_by_id else None,
-        "cleared": event.cleared_content is not None,
-        "reverted": event.reverted,
-        "createdAt": iso_datetime(event.created_at),
-    }
 
 
 _USAGE_KEYS = frozenset({"promptTokens", "completionTokens", "totalTokens"})

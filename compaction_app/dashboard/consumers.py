@@ -13,8 +13,8 @@ from typing import Any
 
 from channels.db import database_sync_to_async
 
-from compaction_app.consumers import SessionConsumer, SessionsConsumer
 from compaction_app.dashboard.render import list_frame, session_frame
+from compaction_app.realtime.consumers import SessionConsumer, SessionsConsumer
 from sessions_app.errors import NotFound
 from sessions_app.selectors import session_get
 
@@ -53,6 +53,18 @@ def _row_html(user: Any, session_id: str) -> str | None:
     return list_frame(session=session, user=user)
 
 
+async def _push(consumer: SessionConsumer | SessionsConsumer, frame: Any, *, failure: str) -> None:
+    """Send the rendered fragment, if any; a fragment that fails to render is logged and
+    skipped (the page keeps what it shows)."""
+    try:
+        html = await frame
+    except Exception:
+        logger.exception(failure)
+        return
+    if html:
+        await consumer.send(text_data=html)
+
+
 class DashboardSessionsConsumer(SessionsConsumer):
     """`/ws/dashboard/sessions/`: the list page's rows (usage and compaction state)."""
 
@@ -61,13 +73,8 @@ class DashboardSessionsConsumer(SessionsConsumer):
         session_id = message.get("sessionId")
         if not session_id:
             return
-        try:
-            html = await _row_html(self.user, str(session_id))
-        except Exception:
-            logger.exception("rendering a dashboard row for %s failed", session_id)
-            return
-        if html:
-            await self.send(text_data=html)
+        frame = _row_html(self.user, str(session_id))
+        await _push(self, frame, failure=f"rendering a dashboard row for {session_id} failed")
 
     async def receive(
         self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any
@@ -84,15 +91,9 @@ class DashboardSessionConsumer(SessionConsumer):
 
     async def ledger_message(self, event: dict[str, Any]) -> None:
         message = event["message"]
-        try:
-            html = await _session_html(
-                self.user, self.session_id, message, _csrf_cookie(self.scope)
-            )
-        except Exception:
-            logger.exception("rendering a dashboard frame for %s failed", self.session_id)
-            return
-        if html:
-            await self.send(text_data=html)
+        frame = _session_html(self.user, self.session_id, message, _csrf_cookie(self.scope))
+        failure = f"rendering a dashboard frame for {self.session_id} failed"
+        await _push(self, frame, failure=failure)
 
     async def receive(
         self, text_data: str | None = None, bytes_data: bytes | None = None, **kwargs: Any

@@ -7,7 +7,7 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from compaction_app.broadcast import STAFF_GROUP, session_group, user_group
+from compaction_app.realtime.broadcast import STAFF_GROUP, session_group, user_group
 from sessions_app.errors import NotFound
 from sessions_app.selectors import session_get
 
@@ -32,6 +32,14 @@ class _LedgerConsumer(AsyncJsonWebsocketConsumer):
         # HTTP 403 to the client).
         await self.accept()
         await self.close(code=code)
+
+    async def _signed_in_user(self) -> Any:
+        """The connection's user, or None once the connection is refused as unauthenticated."""
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self._refuse(CLOSE_UNAUTHENTICATED)
+            return None
+        return user
 
     async def _join(self, groups: list[str]) -> None:
         self.groups_joined = groups
@@ -60,9 +68,8 @@ class SessionsConsumer(_LedgerConsumer):
     """`/ws/sessions/`: every session the user may see (staff: all)."""
 
     async def connect(self) -> None:
-        user = self.scope.get("user")
-        if user is None or not user.is_authenticated:
-            await self._refuse(CLOSE_UNAUTHENTICATED)
+        user = await self._signed_in_user()
+        if user is None:
             return
         self.user = user
         # Staff get the staff group only, so each message arrives once.
@@ -73,9 +80,8 @@ class SessionConsumer(_LedgerConsumer):
     """`/ws/sessions/{id}/`: one session, for its owner or staff."""
 
     async def connect(self) -> None:
-        user = self.scope.get("user")
-        if user is None or not user.is_authenticated:
-            await self._refuse(CLOSE_UNAUTHENTICATED)
+        user = await self._signed_in_user()
+        if user is None:
             return
         self.session_id = str(self.scope["url_route"]["kwargs"]["session_id"])
         if not await _may_see(user, self.session_id):

@@ -1,6 +1,7 @@
 from django.urls import path
 
-from compaction_app import consumers, dashboard_consumers
+from compaction_app.dashboard import consumers as dashboard_consumers
+from compaction_app.realtime import consumers
 
 websocket_urlpatterns = [
     path("ws/sessions/", consumers.SessionsConsumer.as_asgi()),
