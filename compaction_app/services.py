@@ -741,13 +741,17 @@ def compaction_run_sync(
     session: Session,
     user: AbstractBaseUser | AnonymousUser | None,
     trigger: str = Trigger.HARD_LIMIT,
+    target_ratio: float | None = None,
 ) -> CompactionRun | None:
-    """Request and execute a run in this thread (the /context hard-limit path).
+    """Request and execute a run in this thread (the /context hard-limit path). `target_ratio`
+    is the low-water mark the run compacts down to (the gateway's `fitTargetRatio`).
 
     Plans first: when the session's strategy would fold and clear nothing, no run is created
     and None is returned, so a read that reaches the hard limit writes (and broadcasts)
     nothing needlessly; the caller prunes instead."""
-    if compaction_plan(session=session).plan.is_empty:
+    if compaction_plan(session=session, target_ratio=target_ratio).plan.is_empty:
         return None
-    run = compaction_request(session=session, user=user, trigger=trigger, enqueue=False)
+    run = compaction_request(
+        session=session, user=user, trigger=trigger, target_ratio=target_ratio, enqueue=False
+    )
     return compaction_execute(run_id=run.pk, final_attempt=True)

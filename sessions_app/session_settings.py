@@ -16,6 +16,9 @@ DEFAULTS: dict[str, Any] = {
     "autoCompact": True,
     "compactThreshold": 0.80,
     "hardLimitThreshold": 0.95,
+    # Where a compaction in the call path (gateway, /context) compacts down to, as a share of
+    # the window: crossing compactThreshold compacts once to here, then the prefix stays put.
+    "fitTargetRatio": 0.5,
     "cooldownSeconds": 60,
     "strategy": "summarize",
     "summarizer": "local",
@@ -110,6 +113,7 @@ def validate_settings(changes: Any, *, base: Mapping[str, Any] | None = None) ->
         "autoCompact": _check_bool("autoCompact", merged["autoCompact"]),
         "compactThreshold": _check_ratio("compactThreshold", merged["compactThreshold"]),
         "hardLimitThreshold": _check_ratio("hardLimitThreshold", merged["hardLimitThreshold"]),
+        "fitTargetRatio": _check_ratio("fitTargetRatio", merged["fitTargetRatio"]),
         "cooldownSeconds": _check_int("cooldownSeconds", merged["cooldownSeconds"], 0),
         "strategy": _check_choice("strategy", merged["strategy"], STRATEGY_NAMES),
         "summarizer": _check_choice("summarizer", merged["summarizer"], SUMMARIZER_NAMES),

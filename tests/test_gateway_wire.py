@@ -9,7 +9,12 @@ import pytest
 
 from compaction_app.gateway import anthropic, openai
 from compaction_app.gateway.fit_rules import LEDGER, PASS_THROUGH, decide
-from compaction_app.gateway.messages import GatewayInputError, event_id, message_hash
+from compaction_app.gateway.messages import (
+    GatewayInputError,
+    chain_hash,
+    event_id,
+    message_hash,
+)
 
 
 def test_it_hashes_role_content_and_tool_ids_stably():
@@ -19,8 +24,13 @@ def test_it_hashes_role_content_and_tool_ids_stably():
     assert base != message_hash("assistant", "hi", ())
     assert base != message_hash("user", "hi ", ())
     assert message_hash("tool", "x", ("a",)) != message_hash("tool", "x", ("b",))
-    assert event_id("s", 1, base, 0) == event_id("s", 1, base, 0)
-    assert event_id("s", 1, base, 0) != event_id("s", 2, base, 0)
+    chain = chain_hash("", base)
+    assert event_id("s", chain, 0) == event_id("s", chain, 0)
+    assert event_id("s", chain, 0) != event_id("s", chain, 1)
+    # The same message after another history is another event.
+    assert chain_hash(chain, base) != chain_hash(
+        chain_hash("", message_hash("user", "x", ())), base
+    )
 
 
 def test_it_identifies_an_assistant_turn_however_the_sdk_resends_it():

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from django.contrib.auth.models import AbstractBaseUser
 
@@ -22,6 +22,9 @@ from sessions_app.context import context_prepare
 from sessions_app.errors import Unprocessable
 from sessions_app.models import Event, EventType, Session
 from sessions_app.services import model_registry
+
+if TYPE_CHECKING:
+    from compaction_app.gateway.thread_fit import ThreadRequest
 
 logger = logging.getLogger("compaction_app.gateway")
 audit = logging.getLogger("context")
@@ -93,6 +96,7 @@ def fit(
     model: str,
     enabled: bool,
     same_model_as_request: bool,
+    request: ThreadRequest | None = None,
 ) -> Fitted:
     """Fit the session's context to `model` (sync: may compact). The request's tool
     definitions are part of what the model reads: the messages are fitted to what they leave
@@ -112,6 +116,25 @@ def fit(
         return as_sent
     settings = session.settings
     compacted = has_compaction(session)
+    if request is not None:
+        from compaction_app.gateway.thread_fit import fit_thread  # it builds on this module
+
+        fitted = fit_thread(
+            session=session,
+            user=user,
+            wire=wire,
+            body=body,
+            model=model,
+            limit=limit,
+            definitions=definitions,
+            as_sent=as_sent,
+            compacted=compacted,
+            request=request,
+        )
+        if fitted is not None:
+            return fitted
+        # Some of the request's messages are not in the ledger under their chain ids (a
+        # bookkeeping failure, a session recorded through the REST API): the ledger's ladder.
     choice = decide(
         tokens=context,
         limit=max(limit - definitions, 0),
