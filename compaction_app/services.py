@@ -75,7 +75,7 @@ def _plan_events(session: Session) -> list[PlanEvent]:
     ]
 
 
-def _budget(session: Session, *, target_ratio: float | None) -> Budget:
+def _budget(session: Session, *, target_ratio: float | None, strict: bool = False) -> Budget:
     settings = session.settings
     ratio = (
         target_ratio if target_ratio is not None else float(settings.get("compactThreshold", 0.8))
@@ -85,6 +85,7 @@ def _budget(session: Session, *, target_ratio: float | None) -> Budget:
         target_tokens=int(session.context_limit * ratio),
         max_summary_tokens=_max_summary_tokens(session),
         keep_recent_events=int(settings.get("keepRecentEvents", 2)),
+        strict_target=strict,
     )
 
 
@@ -109,6 +110,7 @@ def compaction_plan(
     strategy: str | None = None,
     summarizer: str | None = None,
     target_ratio: float | None = None,
+    strict: bool = False,
 ) -> DryRun:
     """What a run would do now, changing nothing (the API's dryRun). Refuses the same bad
     input as a real request would."""
@@ -119,7 +121,7 @@ def compaction_plan(
     plan = plan_compaction(
         strategy=strategy,
         events=_plan_events(session),
-        budget=_budget(session, target_ratio=target_ratio),
+        budget=_budget(session, target_ratio=target_ratio, strict=strict),
         count_tokens=counter.count,
     )
     return DryRun(plan=plan, strategy=strategy, fold_event_ids=list(plan.fold_ids))
@@ -357,7 +359,7 @@ def _execute(run: CompactionRun) -> CompactionRun:
     plan = plan_compaction(
         strategy=run.strategy,
         events=events,
-        budget=_budget(session, target_ratio=target_ratio),
+        budget=_budget(session, target_ratio=target_ratio, strict=run.trigger == Trigger.GATEWAY),
         count_tokens=counter.count,
     )
     tokens_before = session.context_tokens
@@ -749,9 +751,28 @@ def compaction_run_sync(
     Plans first: when the session's strategy would fold and clear nothing, no run is created
     and None is returned, so a read that reaches the hard limit writes (and broadcasts)
     nothing needlessly; the caller prunes instead."""
-    if compaction_plan(session=session, target_ratio=target_ratio).plan.is_empty:
+    strict = trigger == Trigger.GATEWAY
+    strategy = None
+    if strict and target_ratio is not None:
+        # The call path clears old tool results first when that alone reaches the mark: it
+        # costs no model call and keeps every turn.
+        clearing = compaction_plan(
+            session=session, strategy="clear_tool_results", target_ratio=target_ratio
+        ).plan
+        if not clearing.is_empty and clearing.tokens_after <= int(
+            session.context_limit * target_ratio
+        ):
+            strategy = "clear_tool_results"
+    if compaction_plan(
+        session=session, strategy=strategy, target_ratio=target_ratio, strict=strict
+    ).plan.is_empty:
         return None
     run = compaction_request(
-        session=session, user=user, trigger=trigger, target_ratio=target_ratio, enqueue=False
+        session=session,
+        user=user,
+        trigger=trigger,
+        strategy=strategy,
+        target_ratio=target_ratio,
+        enqueue=False,
     )
     return compaction_execute(run_id=run.pk, final_attempt=True)

@@ -174,7 +174,9 @@ def _fast_match(
     return None
 
 
-def _full_match(session: Session, count: int, convert: Converter) -> tuple[int, str, list[str]]:
+def _full_match(
+    session: Session, count: int, convert: Converter, *, gateway_threads: bool
+) -> tuple[int, str, list[str]]:
     """(index of the first new message, key of the thread the recorded part belongs to or "",
     every message's chain hash)."""
     hashes = [convert(index).hash for index in range(count)]
@@ -190,9 +192,11 @@ def _full_match(session: Session, count: int, convert: Converter) -> tuple[int, 
         only_system = all(convert(index).role == "system" for index in range(deepest + 1))
         key = "" if only_system else str((meta or {}).get("thread") or "")
         return deepest + 1, key, chains
-    # No message under its chain id: a session recorded some other way (the REST API, an
-    # import). Anything up to the last message the ledger already holds counts as recorded,
-    # in the session's main thread.
+    if gateway_threads:
+        return 0, "", chains  # continues none of the session's conversations
+    # No message under its chain id and no thread yet: a session recorded some other way (the
+    # REST API, an import). Anything up to the last message the ledger already holds counts
+    # as recorded, in the session's main thread.
     recorded = set(
         Event.objects.filter(session=session, message_hash__in=set(hashes)).values_list(
             "message_hash", flat=True
@@ -256,7 +260,7 @@ def record_request(
         chains = [""] * (start - 1) + [matched.last_chain] + tail
         key = matched.key
     else:
-        start, key, chains = _full_match(session, count, convert)
+        start, key, chains = _full_match(session, count, convert, gateway_threads=bool(recent))
         matched = None
     if start < count and not key:
         # Continues no thread: a thread of its own, named after its first new message (the
