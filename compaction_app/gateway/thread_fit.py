@@ -96,15 +96,18 @@ def _state(session: Session, request: ThreadRequest) -> _State | None:
     if len(rows) != len(where):
         return None
     costs: dict[int, int] = dict.fromkeys(range(count), 0)
-    folded: set[int] = set()
+    standing: set[int] = set()
     cleared: dict[int, dict[str, str]] = {}
     for event in rows:
         index = where[event.pk]
         costs[index] += event.effective_token_count
-        if event.compacted_by_id is not None:
-            folded.add(index)
+        if event.compacted_by_id is None:
+            standing.add(index)
         if event.cleared_content is not None:
             cleared.setdefault(index, {})[event.tool_call_id] = event.cleared_content
+    # A message goes out whole while any part of it stands (the words beside a tool call
+    # stay with the call the strategy kept).
+    folded = set(range(count)) - standing
     summary = None
     if folded:
         live = (
