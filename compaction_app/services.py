@@ -89,6 +89,11 @@ def _budget(session: Session, *, target_ratio: float | None, strict: bool = Fals
     )
 
 
+def _strict(run: CompactionRun) -> bool:
+    """A call path's compaction down to its low-water mark (fitTargetRatio) must reach it."""
+    return run.target_ratio is not None and run.trigger in (Trigger.GATEWAY, Trigger.HARD_LIMIT)
+
+
 def _max_summary_tokens(session: Session) -> int:
     return resolve_max_summary_tokens(
         session.settings.get("maxSummaryTokens"), session.context_limit
@@ -359,7 +364,7 @@ def _execute(run: CompactionRun) -> CompactionRun:
     plan = plan_compaction(
         strategy=run.strategy,
         events=events,
-        budget=_budget(session, target_ratio=target_ratio, strict=run.trigger == Trigger.GATEWAY),
+        budget=_budget(session, target_ratio=target_ratio, strict=_strict(run)),
         count_tokens=counter.count,
     )
     tokens_before = session.context_tokens
@@ -751,11 +756,11 @@ def compaction_run_sync(
     Plans first: when the session's strategy would fold and clear nothing, no run is created
     and None is returned, so a read that reaches the hard limit writes (and broadcasts)
     nothing needlessly; the caller prunes instead."""
-    strict = trigger == Trigger.GATEWAY
+    strict = target_ratio is not None and trigger in (Trigger.GATEWAY, Trigger.HARD_LIMIT)
     strategy = None
-    if strict and target_ratio is not None:
-        # The call path clears old tool results first when that alone reaches the mark: it
-        # costs no model call and keeps every turn.
+    if trigger == Trigger.GATEWAY and target_ratio is not None:
+        # The gateway clears old tool results first when that alone reaches the mark: it
+        # costs no model call and keeps every turn. (/context keeps the session's strategy.)
         clearing = compaction_plan(
             session=session, strategy="clear_tool_results", target_ratio=target_ratio
         ).plan
