@@ -97,7 +97,8 @@ def context_prepare(
     own_window = max_tokens is None or max_tokens >= session.context_limit
     target_ratio = None
     if own_window and level != "ok" and events:
-        target = float(session.settings.get("fitTargetRatio", 0.5)) * limit
+        ratio = min(float(session.settings.get("fitTargetRatio", 0.5)), compact_threshold)
+        target = ratio * limit
         target_ratio = max(min(target / session.context_limit, 1.0), 0.01)
     if (level == "hard" or target_ratio is not None) and events:
         for _receiver, response in context_hard_limit.send(

@@ -163,7 +163,8 @@ def fit_thread(
     settings = session.settings
     compact_threshold = float(settings.get("compactThreshold", 0.8))
     hard_threshold = float(settings.get("hardLimitThreshold", 0.95))
-    target = float(settings.get("fitTargetRatio", 0.5))
+    # Never above the threshold itself (a session may lower compactThreshold below it).
+    target = min(float(settings.get("fitTargetRatio", 0.5)), compact_threshold)
     room = max(limit - definitions, 0)
     if not compacted and request.threads_seen <= 1:
         # One writer and nothing folded: the session's count is the thread's.
