@@ -130,3 +130,35 @@ def test_it_names_a_thread_from_the_header_and_lists_threads_over_rest(
     contents = [e["content"] for e in events["results"]]
     assert "Be brief." in contents and "Title this." not in contents
     assert bob_api.get(f"/api/v1/sessions/{session.pk}/threads").status_code == 404
+
+
+def test_it_shows_threads_on_the_session_page_main_first_and_bookkeeping_failures(
+    gateway_url, upstream, alice, client, monkeypatch
+):
+    from compaction_app.gateway import record
+
+    api = openai_client(gateway_url, key=token_for(alice), session="page-threads")
+    api.chat.completions.create(model="gpt-4o", messages=[SYSTEM, {"role": "user", "content": "A"}])
+    api.chat.completions.create(
+        model="gpt-4o",
+        messages=[{"role": "system", "content": "Title it."}, {"role": "user", "content": "A"}],
+    )
+
+    # The reply's bookkeeping breaks: the call still answers 200, the page says so.
+    def broken(**kwargs):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setattr(record, "record_reply", broken)
+    monkeypatch.setattr("compaction_app.gateway.thread_fit.record_reply", broken)
+    raw = api.chat.completions.with_raw_response.create(
+        model="gpt-4o",
+        messages=[SYSTEM, {"role": "user", "content": "A"}, {"role": "assistant", "content": "x"}],
+    )
+    assert raw.status_code == 200
+    after.wait_idle()
+    session = Session.objects.get(client_key="page-threads")
+    client.force_login(alice)
+    page = client.get(f"/sessions/{session.pk}/").content.decode()
+    assert 'id="threads"' in page
+    assert "side thread" in page
+    assert "recording a reply failed: RuntimeError" in page
