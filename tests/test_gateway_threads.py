@@ -129,6 +129,14 @@ def test_it_names_a_thread_from_the_header_and_lists_threads_over_rest(
     events = alice_api.get(f"/api/v1/sessions/{session.pk}/events?thread=main").json()
     contents = [e["content"] for e in events["results"]]
     assert "Be brief." in contents and "Title this." not in contents
+    # The session's usage is its main thread's; each thread has its own.
+    usage = alice_api.get(f"/api/v1/sessions/{session.pk}/usage").json()
+    assert usage["thread"] == "main"
+    assert usage["totalCompletionTokens"] == Thread.objects.get(key="main").completion_tokens
+    side_key = listed["results"][1]["key"]
+    side_usage = alice_api.get(f"/api/v1/sessions/{session.pk}/usage?thread={side_key}").json()
+    assert side_usage["thread"] == side_key
+    assert side_usage["contextTokens"] == listed["results"][1]["contextTokens"] > 0
     assert bob_api.get(f"/api/v1/sessions/{session.pk}/threads").status_code == 404
 
 

@@ -269,6 +269,9 @@ class UsageSerializer(serializers.Serializer):
     lastCompaction = serializers.JSONField(allow_null=True)
     lastProviderPromptTokens = serializers.IntegerField(allow_null=True)
     countDriftPercent = serializers.FloatField(allow_null=True)
+    thread = serializers.CharField(
+        required=False, help_text="The thread these figures are for (gateway sessions only)."
+    )
 
 
 class ContextSerializer(serializers.Serializer):

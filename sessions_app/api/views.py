@@ -28,7 +28,7 @@ from sessions_app.context import context_prepare
 from sessions_app.errors import InvalidInput, LedgerError
 from sessions_app.models import Event, EventType
 from sessions_app.signals import compaction_command
-from sessions_app.threads import session_threads
+from sessions_app.threads import session_threads, thread_usage
 
 
 class SessionPagination(PageNumberPagination):
@@ -276,10 +276,24 @@ class EventDetailView(APIView):
 
 
 class SessionUsageView(APIView):
-    @extend_schema(responses={200: s.UsageSerializer, **errors(404)})
+    @extend_schema(
+        parameters=[
+            OpenApiParameter(
+                "thread",
+                str,
+                description="One thread's usage (its key); default: the main thread's when "
+                "the session has several writers.",
+            )
+        ],
+        responses={200: s.UsageSerializer, **errors(404)},
+    )
     def get(self, request: Request, session_id: str) -> Response:
         session = selectors.session_get(user=request.user, session_id=session_id)
-        return Response(selectors.usage_for_session(session=session))
+        usage = selectors.usage_for_session(session=session)
+        # Threads (the gateway's writers): the session's usage is its main thread's.
+        return Response(
+            thread_usage(session=session, usage=usage, key=request.query_params.get("thread"))
+        )
 
 
 class _FormatParamIsOurs(DefaultContentNegotiation):
