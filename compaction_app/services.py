@@ -32,7 +32,7 @@ from compaction_app.summarizers.local import truncate_to_tokens
 from compaction_app.types import Budget, Plan, PlanEvent
 from sessions_app import tokens
 from sessions_app.errors import Conflict, InvalidInput, ServiceUnavailable
-from sessions_app.models import Event, EventType, Session
+from sessions_app.models import Event, EventType, Session, Thread
 from sessions_app.selectors import event_content, usage_for_session
 from sessions_app.services import EventInput, event_append, session_record_compaction
 from sessions_app.session_settings import (
@@ -706,6 +706,11 @@ def maybe_auto_compact(
         if not settings.get("autoCompact", True) or not session.context_limit:
             return None
         if session.usage_ratio < float(settings.get("compactThreshold", 0.8)):
+            return None
+        if Thread.objects.filter(session_id=session_id).exists():
+            # The gateway compacts its threads in the call path, each when it crosses the
+            # threshold (docs/fitting.md); a run here, judged on the whole ledger (side
+            # threads included), would only break the forwarded prefix in between.
             return None
         cooldown = int(settings.get("cooldownSeconds", 60))
         since = timezone.now() - timedelta(seconds=cooldown)

@@ -44,9 +44,10 @@ def stable_share(forwarded: list[Received], first_fitted: int) -> tuple[int, int
     return sum(prefix_stable(a, b) for a, b in pairs), len(pairs)
 
 
-def _quiet_small(client_key: str) -> None:
+def _small_window(client_key: str) -> None:
     session = Session.objects.get(client_key=client_key)
-    session_update(session=session, context_limit=WINDOW, settings={"autoCompact": False})
+    # Auto compaction stays on: the gateway's own compaction in the call path comes first.
+    session_update(session=session, context_limit=WINDOW)
 
 
 def _tool_output(turn: int) -> str:
@@ -85,7 +86,7 @@ def test_it_keeps_the_forwarded_prefix_stable_on_chat_completions(gateway_url, u
         # The newest turn is always last, as the client sent it.
         assert forwarded[-1] == history[-1]
         if turn == 0:
-            _quiet_small("stable-openai")
+            _small_window("stable-openai")
         if fitted_at is None and raw.headers["X-Ledger-Compacted"] == "true":
             fitted_at = len(upstream.requests) - 1
         history.append({"role": "assistant", "content": raw.parse().choices[0].message.content})
@@ -163,7 +164,7 @@ def test_it_keeps_the_forwarded_prefix_stable_on_messages_with_its_shape(
         assert body["messages"][-1] == history[-1]
         assert int(raw.headers["X-Ledger-Context-Tokens"]) <= 0.95 * WINDOW
         if turn == 0:
-            _quiet_small("stable-anthropic")
+            _small_window("stable-anthropic")
         if fitted_at is None and raw.headers["X-Ledger-Compacted"] == "true":
             fitted_at = len(upstream.requests) - 1
         if fitted_at is not None and restarted_at is None and turn > 60:
@@ -172,7 +173,9 @@ def test_it_keeps_the_forwarded_prefix_stable_on_messages_with_its_shape(
             threads.restart()
             connections.close_all()
             restarted_at = len(upstream.requests)
-        history.append({"role": "assistant", "content": [{"type": "text", "text": "Done."}]})
+        history.append(
+            {"role": "assistant", "content": [b.model_dump() for b in raw.parse().content]}
+        )
     after.wait_idle()
     assert fitted_at is not None
     forwarded = upstream.requests
