@@ -53,11 +53,20 @@ def on_compaction_command(
 
 @receiver(context_hard_limit)
 def on_context_hard_limit(
-    sender: Any, *, session: Session, user: Any, trigger: str | None = None, **kwargs: Any
+    sender: Any,
+    *,
+    session: Session,
+    user: Any,
+    trigger: str | None = None,
+    target_ratio: float | None = None,
+    **kwargs: Any,
 ) -> dict | None:
     try:
         run = services.compaction_run_sync(
-            session=session, user=user, trigger=trigger or Trigger.HARD_LIMIT
+            session=session,
+            user=user,
+            trigger=trigger or Trigger.HARD_LIMIT,
+            target_ratio=target_ratio,
         )
     except Conflict:
         return None  # a run is already under way; the ladder prunes meanwhile

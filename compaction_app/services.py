@@ -33,7 +33,7 @@ from compaction_app.summarizers.factory import build_summarizer
 from compaction_app.types import Budget, Plan, PlanEvent
 from sessions_app import tokens
 from sessions_app.errors import Conflict, InvalidInput, ServiceUnavailable
-from sessions_app.models import Event, EventType, Session
+from sessions_app.models import Event, EventType, Session, Thread
 from sessions_app.selectors import event_content, usage_for_session
 from sessions_app.services import EventInput, event_append, session_record_compaction
 from sessions_app.session_settings import STRATEGY_NAMES, SUMMARIZER_NAMES, SessionSettings
@@ -72,7 +72,7 @@ def _plan_events(session: Session) -> list[PlanEvent]:
     ]
 
 
-def _budget(session: Session, *, target_ratio: float | None) -> Budget:
+def _budget(session: Session, *, target_ratio: float | None, strict: bool = False) -> Budget:
     settings = SessionSettings.of(session.settings)
     ratio = target_ratio if target_ratio is not None else settings.compact_threshold
     return Budget(
@@ -80,7 +80,13 @@ def _budget(session: Session, *, target_ratio: float | None) -> Budget:
         target_tokens=int(session.context_limit * ratio),
         max_summary_tokens=_max_summary_tokens(session),
         keep_recent_events=settings.keep_recent_events,
+        strict_target=strict,
     )
+
+
+def _strict(run: CompactionRun) -> bool:
+    """A call path's compaction down to its low-water mark (fitTargetRatio) must reach it."""
+    return run.target_ratio is not None and run.trigger in (Trigger.GATEWAY, Trigger.HARD_LIMIT)
 
 
 def _max_summary_tokens(session: Session) -> int:
@@ -102,6 +108,7 @@ def compaction_plan(
     strategy: str | None = None,
     summarizer: str | None = None,
     target_ratio: float | None = None,
+    strict: bool = False,
 ) -> DryRun:
     """What a run would do now, changing nothing (the API's dryRun). Refuses the same bad
     input as a real request would."""
@@ -112,7 +119,7 @@ def compaction_plan(
     plan = plan_compaction(
         strategy=strategy,
         events=_plan_events(session),
-        budget=_budget(session, target_ratio=target_ratio),
+        budget=_budget(session, target_ratio=target_ratio, strict=strict),
         count_tokens=counter.count,
     )
     return DryRun(plan=plan, strategy=strategy, fold_event_ids=list(plan.fold_ids))
@@ -329,7 +336,7 @@ def _execute(run: CompactionRun) -> CompactionRun:
     plan = plan_compaction(
         strategy=run.strategy,
         events=events,
-        budget=_budget(session, target_ratio=target_ratio),
+        budget=_budget(session, target_ratio=target_ratio, strict=_strict(run)),
         count_tokens=counter.count,
     )
     tokens_before = session.context_tokens
@@ -666,6 +673,11 @@ def maybe_auto_compact(
             return None
         if session.usage_ratio < settings.compact_threshold:
             return None
+        if Thread.objects.filter(session_id=session_id).exists():
+            # The gateway compacts its threads in the call path, each when it crosses the
+            # threshold (docs/fitting.md); a run here, judged on the whole ledger (side
+            # threads included), would only break the forwarded prefix in between.
+            return None
         cooldown = settings.cooldown_seconds
         since = timezone.now() - timedelta(seconds=cooldown)
         trigger = Trigger.AUTO
@@ -707,13 +719,36 @@ def compaction_run_sync(
     session: Session,
     user: AbstractBaseUser | AnonymousUser | None,
     trigger: str = Trigger.HARD_LIMIT,
+    target_ratio: float | None = None,
 ) -> CompactionRun | None:
-    """Request and execute a run in this thread (the /context hard-limit path).
+    """Request and execute a run in this thread (the /context hard-limit path). `target_ratio`
+    is the low-water mark the run compacts down to (the gateway's `fitTargetRatio`).
 
     Plans first: when the session's strategy would fold and clear nothing, no run is created
     and None is returned, so a read that reaches the hard limit writes (and broadcasts)
     nothing needlessly; the caller prunes instead."""
-    if compaction_plan(session=session).plan.is_empty:
+    strict = target_ratio is not None and trigger in (Trigger.GATEWAY, Trigger.HARD_LIMIT)
+    strategy = None
+    if trigger == Trigger.GATEWAY and target_ratio is not None:
+        # The gateway clears old tool results first when that alone reaches the mark: it
+        # costs no model call and keeps every turn. (/context keeps the session's strategy.)
+        clearing = compaction_plan(
+            session=session, strategy="clear_tool_results", target_ratio=target_ratio
+        ).plan
+        if not clearing.is_empty and clearing.tokens_after <= int(
+            session.context_limit * target_ratio
+        ):
+            strategy = "clear_tool_results"
+    if compaction_plan(
+        session=session, strategy=strategy, target_ratio=target_ratio, strict=strict
+    ).plan.is_empty:
         return None
-    run = compaction_request(session=session, user=user, trigger=trigger, enqueue=False)
+    run = compaction_request(
+        session=session,
+        user=user,
+        trigger=trigger,
+        strategy=strategy,
+        target_ratio=target_ratio,
+        enqueue=False,
+    )
     return compaction_execute(run_id=run.pk, final_attempt=True)

@@ -263,8 +263,14 @@ def summarize(
         u.cost for u in summaries
     )
 
+    limit = (
+        min(budget.context_limit, budget.target_tokens)
+        if budget.strict_target
+        else budget.context_limit
+    )
+
     def fits() -> bool:
-        return kept_total + reserve + REPLY_PRIMER <= budget.context_limit
+        return kept_total + reserve + REPLY_PRIMER <= limit
 
     notes: list[str] = []
     if not fits():

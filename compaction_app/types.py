@@ -54,6 +54,10 @@ class Budget:
     keep_recent_events: int = 2
     # clear_tool_results keeps this many of the newest tool results untouched.
     keep_recent_tool_results: int = 3
+    # The call path's compaction (gateway, fitTargetRatio): summarize folds older user turns
+    # too until `target_tokens` is reached, not only until the window fits; the low-water
+    # mark is what keeps the next compaction (and the next broken prefix) far away.
+    strict_target: bool = False
 
 
 @dataclass(frozen=True)

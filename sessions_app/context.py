@@ -66,10 +66,13 @@ def context_prepare(
 ) -> PreparedContext:
     """The messages to send next.
 
-    Below the compact threshold: the whole active context. Between the thresholds: a pruned
-    view that drops the oldest non-system events to get under the compact threshold (logged
-    as `context_window_approaching`). At the hard limit: a synchronous compaction first (through
-    the `context_hard_limit` signal), then the same ladder on the result. When the system prompt,
+    Below the compact threshold: the whole active context. Over it, on the session's own
+    window: one synchronous compaction down to `fitTargetRatio` (through the
+    `context_hard_limit` signal), after which the context stays below the threshold for many
+    calls. With a smaller `max_tokens` cap, between the thresholds: a pruned view that drops
+    the oldest non-system events to get under the compact threshold (logged as
+    `context_window_approaching`), and at the hard limit a synchronous compaction first. Pruning
+    is also the last resort when no compaction can run. When the system prompt,
     summary and last user message alone do not fit: `context_window_exhausted` (422).
     `trigger` names the hard-limit run's trigger (the receiver's default when None).
     """
@@ -88,9 +91,25 @@ def context_prepare(
         hard_threshold=hard_threshold,
     )
     compaction: dict[str, Any] | None = None
-    if level == "hard" and events:
+    # On the session's own window, crossing compactThreshold compacts once, down to
+    # fitTargetRatio, instead of pruning another oldest slice on every call: what this returns
+    # then stays the previous answer plus the new events until the next crossing (a client
+    # that sends it keeps a stable prefix for the provider's cache). A client's own smaller
+    # cap (maxTokens) keeps the per-call view.
+    own_window = max_tokens is None or max_tokens >= session.context_limit
+    target_ratio = None
+    if own_window and level != "ok" and events:
+        ratio = min(SessionSettings.of(session.settings).fit_target_ratio, compact_threshold)
+        target = ratio * limit
+        target_ratio = max(min(target / session.context_limit, 1.0), 0.01)
+    if (level == "hard" or target_ratio is not None) and events:
         for _receiver, response in context_hard_limit.send(
-            sender=Session, session=session, user=user, limit=limit, trigger=trigger
+            sender=Session,
+            session=session,
+            user=user,
+            limit=limit,
+            trigger=trigger,
+            target_ratio=target_ratio,
         ):
             if isinstance(response, dict):
                 compaction = response

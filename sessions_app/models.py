@@ -192,3 +192,44 @@ class Event(models.Model):
         return (
             self.cleared_token_count if self.cleared_token_count is not None else self.token_count
         )
+
+
+class Thread(models.Model):
+    """One writer's conversation inside a session (the gateway's main loop, a side call, a
+    sub-agent, a parallel worker). Its events carry its `key` in `metadata["thread"]`; the row
+    keeps what the gateway needs to match the next request and what the session page shows."""
+
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="threads")
+    # Derived from the conversation's first new message (stable under retries), or the
+    # client's own name from `X-Ledger-Thread`.
+    key = models.CharField(max_length=200)
+    named = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    calls = models.PositiveIntegerField(default=0)
+    # The thread's history as last seen: how many messages, the last one's hash and the chain
+    # hash of the whole (the next request usually continues exactly this).
+    length = models.PositiveIntegerField(default=0)
+    last_hash = models.CharField(max_length=32, blank=True, default="")
+    last_chain = models.CharField(max_length=32, blank=True, default="")
+    # The thread's first own message (where and its hash): a request must carry it as well
+    # as the last one to continue the thread the cheap way (parallel workers may share
+    # replies word for word, never their first own message: that names the thread).
+    anchor_index = models.PositiveIntegerField(default=0)
+    anchor_hash = models.CharField(max_length=32, blank=True, default="")
+    # What the thread's last call forwarded (tokens) and how it was fitted.
+    context_tokens = models.PositiveBigIntegerField(default=0)
+    last_fit = models.CharField(max_length=32, blank=True, default="")
+    prompt_tokens = models.PositiveBigIntegerField(default=0)
+    completion_tokens = models.PositiveBigIntegerField(default=0)
+    # The last bookkeeping failure (the call itself went through), shown on the session page.
+    last_error = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["created_at", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["session", "key"], name="thread_unique_key_per_session")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.session_id}/{self.key}"

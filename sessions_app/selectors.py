@@ -94,11 +94,19 @@ def counter_is_exact(*, session: Session) -> bool:
 
 
 def events_page(
-    *, session: Session, after: int = 0, limit: int = 100, include_compacted: bool = False
+    *,
+    session: Session,
+    after: int = 0,
+    limit: int = 100,
+    include_compacted: bool = False,
+    thread: str | None = None,
 ) -> tuple[list[Event], int | None]:
     """Events with seq > after, in order; returns the page and the cursor for the next one.
-    By default only events still standing: not folded, not a reverted run's."""
+    By default only events still standing: not folded, not a reverted run's. `thread`: only
+    the events the gateway recorded in that thread."""
     queryset = Event.objects.filter(session=session, seq__gt=after)
+    if thread is not None:
+        queryset = queryset.filter(metadata__thread=thread)
     if not include_compacted:
         # A reverted run's COMPACTION event (and a reverted refresh's CONTEXT_REFRESH) is
         # history, like a folded event: listed only with includeCompacted.

@@ -24,6 +24,9 @@ class SessionSettings:
     auto_compact: bool = True
     compact_threshold: float = 0.80
     hard_limit_threshold: float = 0.95
+    # Where a compaction in the call path (gateway, POST /context) compacts down to, as a share
+    # of the window: crossing compact_threshold compacts once to here, then the prefix stays put.
+    fit_target_ratio: float = 0.5
     cooldown_seconds: int = 60
     strategy: str = "summarize"
     summarizer: str = "local"
@@ -40,6 +43,7 @@ class SessionSettings:
             auto_compact=bool(value["auto_compact"]),
             compact_threshold=float(value["compact_threshold"]),
             hard_limit_threshold=float(value["hard_limit_threshold"]),
+            fit_target_ratio=float(value["fit_target_ratio"]),
             cooldown_seconds=int(value["cooldown_seconds"]),
             strategy=str(value["strategy"]),
             summarizer=str(value["summarizer"]),
@@ -152,6 +156,7 @@ def validate_settings(changes: Any, *, base: Mapping[str, Any] | None = None) ->
         "autoCompact": _check_bool("autoCompact", merged["autoCompact"]),
         "compactThreshold": _check_ratio("compactThreshold", merged["compactThreshold"]),
         "hardLimitThreshold": _check_ratio("hardLimitThreshold", merged["hardLimitThreshold"]),
+        "fitTargetRatio": _check_ratio("fitTargetRatio", merged["fitTargetRatio"]),
         "cooldownSeconds": _check_int("cooldownSeconds", merged["cooldownSeconds"], 0),
         "strategy": _check_choice("strategy", merged["strategy"], STRATEGY_NAMES),
         "summarizer": _check_choice("summarizer", merged["summarizer"], SUMMARIZER_NAMES),

@@ -117,6 +117,8 @@ class Received:
     path: str
     headers: dict[str, str]
     body: Any
+    # The forwarded body's bytes as they arrived (prefix-stability checks compare them).
+    raw: bytes = b""
 
 
 @dataclass
@@ -466,7 +468,10 @@ def _handler(standin: ProviderStandIn) -> type[BaseHTTPRequestHandler]:
             path = self.path.split("?", 1)[0]
             step = standin._next(
                 Received(
-                    path=path, headers={k.lower(): v for k, v in self.headers.items()}, body=body
+                    path=path,
+                    headers={k.lower(): v for k, v in self.headers.items()},
+                    body=body,
+                    raw=raw,
                 )
             )
             if path not in (OPENAI_PATH, ANTHROPIC_PATH, ANTHROPIC_COUNT_PATH):

@@ -79,6 +79,7 @@ def test_it_fills_settings_defaults(alice_api):
         "autoCompact": True,
         "compactThreshold": 0.8,
         "hardLimitThreshold": 0.95,
+        "fitTargetRatio": 0.5,
         "cooldownSeconds": 60,
         "strategy": "summarize",
         "summarizer": "local",

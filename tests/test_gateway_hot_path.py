@@ -152,15 +152,17 @@ def test_it_records_a_steady_call_in_few_statements(gateway_url, upstream, alice
     statements.sql.clear()
     client.chat.completions.create(model="gpt-4o", messages=history)
     after.wait_idle()
-    # Caller and session in one look-up; per append (the new message, the reply) one
-    # UPDATE ... RETURNING of the counters and one INSERT, which PostgreSQL runs as one
-    # statement outside a transaction.
+    # Caller and session in one look-up, the session's recent threads in one more; per
+    # append (the new message, the reply) one UPDATE ... RETURNING of the counters and one
+    # INSERT, which PostgreSQL runs as one statement outside a transaction; the thread's row
+    # brought up to date once.
     kinds = [sql.split()[0].upper() for sql in statements.sql]
     if connection.vendor == "postgresql":
-        assert kinds == ["SELECT", "WITH", "WITH"], statements.sql
+        assert kinds == ["SELECT", "SELECT", "WITH", "UPDATE", "WITH"], statements.sql
     else:
         kinds = [kind for kind in kinds if kind not in {"BEGIN", "COMMIT"}]
-        assert kinds == ["SELECT", "UPDATE", "INSERT", "UPDATE", "INSERT"], statements.sql
+        expected = ["SELECT", "SELECT", "UPDATE", "INSERT", "UPDATE", "UPDATE", "INSERT"]
+        assert kinds == expected, statements.sql
 
 
 @pytest.mark.django_db(transaction=True)

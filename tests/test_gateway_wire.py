@@ -9,7 +9,12 @@ import pytest
 
 from compaction_app.gateway import anthropic, openai
 from compaction_app.gateway.fit_rules import LEDGER, PASS_THROUGH, decide
-from compaction_app.gateway.messages import GatewayInputError, event_id, message_hash
+from compaction_app.gateway.messages import (
+    GatewayInputError,
+    chain_hash,
+    event_id,
+    message_hash,
+)
 
 
 def test_it_hashes_role_content_and_tool_ids_stably():
@@ -19,8 +24,13 @@ def test_it_hashes_role_content_and_tool_ids_stably():
     assert base != message_hash("assistant", "hi", ())
     assert base != message_hash("user", "hi ", ())
     assert message_hash("tool", "x", ("a",)) != message_hash("tool", "x", ("b",))
-    assert event_id("s", 1, base, 0) == event_id("s", 1, base, 0)
-    assert event_id("s", 1, base, 0) != event_id("s", 2, base, 0)
+    chain = chain_hash("", base)
+    assert event_id("s", chain, 0) == event_id("s", chain, 0)
+    assert event_id("s", chain, 0) != event_id("s", chain, 1)
+    # The same message after another history is another event.
+    assert chain_hash(chain, base) != chain_hash(
+        chain_hash("", message_hash("user", "x", ())), base
+    )
 
 
 def test_it_identifies_an_assistant_turn_however_the_sdk_resends_it():
@@ -176,3 +186,60 @@ def test_it_shapes_errors_like_each_provider():
     assert body["error"]["code"] == "context_length_exceeded" and body["error"]["limit"] == 5
     body = anthropic.error_body("nope", status=401)
     assert body == {"type": "error", "error": {"type": "authentication_error", "message": "nope"}}
+
+
+def test_it_renders_a_fitted_request_in_the_clients_own_shape():
+    from compaction_app.gateway import shape
+
+    units = [
+        {"role": "system", "content": "rules"},
+        {"role": "user", "content": "old"},
+        {
+            "role": "assistant",
+            "content": "Reading.",
+            "tool_calls": [{"id": "a", "type": "function", "function": {"name": "r"}}],
+        },
+        {"role": "tool", "tool_call_id": "a", "content": "long output"},
+        {"role": "user", "content": "new", "name": "me"},
+    ]
+    body = {"model": "m", "messages": units, "temperature": 0}
+    plan = shape.Plan(kept=(0, 3, 4), summary="what happened", cleared={})
+    out = shape.render("openai", body, units, plan, "m2")
+    # The result whose call was folded is left out; the kept turn is the client's own dict.
+    assert out["messages"] == [
+        units[0],
+        {"role": "system", "content": shape.summary_text("what happened")},
+        units[4],
+    ]
+    assert out["temperature"] == 0 and out["model"] == "m2"
+    cleared = shape.Plan(kept=(0, 1, 2, 3, 4), summary=None, cleared={3: {"a": "[cleared]"}})
+    out = shape.render("openai", body, units, cleared, "m")
+    assert out["messages"][2] is units[2]  # the words beside the call stay with it
+    assert out["messages"][3] == {"role": "tool", "tool_call_id": "a", "content": "[cleared]"}
+    # Same inputs, same bytes.
+    assert json.dumps(shape.render("openai", body, units, plan, "m")) == json.dumps(
+        shape.render("openai", body, units, plan, "m")
+    )
+
+
+def test_it_keeps_anthropic_system_blocks_and_opens_with_a_user_turn():
+    from compaction_app.gateway import shape
+
+    system = [{"type": "text", "text": "rules", "cache_control": {"type": "ephemeral"}}]
+    messages = [
+        {"role": "user", "content": "old"},
+        {"role": "assistant", "content": [{"type": "text", "text": "answer"}]},
+        {"role": "user", "content": "new"},
+    ]
+    body = {"model": "c", "system": system, "messages": messages}
+    units = [{"role": "system", "content": system}, *messages]
+    plan = shape.Plan(kept=(0, 2, 3), summary="earlier", cleared={})
+    out = shape.render("anthropic", body, units, plan, "c")
+    assert out["system"][0] == system[0]
+    assert out["system"][1]["cache_control"] == {"type": "ephemeral"}
+    assert out["messages"] == [
+        {"role": "user", "content": shape.RESUME_TEXT},
+        messages[1],
+        messages[2],
+    ]
+    assert body["system"] == system  # the client's body is not touched

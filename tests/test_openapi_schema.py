@@ -248,6 +248,11 @@ def test_it_documents_every_response_of_every_operation(api_schema, alice, setti
     walk("PATCH", S + "/events/{event_id}", 200, ids=event_ids, body={"pinned": True})
     walk("PATCH", S + "/events/{event_id}", 400, ids=event_ids, body={"pinned": "yes"})
     walk("GET", S + "/usage", 200, ids=ids)
+    walk("GET", S + "/threads", 200, ids=ids)
+    walk("GET", S + "/usage", 404, ids=ids, query={"thread": "no-such-thread"})
+    walk("GET", S + "/threads", 404, ids={"session_id": str(uuid.uuid4())})
+    walk("GET", S + "/events", 200, ids=ids, query={"thread": "main"})
+    walk("GET", S + "/events", 400, ids=ids, query={"thread": ""})
     walk("GET", S + "/context", 200, ids=ids, query={"format": "anthropic"})
     walk("GET", S + "/context", 400, ids=ids, query={"format": "gemini"})
 

@@ -36,6 +36,7 @@ from sessions_app.errors import LedgerError, NotFound
 from sessions_app.models import Session
 from sessions_app.selectors import event_get, session_get
 from sessions_app.session_settings import STRATEGY_NAMES
+from sessions_app.threads import session_threads
 
 
 class HtmxHttpRequest(HttpRequest):
@@ -117,6 +118,7 @@ def _session_page(
     context = session_context(
         session=session, user=request.user, oob=False, **_page_options(request), **extra
     )
+    context["threads"] = session_threads(session=session)  # the gateway's writers, main first
     return render(request, SESSION_TEMPLATE, context, status=status)
 
 

@@ -8,13 +8,14 @@ compaction at the hard limit, `context_window_exhausted` when even that cannot f
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
 
 from compaction_app.gateway.fit_rules import PASS_THROUGH, decide
+from compaction_app.gateway.fitted import Fitted, Wire
 from compaction_app.gateway.messages import GatewayError
+from compaction_app.gateway.thread_fit import ThreadRequest, fit_thread
 from compaction_app.models import Trigger
 from compaction_app.realtime import broadcast
 from sessions_app import tokens
@@ -26,35 +27,6 @@ from sessions_app.session_settings import SessionSettings
 
 logger = logging.getLogger("compaction_app.gateway")
 audit = logging.getLogger("context")
-
-
-class Wire(Protocol):
-    RENDER_FORMAT: str
-
-    def with_context(
-        self,
-        body: dict[str, Any],
-        *,
-        messages: list[dict[str, Any]],
-        system: str | None,
-        model: str,
-    ) -> dict[str, Any]: ...
-
-
-@dataclass(frozen=True)
-class Fitted:
-    """What to forward to `model`. `body` None means the client's own bytes, unchanged."""
-
-    model: str
-    body: dict[str, Any] | None
-    token_count: int
-    limit: int
-    compacted: bool
-    compression: dict[str, Any] | None = None
-
-    @property
-    def percent_used(self) -> float:
-        return round(100 * self.token_count / self.limit, 1) if self.limit else 0.0
 
 
 def model_window(session: Session, model: str) -> int:
@@ -94,6 +66,7 @@ def fit(
     model: str,
     enabled: bool,
     same_model_as_request: bool,
+    request: ThreadRequest | None = None,
 ) -> Fitted:
     """Fit the session's context to `model` (sync: may compact). The request's tool
     definitions are part of what the model reads: the messages are fitted to what they leave
@@ -113,6 +86,23 @@ def fit(
         return as_sent
     settings = SessionSettings.of(session.settings)
     compacted = has_compaction(session)
+    if request is not None:
+        fitted = fit_thread(
+            session=session,
+            user=user,
+            wire=wire,
+            body=body,
+            model=model,
+            limit=limit,
+            definitions=definitions,
+            as_sent=as_sent,
+            compacted=compacted,
+            request=request,
+        )
+        if fitted is not None:
+            return fitted
+        # Some of the request's messages are not in the ledger under their chain ids (a
+        # bookkeeping failure, a session recorded through the REST API): the ledger's ladder.
     choice = decide(
         tokens=context,
         limit=max(limit - definitions, 0),

@@ -21,9 +21,11 @@ AGENT_MESSAGE = EventType.AGENT_MESSAGE
 TOOL_CALL = EventType.TOOL_CALL
 TOOL_RESULT = EventType.TOOL_RESULT
 
-# Event ids derived from (session, position, message hash, part): a retried or concurrently
-# repeated request maps to the ids already stored, which the append service returns as they
-# are instead of storing them again.
+# Event ids derived from (session, chain hash, part), where a message's chain hash covers it
+# and every message before it: a retried or concurrently repeated request maps to the ids
+# already stored (the append service returns them as they are instead of storing them again),
+# while the same text after another history (a parallel worker, a side call, a reply to
+# another question) is an event of its own.
 _ID_NAMESPACE = uuid.UUID("6f1c3c0e-4b52-4d1e-9a57-2f0f6d3c9b10")
 
 
@@ -104,8 +106,27 @@ def message_hash(role: str, text: str, tool_ids: Sequence[str]) -> str:
     return digest.hexdigest()
 
 
-def event_id(session_id: uuid.UUID | str, position: int, msg_hash: str, part: int) -> uuid.UUID:
-    return uuid.uuid5(_ID_NAMESPACE, f"{session_id}:{position}:{msg_hash}:{part}")
+def chain_hash(previous: str, msg_hash: str) -> str:
+    """The hash of a conversation up to and including a message: its predecessor's chain hash
+    ("" for the first message) combined with the message's own hash."""
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(previous.encode())
+    digest.update(b"\x00")
+    digest.update(msg_hash.encode())
+    return digest.hexdigest()
+
+
+def chain_hashes(hashes: Sequence[str], previous: str = "") -> list[str]:
+    chained: list[str] = []
+    for digest in hashes:
+        previous = chain_hash(previous, digest)
+        chained.append(previous)
+    return chained
+
+
+def event_id(session_id: uuid.UUID | str, chain: str, part: int) -> uuid.UUID:
+    """The id of part `part` of the message whose chain hash is `chain`."""
+    return uuid.uuid5(_ID_NAMESPACE, f"{session_id}:{chain}:{part}")
 
 
 def canonical_json(value: Any) -> str:

@@ -1,11 +1,11 @@
-"""Gateway services (sync, ORM): who is calling, which session, which of the resent messages
-are new, and the reply.
+"""Gateway services (sync, ORM): who is calling, which session, which thread of it, which of
+the resent messages are new, and the reply.
 
-Matching is O(new messages): the session remembers how many of the client's messages the
-ledger holds and the hash of the last one. When the next request still has that message at
-that position, everything after it is new and nothing before it is hashed. Otherwise (a
-client that edited its history, a retry, concurrent clients) the full request is matched
-against the stored hashes once.
+Matching is O(new messages): each thread remembers how many messages its history had and the
+hash of the last one. When the next request still has that message at that position, it
+continues that thread and everything after it is new. Otherwise (a new writer, a client that
+edited its history, a retry) the full request is matched against the stored chain ids once;
+a request that continues no recorded conversation starts a thread of its own.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from typing import Any, cast
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
+from django.db.models import F
+from django.utils import timezone
 from django.utils.functional import SimpleLazyObject
 from rest_framework.authtoken.models import Token
 
@@ -26,12 +28,14 @@ from compaction_app.gateway.messages import (
     ClientMessage,
     GatewayError,
     Reply,
+    chain_hash,
+    chain_hashes,
     event_id,
     message_hash,
 )
 from sessions_app import sql, tokens
 from sessions_app.errors import Conflict, LedgerError
-from sessions_app.models import ROLE_FOR_TYPE, Event, Session
+from sessions_app.models import ROLE_FOR_TYPE, Event, Session, Thread
 from sessions_app.services import EventInput, TokenUsage, event_append, session_create
 
 logger = logging.getLogger("compaction_app.gateway")
@@ -111,21 +115,58 @@ class Recorded:
     session: Session
     start: int  # index of the first message that was new
     created: int
+    thread: Thread | None = None
+    # Chain hash of every client message (see messages.chain_hash); the reply continues the last.
+    chains: tuple[str, ...] = ()
+    threads_seen: int = 1
 
 
-def _match_start(session: Session, count: int, convert: Converter) -> int:
-    """Index of the first client message the ledger does not hold yet."""
-    known, known_hash = session.gateway_prefix_len, session.gateway_prefix_hash
-    if 0 < known <= count and convert(known - 1).hash == known_hash:
-        return known
+# A side call, a sub-agent or a parallel worker starts a thread of its own; this many of a
+# session's most recent threads are tried for the O(new messages) match.
+RECENT_THREADS = 16
+
+
+def _fast_match(
+    threads_: Sequence[Thread], count: int, convert: Converter
+) -> tuple[Thread, int] | None:
+    """The thread whose last seen history the request continues (its last message at the
+    same place), longest history first; the request's new messages start at its length."""
+    for thread in sorted(threads_, key=lambda t: -t.length):
+        known = thread.length
+        if (
+            0 < known <= count
+            and thread.last_chain
+            and thread.anchor_index < known
+            and convert(thread.anchor_index).hash == thread.anchor_hash
+            and convert(known - 1).hash == thread.last_hash
+        ):
+            return thread, known
+    return None
+
+
+def _full_match(
+    session: Session, count: int, convert: Converter, *, gateway_threads: bool
+) -> tuple[int, str, list[str]]:
+    """(index of the first new message, key of the thread the recorded part belongs to or "",
+    every message's chain hash)."""
     hashes = [convert(index).hash for index in range(count)]
-    ids = {event_id(session.pk, index, h, 0): index for index, h in enumerate(hashes)}
-    stored = Event.objects.filter(session=session, id__in=list(ids)).values_list("id", flat=True)
-    positions = [ids[pk] for pk in stored]
-    if positions:
-        return max(positions) + 1
-    # No message at its own position: a session recorded some other way (the REST API, an
-    # import). Anything up to the last message the ledger already holds counts as recorded.
+    chains = chain_hashes(hashes)
+    ids = {event_id(session.pk, chain, 0): index for index, chain in enumerate(chains)}
+    stored = list(
+        Event.objects.filter(session=session, id__in=list(ids)).values_list("id", "metadata")
+    )
+    if stored:
+        deepest, meta = max(((ids[pk], meta) for pk, meta in stored), key=lambda item: item[0])
+        # Continuing only a system prompt is not continuing a conversation (a sub-agent or a
+        # worker sharing the main loop's instructions starts a thread of its own).
+        only_system = all(convert(index).role == "system" for index in range(deepest + 1))
+        key = "" if only_system else str((meta or {}).get("thread") or "")
+        return deepest + 1, key, chains
+    if gateway_threads:
+        return 0, "", chains  # continues none of the session's conversations
+    # No message under its chain id and no thread yet: a session recorded some other way (the
+    # REST API, an import). Anything up to the last message the ledger already holds counts
+    # as recorded, in the session's main thread.
     recorded = set(
         Event.objects.filter(session=session, message_hash__in=set(hashes)).values_list(
             "message_hash", flat=True
@@ -137,7 +178,30 @@ def _match_start(session: Session, count: int, convert: Converter) -> int:
         tool_ids = (event.tool_call_id,) if event.tool_call_id else ()
         recorded.add(message_hash(ROLE_FOR_TYPE[event.type], event.content, tool_ids))
     last = max((index for index, h in enumerate(hashes) if h in recorded), default=-1)
-    return last + 1
+    return last + 1, (MAIN_KEY if last >= 0 else ""), chains
+
+
+MAIN_KEY = "main"
+
+
+def _thread_for(
+    session: Session, key: str, *, named: bool, anchor_index: int, anchor_hash: str
+) -> Thread:
+    thread = Thread.objects.filter(session=session, key=key).first()
+    if thread is not None:
+        return thread
+    try:
+        with transaction.atomic():
+            return Thread.objects.create(
+                session=session,
+                key=key,
+                named=named,
+                anchor_index=anchor_index,
+                anchor_hash=anchor_hash,
+            )
+    except IntegrityError:
+        # Two first calls of one thread raced; the other one created it.
+        return Thread.objects.get(session=session, key=key)
 
 
 def record_request(
@@ -146,13 +210,47 @@ def record_request(
     count: int,
     convert: Converter,
     window: int | None,
+    thread_name: str | None = None,
 ) -> Recorded:
-    """Append the request's new messages (ids derived from position and hash, so a retry or
-    a concurrent duplicate stores nothing twice). With `window` set, a new message that alone
-    exceeds it is refused before anything is stored."""
-    # No lock around the match: the ids derived from position and hash make the append
-    # idempotent under the append's own lock, and the remembered prefix is only a hint.
-    start = _match_start(session, count, convert)
+    """Match the request to its thread and append its new messages (ids derived from the
+    chain hash, so a retry or a concurrent duplicate stores nothing twice while the same
+    message after another history is its own event). With `window` set, a new message that
+    alone exceeds it is refused before anything is stored."""
+    # No lock around the match: the derived ids make the append idempotent under the append's
+    # own lock, and a thread's remembered history is only a hint checked before use.
+    recent = list(Thread.objects.filter(session=session).order_by("-updated_at")[:RECENT_THREADS])
+    fast = _fast_match(recent, count, convert)
+    if fast is not None:
+        matched, start = fast
+        tail = chain_hashes(
+            [convert(index).hash for index in range(start, count)], matched.last_chain
+        )
+        # The chain hash of the matched history is the thread's; those before it are
+        # computed only if something needs them (full_chains).
+        chains = [""] * (start - 1) + [matched.last_chain] + tail
+        key = matched.key
+    else:
+        start, key, chains = _full_match(session, count, convert, gateway_threads=bool(recent))
+        matched = None
+    if start < count and not key:
+        # Continues no thread: a thread of its own, named after its first new message (the
+        # same for a retry of it).
+        key = chains[start][:16]
+    elif not key:
+        key = chains[-1][:16] if chains else MAIN_KEY
+    name = (thread_name or "").strip()[:MAX_CLIENT_KEY]
+    if name:
+        key = name
+    if matched is None or matched.key != key:
+        anchor = min(start, count - 1) if count else 0
+        matched = next((t for t in recent if t.key == key), None) or _thread_for(
+            session,
+            key,
+            named=bool(name),
+            anchor_index=anchor,
+            anchor_hash=convert(anchor).hash if count else "",
+        )
+    thread = matched
     new = [(index, convert(index)) for index in range(start, count)]
     if window is not None and new:
         counter = tokens.counter_for_model(session.model)
@@ -178,61 +276,85 @@ def record_request(
                 )
     inputs = [
         EventInput(
-            id=event_id(session.pk, index, message.hash, part),
+            id=event_id(session.pk, chains[index], part),
             type=draft.type,
             content=draft.content,
             name=draft.name,
             tool_call_id=draft.tool_call_id,
             message_hash=message.hash,
+            metadata={"thread": thread.key},
         )
         for index, message in new
         for part, draft in enumerate(message.drafts)
     ]
     created = 0
     fresh = session
-    last_hash = convert(count - 1).hash if count else ""
     if inputs:
         try:
-            result = event_append(
-                session=session,
-                events=inputs,
-                session_updates=_prefix_updates(count, last_hash),
-            )
+            result = event_append(session=session, events=inputs)
+        except Conflict:
+            # The same messages recorded meanwhile under another thread's name: they stand.
+            result = None
         except LedgerError as exc:
             raise GatewayError(exc.detail, code=exc.code, param="messages") from None
-        created = result.created
-        fresh = result.session or Session.objects.get(pk=session.pk)
-    if count and (count, last_hash) != (fresh.gateway_prefix_len, fresh.gateway_prefix_hash):
-        # Nothing new was stored (or a concurrent client moved the prefix): remember it anyway.
-        Session.objects.filter(pk=session.pk, gateway_prefix_len__lte=count).update(
-            **_prefix_updates(count, last_hash)
-        )
-    return Recorded(session=fresh, start=start, created=created)
+        if result is not None:
+            created = result.created
+            fresh = result.session or Session.objects.get(pk=session.pk)
+    # The thread row is brought up to date once per call, with the reply (record_reply).
+    return Recorded(
+        session=fresh,
+        start=start,
+        created=created,
+        thread=thread,
+        chains=tuple(chains),
+        threads_seen=len(recent) + (0 if any(t.pk == thread.pk for t in recent) else 1),
+    )
 
 
-def _prefix_updates(length: int, digest: str) -> dict[str, Any]:
-    """Session updates saying the ledger now holds the client's first `length` messages, the
-    last of them hashing to `digest`. Last writer wins: the prefix is a hint that a request
-    checks before using (a concurrent client's prefix only sends the next request down the
-    full match)."""
-    return {"gateway_prefix_len": length, "gateway_prefix_hash": digest}
+_COUNTERS = ("calls", "prompt_tokens", "completion_tokens")
+
+
+def _remember(thread: Thread, length: int, last_hash: str, last_chain: str, **more: Any) -> None:
+    """Remember the thread's history as this call leaves it (last writer wins: a hint)."""
+    updates: dict[str, Any] = {
+        "length": length,
+        "last_hash": last_hash,
+        "last_chain": last_chain,
+        "updated_at": timezone.now(),
+    }
+    for name, value in more.items():
+        # Counters add up (concurrent calls of one thread); the rest is the last call's.
+        updates[name] = F(name) + value if name in _COUNTERS else value
+    Thread.objects.filter(pk=thread.pk).update(**updates)
+    thread.length, thread.last_hash, thread.last_chain = length, last_hash, last_chain
+
+
+def full_chains(count: int, convert: Converter) -> list[str]:
+    """Every message's chain hash (the fast match computes only the new ones)."""
+    return chain_hashes([convert(index).hash for index in range(count)])
 
 
 def record_reply(
     *,
     session: Session,
-    position: int,
+    thread: Thread | None,
+    after_chain: str,
+    length: int,
     reply: Reply,
     forwarded_tokens: int,
     incomplete: bool = False,
     metadata: dict[str, Any] | None = None,
+    thread_updates: dict[str, Any] | None = None,
 ) -> Sequence[Event]:
     """Append the provider's reply (AGENT_MESSAGE and TOOL_CALLs) with its usage, the serving
     model, and our count of what was forwarded beside the provider's (count drift)."""
     session_id = session.pk
     message = reply.message
     digest = message.hash
+    chain = chain_hash(after_chain, digest)
     meta: dict[str, Any] = {"model": reply.model, "gateway": True, **(metadata or {})}
+    if thread is not None:
+        meta["thread"] = thread.key
     if incomplete:
         meta["incomplete"] = True
     usage = None
@@ -249,7 +371,7 @@ def record_reply(
         first = part == 0
         inputs.append(
             EventInput(
-                id=event_id(session_id, position, digest, part),
+                id=event_id(session_id, chain, part),
                 type=draft.type,
                 content=draft.content,
                 name=draft.name,
@@ -277,7 +399,18 @@ def record_reply(
             last_provider_prompt_tokens=reply.prompt_tokens,
         )
     # In the append's own UPDATE, so the usage it broadcasts already carries the drift.
-    updates = {**changes, **_prefix_updates(position + 1, digest)}
+    updates = dict(changes)
+    if thread is not None:
+        _remember(
+            thread,
+            length + 1,
+            digest,
+            chain,
+            calls=1,
+            prompt_tokens=reply.prompt_tokens or 0,
+            completion_tokens=reply.completion_tokens or 0,
+            **(thread_updates or {}),
+        )
 
     if not inputs:
         Session.objects.filter(pk=session_id).update(**updates)

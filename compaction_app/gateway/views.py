@@ -21,7 +21,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
-from compaction_app.gateway import after, anthropic, forward, openai, threads
+from compaction_app.gateway import after, anthropic, forward, openai, thread_fit, threads
 from compaction_app.gateway.fit import Fitted, fit, model_window
 from compaction_app.gateway.messages import (
     ClientMessage,
@@ -29,13 +29,9 @@ from compaction_app.gateway.messages import (
     GatewayInputError,
     Reply,
 )
-from compaction_app.gateway.record import (
-    authenticate,
-    caller_and_session,
-    record_reply,
-    record_request,
-)
+from compaction_app.gateway.record import authenticate, caller_and_session
 from compaction_app.gateway.stream import relay
+from compaction_app.gateway.thread_fit import ThreadRequest
 from compaction_app.realtime import broadcast
 from sessions_app import tokens
 from sessions_app.api.parsers import MAX_JSON_DEPTH, check_depth
@@ -115,6 +111,8 @@ class _Call:
     user: Any
     position: int
     fitted: Fitted
+    # Threads (thread_fit.py, record.py): the request as recorded, the reply continues it.
+    request: ThreadRequest | None
     # What the call's appends announce, sent once the response is ready (see after.py).
     announced: after.Announcements
 
@@ -129,12 +127,18 @@ def _prepare(
     model: str,
     fit_enabled: bool,
     announced: after.Announcements,
+    thread_name: str | None = None,
 ) -> _Call:
     user, session = caller_and_session(key=key, header=session_header, model=model)
-    window = model_window(session, model) if fit_enabled else None
-    recorded = record_request(
-        session=session, count=len(units), convert=_Converter(wire, units), window=window
+    # --- threads (gateway-fit): record in the request's thread, fit that thread ---
+    recorded, request = thread_fit.record_thread(
+        session=session,
+        units=units,
+        convert=_Converter(wire, units),
+        window=model_window(session, model) if fit_enabled else None,
+        thread_name=thread_name,
     )
+    # --- end threads ---
     fitted = fit(
         session=recorded.session,
         user=user,
@@ -143,12 +147,14 @@ def _prepare(
         model=model,
         enabled=fit_enabled,
         same_model_as_request=True,
+        request=request,
     )
     return _Call(
         session=recorded.session,
         user=user,
         position=len(units),
         fitted=fitted,
+        request=request,
         announced=announced,
     )
 
@@ -165,6 +171,7 @@ def _refit(
         model=model,
         enabled=fit_enabled,
         same_model_as_request=False,
+        request=call.request,
     )
 
 
@@ -224,6 +231,7 @@ async def _serve(
             units=units,
             model=model,
             fit_enabled=fit_enabled,
+            thread_name=request.headers.get("X-Ledger-Thread"),
         )
     except GatewayError as exc:
         return _error(wire, exc)
@@ -325,11 +333,13 @@ async def _record_plain(*, wire: ModuleType, call: _Call, fitted: Fitted, data: 
 
 
 async def _record(*, call: _Call, fitted: Fitted, reply: Reply, incomplete: bool) -> None:
+    # The provider answered: bookkeeping trouble is logged and shown, never the call's failure.
     await threads.run(
         call.announced.collecting,
-        record_reply,
+        thread_fit.record_thread_reply,
         session=call.session,
-        position=call.position,
+        request=call.request,
+        length=call.position,
         reply=reply,
         forwarded_tokens=fitted.token_count,
         incomplete=incomplete,

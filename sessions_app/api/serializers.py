@@ -272,6 +272,9 @@ class UsageSerializer(serializers.Serializer):
     lastCompaction = serializers.JSONField(allow_null=True)
     lastProviderPromptTokens = serializers.IntegerField(allow_null=True)
     countDriftPercent = serializers.FloatField(allow_null=True)
+    thread = serializers.CharField(
+        required=False, help_text="The thread these figures are for (gateway sessions only)."
+    )
 
 
 class ContextSerializer(serializers.Serializer):
@@ -391,3 +394,45 @@ def parse_events(data: Any, *, single: bool) -> list[EventInput]:
 def _fast_input(item: dict[str, Any]) -> EventInput:
     # The same shape the serializer validates into, but for the id's parsing.
     return to_event_input({**item, "id": uuid.UUID(hex=item["id"])} if "id" in item else item)
+
+
+class ThreadOutSerializer(serializers.Serializer):
+    """One writer's conversation inside a session (see docs/fitting.md)."""
+
+    key = serializers.CharField()
+    main = serializers.BooleanField()
+    named = serializers.BooleanField()
+    calls = serializers.IntegerField()
+    messages = serializers.IntegerField(help_text="Messages in its history as last seen.")
+    contextTokens = serializers.IntegerField(help_text="What its last call forwarded.")
+    lastFit = serializers.CharField(help_text="as_sent, fitted, compacted or pruned.")
+    promptTokens = serializers.IntegerField()
+    completionTokens = serializers.IntegerField()
+    lastError = serializers.CharField(help_text="The last bookkeeping failure (the call went on).")
+    createdAt = serializers.DateTimeField()
+    updatedAt = serializers.DateTimeField()
+
+
+class ThreadPageSerializer(serializers.Serializer):
+    results = ThreadOutSerializer(many=True)
+
+
+def threads_out(threads: list[Any]) -> list[dict[str, Any]]:
+    """Threads as the API shows them, the first one being the session's main thread."""
+    return [
+        {
+            "key": thread.key,
+            "main": number == 0,
+            "named": thread.named,
+            "calls": thread.calls,
+            "messages": thread.length,
+            "contextTokens": thread.context_tokens,
+            "lastFit": thread.last_fit,
+            "promptTokens": thread.prompt_tokens,
+            "completionTokens": thread.completion_tokens,
+            "lastError": thread.last_error,
+            "createdAt": thread.created_at,
+            "updatedAt": thread.updated_at,
+        }
+        for number, thread in enumerate(threads)
+    ]

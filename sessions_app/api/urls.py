@@ -9,6 +9,11 @@ urlpatterns = [
         "sessions/<str:session_id>/events", views.SessionEventsView.as_view(), name="session-events"
     ),
     path(
+        "sessions/<str:session_id>/threads",
+        views.SessionThreadsView.as_view(),
+        name="session-threads",
+    ),
+    path(
         "sessions/<str:session_id>/events/<str:event_id>",
         views.EventDetailView.as_view(),
         name="event-detail",

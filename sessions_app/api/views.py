@@ -28,6 +28,7 @@ from sessions_app.context import context_prepare
 from sessions_app.errors import InvalidInput, LedgerError
 from sessions_app.models import Event, EventType
 from sessions_app.signals import compaction_command
+from sessions_app.threads import session_threads, thread_usage
 
 
 class SessionPagination(PageNumberPagination):
@@ -132,6 +133,9 @@ class SessionEventsView(APIView):
             OpenApiParameter(
                 "includeCompacted", bool, description="Include events folded by compaction."
             ),
+            OpenApiParameter(
+                "thread", str, description="Only the events of this thread (its key)."
+            ),
         ],
         responses={200: s.EventPageSerializer, **errors(400, 404)},
         operation_id="sessions_events_list",
@@ -141,8 +145,15 @@ class SessionEventsView(APIView):
         after = _int_param(request, "after", 0, minimum=0)
         limit = _int_param(request, "limit", 100, minimum=1, maximum=1000)
         include = _bool_param(request, "includeCompacted")
+        thread = request.query_params.get("thread")
+        if thread is not None and not 0 < len(thread) <= 200:
+            raise InvalidInput(
+                "thread must be a thread key (1 to 200 characters)",
+                code="invalid_parameter",
+                fields={"thread": "must be 1 to 200 characters"},
+            )
         events, next_after = selectors.events_page(
-            session=session, after=after, limit=limit, include_compacted=include
+            session=session, after=after, limit=limit, include_compacted=include, thread=thread
         )
         return Response({"results": s.event_out(events), "nextAfter": next_after})
 
@@ -231,6 +242,18 @@ def _compact_command(request: Request, session: Any, content: str) -> Response:
     )
 
 
+class SessionThreadsView(APIView):
+    @extend_schema(
+        responses={200: s.ThreadPageSerializer, **errors(404)},
+        description="The session's threads (its writers: the main loop, side calls, "
+        "sub-agents, workers), the main thread first.",
+    )
+    def get(self, request: Request, session_id: str) -> Response:
+        session = selectors.session_get(user=request.user, session_id=session_id)
+        threads = session_threads(session=session)
+        return Response({"results": s.threads_out(threads)})
+
+
 class EventDetailView(APIView):
     def _get(self, request: Request, session_id: str, event_id: str) -> Event:
         session = selectors.session_get(user=request.user, session_id=session_id)
@@ -253,10 +276,24 @@ class EventDetailView(APIView):
 
 
 class SessionUsageView(APIView):
-    @extend_schema(responses={200: s.UsageSerializer, **errors(404)})
+    @extend_schema(
+        parameters=[
+            OpenApiParameter(
+                "thread",
+                str,
+                description="One thread's usage (its key); default: the main thread's when "
+                "the session has several writers.",
+            )
+        ],
+        responses={200: s.UsageSerializer, **errors(404)},
+    )
     def get(self, request: Request, session_id: str) -> Response:
         session = selectors.session_get(user=request.user, session_id=session_id)
-        return Response(selectors.usage_for_session(session=session))
+        usage = selectors.usage_for_session(session=session)
+        # Threads (the gateway's writers): the session's usage is its main thread's.
+        return Response(
+            thread_usage(session=session, usage=usage, key=request.query_params.get("thread"))
+        )
 
 
 class _FormatParamIsOurs(DefaultContentNegotiation):

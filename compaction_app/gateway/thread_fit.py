@@ -1,0 +1,386 @@
+"""Fit per thread, cache-stable: what one thread's request forwards.
+
+The request itself is the thread's history (a side call's one message, a worker's own turns),
+so fitting works on it, in its own shape (see shape.py), never on the session's interleaved
+ledger. The ledger says which of the request's messages a compaction folded, which tool
+results it cleared and what the summary says; each message is found by its chain id.
+
+Hysteresis: below `compactThreshold` the thread forwards what the last compaction left plus
+its new turns, unchanged (the client's own bytes when nothing was ever folded). Crossing the
+threshold compacts once, down to `fitTargetRatio` of the window, with the session's strategy;
+the next crossing is a whole `compactThreshold - fitTargetRatio` of the window away, and every
+call in between forwards the previous call's request plus its new turns, byte for byte.
+Per-call pruning is the last resort when no compaction can run (logged as
+`context_window_approaching`, shown on the session page).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser
+
+from compaction_app.gateway import fit_rules, shape
+from compaction_app.gateway.fitted import Fitted, Wire
+from compaction_app.gateway.messages import (
+    TOOL_RESULT,
+    ClientMessage,
+    GatewayError,
+    Reply,
+    event_id,
+)
+from compaction_app.gateway.record import (
+    MAIN_KEY,
+    Recorded,
+    full_chains,
+    record_reply,
+    record_request,
+)
+from compaction_app.models import Trigger
+from compaction_app.realtime import broadcast
+from sessions_app import context_window, tokens
+from sessions_app.errors import Conflict
+from sessions_app.models import Event, EventType, Session, Thread
+from sessions_app.session_settings import SessionSettings
+
+logger = logging.getLogger("compaction_app.gateway")
+audit = logging.getLogger("context")
+
+
+@dataclass(frozen=True)
+class ThreadRequest:
+    """A request as recorded: its units (wire messages, the system prompt first where the
+    wire keeps it apart), their converter, their chain hashes ("" where the cheap match did
+    not compute them) and the thread it continues."""
+
+    units: Sequence[dict[str, Any]]
+    convert: Callable[[int], ClientMessage]
+    chains: Sequence[str]
+    thread: Thread | None
+    threads_seen: int = 1
+    # The thread's numbers as fitting leaves them, written with the reply (one UPDATE a call).
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class _State:
+    costs: dict[int, int]
+    folded: frozenset[int]
+    cleared: dict[int, dict[str, str]]
+    summary: str | None
+
+
+def _state(session: Session, request: ThreadRequest) -> _State | None:
+    """Each unit's cost, fold and cleared results, from its events (None: some unit is not in
+    the ledger under its chain id)."""
+    count = len(request.units)
+    chains = list(request.chains)
+    if len(chains) != count or "" in chains:
+        chains = full_chains(count, request.convert)
+    where: dict[Any, int] = {}
+    for index in range(count):
+        for part in range(len(request.convert(index).drafts)):
+            where[event_id(session.pk, chains[index], part)] = index
+    rows = list(
+        Event.objects.filter(session=session, id__in=list(where)).only(
+            "id",
+            "token_count",
+            "cleared_token_count",
+            "cleared_content",
+            "compacted_by_id",
+            "tool_call_id",
+        )
+    )
+    if len(rows) != len(where):
+        return None
+    costs: dict[int, int] = dict.fromkeys(range(count), 0)
+    standing: set[int] = set()
+    cleared: dict[int, dict[str, str]] = {}
+    for event in rows:
+        index = where[event.pk]
+        costs[index] += event.effective_token_count
+        if event.compacted_by_id is None:
+            standing.add(index)
+        if event.cleared_content is not None:
+            cleared.setdefault(index, {})[event.tool_call_id] = event.cleared_content
+    # A message goes out whole while any part of it stands (the words beside a tool call
+    # stay with the call the strategy kept).
+    folded = set(range(count)) - standing
+    summary = None
+    if folded:
+        live = (
+            Event.objects.filter(
+                session=session, type=EventType.COMPACTION, reverted=False, compacted_by=None
+            )
+            .order_by("-seq")
+            .values_list("content", flat=True)
+            .first()
+        )
+        summary = live or None
+    return _State(costs=costs, folded=frozenset(folded), cleared=cleared, summary=summary)
+
+
+def _summary_cost(session: Session, summary: str | None) -> int:
+    if summary is None:
+        return 0
+    counter = tokens.counter_for_model(session.model)
+    return tokens.message_tokens(counter, role="system", content=shape.summary_text(summary))
+
+
+def _compact(session: Session, user: AbstractBaseUser, target: float) -> dict[str, Any] | None:
+    """One compaction down to `target` with the session's strategy; None when none can run
+    (nothing to fold or clear, one already under way, the summarizer failed)."""
+    from compaction_app.api.serializers import run_to_dict
+    from compaction_app.services import compaction_run_sync
+
+    try:
+        run = compaction_run_sync(
+            session=session, user=user, trigger=Trigger.GATEWAY, target_ratio=target
+        )
+    except Conflict:
+        return None
+    except Exception:
+        logger.exception("gateway: compaction in the call path failed (session %s)", session.pk)
+        return None
+    return run_to_dict(run) if run is not None else None
+
+
+def fit_thread(
+    *,
+    session: Session,
+    user: AbstractBaseUser,
+    wire: Wire,
+    body: dict[str, Any],
+    model: str,
+    limit: int,
+    definitions: int,
+    as_sent: Fitted,
+    compacted: bool,
+    request: ThreadRequest,
+) -> Fitted | None:
+    settings = SessionSettings.of(session.settings)
+    compact_threshold = settings.compact_threshold
+    hard_threshold = settings.hard_limit_threshold
+    # Never above the threshold itself (a session may lower compactThreshold below it).
+    target = min(settings.fit_target_ratio, compact_threshold)
+    room = max(limit - definitions, 0)
+    if not compacted and request.threads_seen <= 1:
+        # One writer and nothing folded: the session's count is the thread's.
+        choice = fit_rules.decide(
+            tokens=session.context_tokens,
+            limit=room,
+            compact_threshold=compact_threshold,
+            hard_threshold=hard_threshold,
+            compacted=False,
+        )
+        if choice == fit_rules.PASS_THROUGH:
+            _note(request, as_sent.token_count, "as_sent")
+            return as_sent
+    state = _state(session, request)
+    if state is None:
+        return None
+    count = len(request.units)
+    fixed = frozenset(i for i in range(count) if request.convert(i).role == "system")
+    starts = frozenset(
+        i
+        for i in range(count)
+        if request.convert(i).role == "user"
+        and not any(d.type == TOOL_RESULT for d in request.convert(i).drafts)
+    )
+
+    def measure(current: _State) -> tuple[list[int], int, str]:
+        kept = [i for i in range(count) if i not in current.folded or i in fixed]
+        cost = context_window.context_cost([current.costs[i] for i in kept])
+        cost += _summary_cost(session, current.summary)
+        level = context_window.window_level(
+            tokens=cost,
+            limit=room,
+            compact_threshold=compact_threshold,
+            hard_threshold=hard_threshold,
+        )
+        return kept, cost, level
+
+    kept, cost, level = measure(state)
+    compression = None
+    pruned = False
+    if level != "ok":
+        run = _compact(session, user, target)
+        if run is not None and run.get("status") == "completed":
+            compression = {
+                "type": "CONTEXT_COMPRESSED",
+                "sessionId": str(session.pk),
+                "originalTokenCount": run["tokensBefore"],
+                "compressedTokenCount": run["tokensAfter"],
+            }
+            audit.info(
+                "context_compressed %s",
+                compression,
+                extra={"session_id": str(session.pk), "model": model},
+            )
+            broadcast.broadcast(
+                session_id=session.pk, owner_id=session.owner_id, message=compression
+            )
+            fresh = _state(session, request)
+            if fresh is not None:
+                state = fresh
+                kept, cost, level = measure(state)
+    if level != "ok":
+        # The last resort: no compaction brought the thread under the threshold, so this
+        # call drops its oldest whole turns (the prefix moves on every such call).
+        audit.info(
+            "context_window_approaching %s",
+            {"tokenCount": cost, "limit": room},
+            extra={"session_id": str(session.pk), "tokenCount": cost, "limit": room},
+        )
+        extra = _summary_cost(session, state.summary)
+        pruned_kept = None
+        for budget in (int(room * compact_threshold), room):
+            pruned_kept = fit_rules.prune_turns(
+                kept=kept, costs=state.costs, fixed=fixed, starts=starts, extra=extra, budget=budget
+            )
+            if pruned_kept is not None:
+                break
+        if pruned_kept is None:
+            needed = (
+                context_window.context_cost(
+                    [state.costs[i] for i in fixed] + [state.costs[count - 1]]
+                )
+                + extra
+                + definitions
+            )
+            raise GatewayError(
+                f"This model's maximum context length is {limit} tokens; the messages that "
+                f"must be kept need {needed} tokens even after compaction"
+                + (f" (tool definitions included: {definitions})" if definitions else "")
+                + ".",
+                code="context_length_exceeded",
+                param="messages",
+                tokenCount=needed,
+                limit=limit,
+                model=model,
+            )
+        pruned = len(pruned_kept) < len(kept)
+        kept = pruned_kept
+        cost = context_window.context_cost([state.costs[i] for i in kept]) + extra
+    total = cost + definitions
+    touched = bool(state.folded or state.cleared or pruned)
+    how = (
+        "pruned"
+        if pruned
+        else ("compacted" if compression else ("fitted" if touched else "as_sent"))
+    )
+    _note(request, total, how)
+    if not touched:
+        return Fitted(
+            model=model,
+            body=as_sent.body,
+            token_count=total,
+            limit=limit,
+            compacted=False,
+        )
+    plan = shape.Plan(
+        kept=tuple(kept),
+        summary=state.summary if state.folded else None,
+        cleared={i: c for i, c in state.cleared.items() if i in set(kept)},
+    )
+    return Fitted(
+        model=model,
+        body=shape.render(wire.RENDER_FORMAT, body, request.units, plan, model),
+        token_count=total,
+        limit=limit,
+        compacted=True,
+        compression=compression,
+    )
+
+
+def _note(request: ThreadRequest, token_count: int, how: str) -> None:
+    """The thread's numbers as this call leaves them (its usage and how it was fitted)."""
+    request.notes.update(context_tokens=token_count, last_fit=how)
+
+
+def record_thread(
+    *,
+    session: Session,
+    units: Sequence[dict[str, Any]],
+    convert: Callable[[int], ClientMessage],
+    window: int | None,
+    thread_name: str | None,
+) -> tuple[Recorded, ThreadRequest | None]:
+    """Record the request in its thread. A failure of the gateway's own bookkeeping (not a
+    refusal of the request) is logged and the call goes on, fitted by the ledger's ladder
+    or forwarded as sent."""
+    try:
+        recorded = record_request(
+            session=session,
+            count=len(units),
+            convert=convert,
+            window=window,
+            thread_name=thread_name,
+        )
+    except GatewayError:
+        raise
+    except Exception as exc:
+        logger.exception("gateway: recording the request failed (session %s)", session.pk)
+        _note_error(session, None, f"recording a request failed: {type(exc).__name__}")
+        return Recorded(session=session, start=len(units), created=0), None
+    return recorded, ThreadRequest(
+        units=units,
+        convert=convert,
+        chains=recorded.chains,
+        thread=recorded.thread,
+        threads_seen=recorded.threads_seen,
+    )
+
+
+def record_thread_reply(
+    *,
+    session: Session,
+    request: ThreadRequest | None,
+    length: int,
+    reply: Reply,
+    forwarded_tokens: int,
+    incomplete: bool,
+    metadata: dict[str, Any] | None,
+) -> None:
+    """Record the reply in the thread of the call that asked for it (its id continues that
+    call's chain, so the same answer to another question is its own event). Never raises."""
+    try:
+        if request is None:
+            raise RuntimeError("the request was not recorded")
+        chains = list(request.chains)
+        after_chain = chains[-1] if chains else ""
+        if not after_chain and chains:
+            after_chain = full_chains(len(request.units), request.convert)[-1]
+        record_reply(
+            session=session,
+            thread=request.thread,
+            after_chain=after_chain,
+            length=length,
+            reply=reply,
+            forwarded_tokens=forwarded_tokens,
+            incomplete=incomplete,
+            metadata=metadata,
+            thread_updates=dict(request.notes),
+        )
+    except Exception as exc:
+        logger.exception("gateway: recording the reply failed (session %s)", session.pk)
+        _note_error(
+            session,
+            request.thread if request else None,
+            f"recording a reply failed: {type(exc).__name__}",
+        )
+
+
+def _note_error(session: Session, thread: Thread | None, text: str) -> None:
+    """Show a bookkeeping failure on the session page (on its thread, else the session's
+    main thread row); never raises itself."""
+    try:
+        target = thread or Thread.objects.filter(session=session).order_by("created_at").first()
+        if target is None:
+            target = Thread.objects.create(session=session, key=MAIN_KEY)
+        Thread.objects.filter(pk=target.pk).update(last_error=text[:500])
+    except Exception:
+        logger.exception("gateway: noting a bookkeeping failure failed")
