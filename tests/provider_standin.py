@@ -1,7 +1,9 @@
 """A provider stand-in for the gateway tests and bench: a real HTTP/1.1 server on 127.0.0.1
-that speaks OpenAI Chat Completions (`POST /v1/chat/completions`) and Anthropic Messages
-(`POST /v1/messages`), streamed or not, with usage, scripted errors and pauses between
-streamed chunks, and keeps every request it received.
+that speaks OpenAI Chat Completions (`POST /v1/chat/completions`), OpenAI Responses
+(`POST /v1/responses`, with `GET /v1/responses/{id}`, `/compact` and `/input_tokens`) and
+Anthropic Messages (`POST /v1/messages`), streamed or not, with usage, scripted errors and
+pauses between streamed chunks, and keeps every request it received (method, path, headers,
+body: the real CLIs' traffic is captured with it).
 
     with ProviderStandIn() as upstream:
         upstream.script(Step(kind="error", status=429), Step(text="hello"))
@@ -23,6 +25,7 @@ OPENAI_PATH = "/v1/chat/completions"
 # conversations get distinct replies.
 ECHO = "__echo__"
 ANTHROPIC_PATH = "/v1/messages"
+RESPONSES_PATH = "/v1/responses"
 
 
 @dataclass(frozen=True)
@@ -54,6 +57,7 @@ class Received:
     path: str
     headers: dict[str, str]
     body: Any
+    method: str = "POST"
 
 
 @dataclass
@@ -283,13 +287,163 @@ def _anthropic_events(step: Step, body: dict[str, Any]) -> list[bytes]:
             "message_delta",
             {
                 "type": "message_delta",
-                "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                "delta": {
+                    "stop_reason": "tool_use" if step.tool_calls else "end_turn",
+                    "stop_sequence": None,
+                },
                 "usage": {"output_tokens": usage["output_tokens"]},
             },
         )
     )
     events.append(("message_stop", {"type": "message_stop"}))
     return [f"event: {name}\ndata: {json.dumps(data)}\n\n".encode() for name, data in events]
+
+
+def _responses_usage(step: Step, body: dict[str, Any]) -> dict[str, Any]:
+    prompt = (
+        step.prompt_tokens
+        if step.prompt_tokens is not None
+        else max(1, len(json.dumps([body.get("instructions"), body.get("input")])) // 4)
+    )
+    completion = max(1, len(step.text) // 4)
+    return {
+        "input_tokens": prompt,
+        "input_tokens_details": {"cached_tokens": step.cache_read_tokens},
+        "output_tokens": completion,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": prompt + completion,
+    }
+
+
+def _responses_items(step: Step) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = []
+    if step.text:
+        items.append(
+            {
+                "id": "msg_standin",
+                "type": "message",
+                "status": "completed",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": step.text, "annotations": []}],
+            }
+        )
+    for n, (i, name, args) in enumerate(step.tool_calls):
+        items.append(
+            {
+                "id": f"fc_standin_{n}",
+                "type": "function_call",
+                "status": "completed",
+                "call_id": i,
+                "name": name,
+                "arguments": args,
+            }
+        )
+    return items
+
+
+def _response(step: Step, body: dict[str, Any], *, status: str, done: bool) -> dict[str, Any]:
+    return {
+        "id": "resp_standin",
+        "object": "response",
+        "created_at": 0,
+        "status": status,
+        "model": body.get("model", "stand-in"),
+        "output": _responses_items(step) if done else [],
+        "parallel_tool_calls": True,
+        "tool_choice": body.get("tool_choice", "auto"),
+        "tools": body.get("tools") or [],
+        "instructions": body.get("instructions"),
+        "previous_response_id": body.get("previous_response_id"),
+        "store": body.get("store", True),
+        "usage": _responses_usage(step, body) if done else None,
+        "error": None,
+        "incomplete_details": None,
+        "metadata": {},
+    }
+
+
+def _responses_events(step: Step, body: dict[str, Any]) -> list[bytes]:
+    """A Responses stream as the API sends it: typed events with sequence numbers."""
+    events: list[dict[str, Any]] = [
+        {
+            "type": "response.created",
+            "response": _response(step, body, status="in_progress", done=False),
+        },
+        {
+            "type": "response.in_progress",
+            "response": _response(step, body, status="in_progress", done=False),
+        },
+    ]
+    for index, item in enumerate(_responses_items(step)):
+        if item["type"] == "message":
+            text = item["content"][0]["text"]
+            events.append(
+                {
+                    "type": "response.output_item.added",
+                    "output_index": index,
+                    "item": {**item, "status": "in_progress", "content": []},
+                }
+            )
+            part = {"type": "output_text", "text": "", "annotations": []}
+            where = {"item_id": item["id"], "output_index": index, "content_index": 0}
+            events.append({"type": "response.content_part.added", **where, "part": part})
+            for piece in _pieces(text):
+                events.append(
+                    {"type": "response.output_text.delta", **where, "delta": piece, "logprobs": []}
+                )
+            events.append(
+                {"type": "response.output_text.done", **where, "text": text, "logprobs": []}
+            )
+            events.append(
+                {"type": "response.content_part.done", **where, "part": {**part, "text": text}}
+            )
+        else:
+            events.append(
+                {
+                    "type": "response.output_item.added",
+                    "output_index": index,
+                    "item": {**item, "status": "in_progress", "arguments": ""},
+                }
+            )
+            where = {"item_id": item["id"], "output_index": index}
+            events.append(
+                {
+                    "type": "response.function_call_arguments.delta",
+                    **where,
+                    "delta": item["arguments"],
+                }
+            )
+            events.append(
+                {
+                    "type": "response.function_call_arguments.done",
+                    **where,
+                    "arguments": item["arguments"],
+                }
+            )
+        events.append({"type": "response.output_item.done", "output_index": index, "item": item})
+    events.append(
+        {
+            "type": "response.completed",
+            "response": _response(step, body, status="completed", done=True),
+        }
+    )
+    return [
+        f"event: {e['type']}\ndata: {json.dumps({**e, 'sequence_number': n})}\n\n".encode()
+        for n, e in enumerate(events)
+    ]
+
+
+def _last_input_text(body: dict[str, Any]) -> Any:
+    items = body.get("input")
+    if isinstance(items, str) or not items:
+        return items
+    last = items[-1]
+    content = last.get("content") if isinstance(last, dict) else None
+    if isinstance(content, list) and content and isinstance(content[0], dict):
+        return content[0].get("text")
+    return (
+        content if content is not None else (last.get("output") if isinstance(last, dict) else None)
+    )
 
 
 def _error_body(is_openai: bool, step: Step) -> dict[str, Any]:
@@ -319,35 +473,81 @@ def _handler(standin: ProviderStandIn) -> type[BaseHTTPRequestHandler]:
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
             pass
 
-        def do_POST(self) -> None:  # noqa: N802
-            length = int(self.headers.get("Content-Length") or 0)
-            raw = self.rfile.read(length) if length else b""
+        def do_HEAD(self) -> None:  # noqa: N802
+            standin._next(self._received("HEAD", b""))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def do_GET(self) -> None:  # noqa: N802
+            received = self._received("GET", b"")
+            standin._next(received)
+            if received.path.startswith(RESPONSES_PATH + "/"):
+                answer = _response(Step(), {"model": "stand-in"}, status="completed", done=True)
+                self._json(200, {**answer, "id": received.path.rsplit("/", 1)[1]})
+                return
+            if received.path == "/v1/models":
+                self._json(200, {"object": "list", "data": [{"id": "stand-in", "object": "model"}]})
+                return
+            self._json(404, {"error": {"message": "no such route"}})
+
+        def _received(self, method: str, raw: bytes) -> Received:
             try:
                 body = json.loads(raw) if raw else {}
             except ValueError:
                 body = {}
-            path = self.path.split("?", 1)[0]
-            step = standin._next(
-                Received(
-                    path=path, headers={k.lower(): v for k, v in self.headers.items()}, body=body
-                )
+            return Received(
+                path=self.path.split("?", 1)[0],
+                headers={k.lower(): v for k, v in self.headers.items()},
+                body=body,
+                method=method,
             )
-            if path not in (OPENAI_PATH, ANTHROPIC_PATH):
+
+        def do_POST(self) -> None:  # noqa: N802
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            received = self._received("POST", raw)
+            path, body = received.path, received.body
+            step = standin._next(received)
+            if path == RESPONSES_PATH + "/input_tokens":
+                self._json(
+                    200, {"object": "response.input_tokens", "input_tokens": _estimate(body)}
+                )
+                return
+            if path == RESPONSES_PATH + "/compact":
+                item = {"id": "cmp_standin", "type": "compaction", "encrypted_content": "opaque"}
+                self._json(
+                    200,
+                    {
+                        "id": "resp_compacted",
+                        "object": "response.compaction",
+                        "created_at": 0,
+                        "output": [item],
+                        "usage": _responses_usage(Step(), body),
+                    },
+                )
+                return
+            if path not in (OPENAI_PATH, ANTHROPIC_PATH, RESPONSES_PATH):
                 self._json(404, {"error": {"message": "no such route"}})
                 return
             if step.delay:
                 time.sleep(step.delay)
             if step.text == ECHO:
-                last = (body.get("messages") or [{}])[-1].get("content")
+                if path == RESPONSES_PATH:
+                    last = _last_input_text(body)
+                else:
+                    last = (body.get("messages") or [{}])[-1].get("content")
                 step = Step(**{**step.__dict__, "text": f"Re: {last}"})
-            is_openai = path == OPENAI_PATH
+            is_openai = path != ANTHROPIC_PATH
             if step.kind == "error":
                 self._json(step.status, _error_body(is_openai, step))
                 return
             if body.get("stream"):
-                self._stream(step, body, is_openai)
+                self._stream(step, body, path)
                 return
-            if is_openai:
+            if path == RESPONSES_PATH:
+                payload = _response(step, body, status="completed", done=True)
+            elif is_openai:
                 payload = {
                     "id": "chatcmpl-standin",
                     "object": "chat.completion",
@@ -370,7 +570,7 @@ def _handler(standin: ProviderStandIn) -> type[BaseHTTPRequestHandler]:
                     "role": "assistant",
                     "model": body.get("model", "stand-in"),
                     "content": _anthropic_blocks(step),
-                    "stop_reason": "end_turn",
+                    "stop_reason": "tool_use" if step.tool_calls else "end_turn",
                     "stop_sequence": None,
                     "usage": _anthropic_usage(step, body),
                 }
@@ -385,8 +585,12 @@ def _handler(standin: ProviderStandIn) -> type[BaseHTTPRequestHandler]:
             self.end_headers()
             self.wfile.write(data)
 
-        def _stream(self, step: Step, body: dict[str, Any], is_openai: bool) -> None:
-            chunks = _openai_chunks(step, body) if is_openai else _anthropic_events(step, body)
+        def _stream(self, step: Step, body: dict[str, Any], path: str) -> None:
+            is_openai = path != ANTHROPIC_PATH
+            if path == RESPONSES_PATH:
+                chunks = _responses_events(step, body)
+            else:
+                chunks = _openai_chunks(step, body) if is_openai else _anthropic_events(step, body)
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Connection", "close")
@@ -402,7 +606,18 @@ def _handler(standin: ProviderStandIn) -> type[BaseHTTPRequestHandler]:
                             error = _error_body(
                                 is_openai, Step(status=500, message="overloaded mid-stream")
                             )
-                            if is_openai:
+                            if path == RESPONSES_PATH:
+                                event = {
+                                    "type": "error",
+                                    "code": "server_error",
+                                    "message": "overloaded mid-stream",
+                                    "param": None,
+                                    "sequence_number": number,
+                                }
+                                self.wfile.write(
+                                    f"event: error\ndata: {json.dumps(event)}\n\n".encode()
+                                )
+                            elif is_openai:
                                 self.wfile.write(f"data: {json.dumps(error)}\n\n".encode())
                             else:
                                 self.wfile.write(
