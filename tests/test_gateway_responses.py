@@ -13,7 +13,8 @@ import pytest
 
 from compaction_app.gateway import responses
 from sessions_app.models import Event, Session
-from tests.gateway_live import CANARY, openai_client, token_for
+from sessions_app.services import session_update
+from tests.gateway_live import CANARY, openai_client, token_for, wait_until
 from tests.provider_standin import Step
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -288,3 +289,70 @@ def test_it_converts_fitted_messages_back_into_input_items():
         {"type": "function_call_output", "call_id": "c1", "output": "a.py"},
         {"type": "reasoning", "id": "rs"},
     ]
+
+
+def test_it_relays_a_streamed_tool_call_and_records_it(gateway_url, upstream, alice):
+    client = openai_client(gateway_url, key=token_for(alice), session="resp-stream-tool")
+    upstream.script(Step(text="", tool_calls=(("call_s", "read_file", '{"path": "b.py"}'),)))
+    arguments: list[str] = []
+    with client.responses.stream(model="gpt-4o", input="Read b.py", tools=[TOOL]) as stream:
+        for event in stream:
+            if event.type == "response.function_call_arguments.delta":
+                arguments.append(event.delta)
+        final = stream.get_final_response()
+    assert "".join(arguments) == '{"path": "b.py"}'
+    assert final.output[0].type == "function_call"
+    stored = events_of(Session.objects.get(client_key="resp-stream-tool"))
+    assert [(e.type, e.name, e.tool_call_id) for e in stored] == [
+        ("USER_MESSAGE", "", ""),
+        ("TOOL_CALL", "read_file", "call_s"),
+    ]
+    assert stored[-1].prompt_tokens == final.usage.input_tokens
+
+
+def test_it_fits_a_resent_conversation_at_the_hard_limit_as_input_items(
+    gateway_url, upstream, alice
+):
+    client = openai_client(gateway_url, key=token_for(alice), session="resp-fit")
+    items: list = []
+    for turn in range(6):
+        items.append({"role": "user", "content": f"Look at module {turn} and fix it. " * 12})
+        reply = client.responses.create(
+            model="gpt-4o", instructions="You are a coding agent.", input=items, store=False
+        )
+        items += [item.model_dump(exclude_none=True) for item in reply.output]
+    session = session_update(
+        session=Session.objects.get(client_key="resp-fit"),
+        settings={"autoCompact": False, "keepRecentEvents": 1},
+    )
+    session_update(session=session, context_limit=int((session.context_tokens + 12) / 0.97))
+    items.append({"role": "user", "content": "Status?"})
+    raw = client.responses.with_raw_response.create(
+        model="gpt-4o", instructions="You are a coding agent.", input=items, store=False
+    )
+    assert raw.headers["X-Ledger-Compacted"] == "true"
+    sent = upstream.requests[-1].body
+    # The ledger's fitted context, as the Responses API takes it: the system prompt back in
+    # `instructions`, shorter input, the client's other fields kept, the new turn last.
+    assert sent["instructions"] == "You are a coding agent."
+    assert sent["store"] is False
+    assert len(sent["input"]) < len(items)
+    assert sent["input"][-1] == {"type": "message", "role": "user", "content": "Status?"}
+    assert all(item.get("type") for item in sent["input"])
+
+
+def test_it_marks_a_stream_cut_short_as_incomplete(gateway_url, upstream, alice):
+    client = openai_client(gateway_url, key=token_for(alice), session="resp-break")
+    upstream.script(Step(kind="break", text="one two three four", chunks_before_break=5))
+    with client.responses.stream(model="gpt-4o", input="Count.") as stream:
+        kinds = [event.type for event in stream]
+    # The upstream broke off: the client gets the API's own error event, last.
+    assert kinds[-1] == "error" and "response.completed" not in kinds
+    session = Session.objects.get(client_key="resp-break")
+
+    def recorded() -> list[Event]:
+        return [e for e in events_of(session) if e.type == "AGENT_MESSAGE"]
+
+    reply = wait_until(recorded)[0]
+    assert reply.metadata["incomplete"] is True
+    assert reply.content and "one two three four".startswith(reply.content)

@@ -293,14 +293,17 @@ def with_context(
     body: dict[str, Any], *, messages: list[dict[str, Any]], system: str | None, model: str
 ) -> dict[str, Any]:
     """The body to forward, with fitted Chat-shaped messages (the ledger's "openai" render)
-    as input items. The system prompts go back into `instructions` when the client used it."""
+    as input items. The first system prompt goes back into `instructions` when the client
+    used it."""
     items: list[dict[str, Any]] = []
     instructions: list[str] = []
     for message in messages:
         role = message.get("role")
         content = message.get("content")
         if role in ("system", "developer"):
-            if "instructions" in body and isinstance(content, str):
+            # The client's instructions were recorded first: they go back where they were
+            # (the same prefix, for the provider's cache); a summary stays in the input.
+            if "instructions" in body and not instructions and isinstance(content, str):
                 instructions.append(content)
             else:
                 items.append({"type": "message", "role": role, "content": content})
