@@ -47,6 +47,22 @@ def _base_env(home: Path) -> dict[str, str]:
     }
 
 
+def _run(command: list[str], *, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """Run a CLI non-interactively (no stdin) and expect exit code 0."""
+    done = subprocess.run(
+        command,
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr + done.stdout
+    return done
+
+
 def _events(client_key: str) -> list[Event]:
     session = Session.objects.get(client_key=client_key)
     return list(Event.objects.filter(session=session).order_by("seq"))
@@ -73,7 +89,7 @@ def test_it_runs_claude_code_through_a_tool_loop(gateway_url, upstream, alice, t
         "DISABLE_AUTOUPDATER": "1",
         "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
     }
-    done = subprocess.run(
+    done = _run(
         [
             str(CLAUDE),
             "-p",
@@ -85,13 +101,7 @@ def test_it_runs_claude_code_through_a_tool_loop(gateway_url, upstream, alice, t
         ],
         cwd=work,
         env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
     )
-    assert done.returncode == 0, done.stderr + done.stdout
     result = json.loads(done.stdout)
     assert result["result"] == FINAL and not result["is_error"]
 
@@ -169,7 +179,7 @@ def test_it_runs_codex_through_a_tool_loop(gateway_url, upstream, alice, tmp_pat
         "LEDGER_TEST_LEDGER_KEY": token_for(alice),
     }
     last = tmp_path / "last-message.txt"
-    done = subprocess.run(
+    _run(
         [
             str(CODEX),
             "exec",
@@ -180,13 +190,7 @@ def test_it_runs_codex_through_a_tool_loop(gateway_url, upstream, alice, tmp_pat
         ],
         cwd=work,
         env=env,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
     )
-    assert done.returncode == 0, done.stderr + done.stdout
     assert last.read_text().strip() == FINAL
 
     calls = [r for r in upstream.requests if r.path == "/v1/responses"]
