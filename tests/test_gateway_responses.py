@@ -12,6 +12,7 @@ import openai
 import pytest
 
 from compaction_app.gateway import responses
+from compaction_app.gateway.messages import GatewayInputError
 from sessions_app.models import Event, Session
 from sessions_app.services import session_update
 from tests.gateway_live import CANARY, openai_client, token_for, wait_until
@@ -361,3 +362,29 @@ def test_it_marks_a_stream_cut_short_as_incomplete(gateway_url, upstream, alice)
     reply = wait_until(recorded)[0]
     assert reply.metadata["incomplete"] is True
     assert reply.content and "one two three four".startswith(reply.content)
+
+
+def test_it_reads_what_the_provider_holds_as_a_continuation():
+    """A stored prompt or a previous response: the request may carry no input at all."""
+    parsed = responses.parse_request({"model": "m", "prompt": {"id": "pmpt_1"}})
+    assert parsed.continues and parsed.units == []
+    parsed = responses.parse_request({"model": "m", "input": [], "previous_response_id": "r"})
+    assert parsed.continues
+    with pytest.raises(GatewayInputError):
+        responses.parse_request({"model": "m", "input": []})
+    # Instructions first, then the input; a reply's run of output items is one unit.
+    parsed = responses.parse_request(
+        {
+            "model": "m",
+            "instructions": "sys",
+            "input": [
+                {"role": "user", "content": "q"},
+                {"type": "reasoning", "id": "rs", "summary": []},
+                {"type": "function_call", "call_id": "c", "name": "f", "arguments": "{}"},
+                {"type": "function_call_output", "call_id": "c", "output": "ok"},
+            ],
+        }
+    )
+    messages = [responses.to_client_message(unit, i) for i, unit in enumerate(parsed.units)]
+    assert [m.role for m in messages] == ["system", "user", "assistant", "tool"]
+    assert [d.type for d in messages[2].drafts] == ["AGENT_MESSAGE", "TOOL_CALL"]

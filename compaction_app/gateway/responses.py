@@ -128,9 +128,13 @@ def parse_request(body: Any) -> wire.ParsedRequest:
                 units.append({"type": _TURN, "items": [item]})
         else:
             units.append(item)
-    if not units:
+    # The provider holds the conversation (a previous response, a conversation object) or the
+    # prompt (a stored prompt template): the request carries only what is new, if anything.
+    continues = bool(
+        body.get("previous_response_id") or body.get("conversation") or body.get("prompt")
+    )
+    if not units and not continues:
         raise GatewayInputError("input must not be empty", param="input")
-    continues = bool(body.get("previous_response_id") or body.get("conversation"))
     return wire.ParsedRequest(model, units, bool(stream), continues)
 
 
