@@ -6,7 +6,7 @@ import re
 
 from django.urls import URLPattern, path
 
-from compaction_app.gateway import views
+from compaction_app.gateway import views, wire
 
 app_name = "gateway"
 
@@ -19,23 +19,23 @@ def _upstream_path(route_path: str) -> str:
 def _patterns() -> list[URLPattern]:
     patterns: list[URLPattern] = []
     prefixes: dict[str, views.Wire] = {}
-    for wire in views.WIRES:
-        prefixes.setdefault(wire.PREFIX, wire)
-        for route in wire.ROUTES:
+    for module in views.WIRES:
+        prefixes.setdefault(module.PREFIX, module)
+        for route in module.ROUTES:
             patterns.append(
                 path(
-                    f"{wire.PREFIX}/{route.path}",
-                    views.view(route.kind, wire, upstream_path=_upstream_path(route.path)),
+                    f"{module.PREFIX}/{route.path}",
+                    views.view(route.kind, module, upstream_path=_upstream_path(route.path)),
                     name=route.name,
                 )
             )
-    for prefix, wire in prefixes.items():
+    for prefix, first in prefixes.items():
         # Errors under a prefix take the shape of its first wire (Responses and Chat
         # Completions share OpenAI's).
         patterns += [
-            path(prefix, views.prefix_view(views.root, wire)),
-            path(f"{prefix}/", views.prefix_view(views.root, wire)),
-            path(f"{prefix}/<path:rest>", views.view("passthrough", wire)),
+            path(prefix, views.prefix_view(views.root, first)),
+            path(f"{prefix}/", views.prefix_view(views.root, first)),
+            path(f"{prefix}/<path:rest>", views.view(wire.PASSTHROUGH, first)),
         ]
     fallback = views.WIRES[0]
     patterns += [

@@ -28,6 +28,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from compaction_app import broadcast
 from compaction_app.gateway import after, anthropic, forward, openai, responses, threads
+from compaction_app.gateway import wire as wire_kinds
 from compaction_app.gateway.fit import Fitted
 from compaction_app.gateway.messages import GatewayError, GatewayInputError, Reply
 from compaction_app.gateway.prepare import Call, fit_call, prepare
@@ -488,10 +489,10 @@ async def not_found(request: HttpRequest, wire: Wire, rest: str = "") -> HttpRes
 
 
 _KINDS: dict[str, Callable[..., Awaitable[HttpResponseBase]]] = {
-    "conversation": conversation,
-    "passthrough": passthrough,
-    "count_tokens": count_tokens,
-    "models": models,
+    wire_kinds.CONVERSATION: conversation,
+    wire_kinds.PASSTHROUGH: passthrough,
+    wire_kinds.COUNT_TOKENS: count_tokens,
+    wire_kinds.MODELS: models,
 }
 
 
@@ -502,7 +503,7 @@ def view(kind: str, wire: Wire, *, upstream_path: str | None = None) -> View:
 
     @csrf_exempt
     async def serve(request: HttpRequest, **kwargs: Any) -> HttpResponseBase:
-        if kind == "passthrough":
+        if kind == wire_kinds.PASSTHROUGH:
             rest = kwargs.get("rest")
             if rest is None:
                 assert upstream_path is not None
