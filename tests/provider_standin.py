@@ -50,6 +50,8 @@ class Step:
     prompt_tokens: int | None = None
     chunks_before_break: int = 2
     cache_read_tokens: int = 0
+    # Responses: a reasoning item with this opaque `encrypted_content` opens the output.
+    reasoning: str = ""
 
 
 @dataclass(frozen=True)
@@ -317,6 +319,15 @@ def _responses_usage(step: Step, body: dict[str, Any]) -> dict[str, Any]:
 
 def _responses_items(step: Step) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = []
+    if step.reasoning:
+        items.append(
+            {
+                "id": "rs_standin",
+                "type": "reasoning",
+                "summary": [],
+                "encrypted_content": step.reasoning,
+            }
+        )
     if step.text:
         items.append(
             {
@@ -396,6 +407,10 @@ def _responses_events(step: Step, body: dict[str, Any]) -> list[bytes]:
             )
             events.append(
                 {"type": "response.content_part.done", **where, "part": {**part, "text": text}}
+            )
+        elif item["type"] == "reasoning":
+            events.append(
+                {"type": "response.output_item.added", "output_index": index, "item": item}
             )
         else:
             events.append(

@@ -169,6 +169,7 @@ def test_it_runs_codex_through_a_tool_loop(gateway_url, upstream, alice, tmp_pat
         Step(
             text="",
             tool_calls=(("call_01", "exec_command", json.dumps({"cmd": "cat notes.txt"})),),
+            reasoning="gAAAA-opaque-reasoning",
         ),
         Step(text=FINAL),
     )
@@ -200,7 +201,8 @@ def test_it_runs_codex_through_a_tool_loop(gateway_url, upstream, alice, tmp_pat
     assert not any(name.startswith("x-ledger") for name in calls[0].headers)
     # Codex resends everything (store: false): the call, then its output.
     kinds = [item.get("type") for item in calls[1].body["input"]]
-    assert kinds[-2:] == ["function_call", "function_call_output"]
+    assert kinds[-3:] == ["reasoning", "function_call", "function_call_output"]
+    assert calls[1].body["input"][-3]["encrypted_content"] == "gAAAA-opaque-reasoning"
     output = calls[1].body["input"][-1]
     assert output["call_id"] == "call_01"
 
@@ -211,6 +213,10 @@ def test_it_runs_codex_through_a_tool_loop(gateway_url, upstream, alice, tmp_pat
     assert types[-1] == "AGENT_MESSAGE" and stored[-1].content == FINAL
     call = stored[types.index("TOOL_CALL")]
     assert (call.name, call.tool_call_id) == ("exec_command", "call_01")
+    # The reasoning item is kept (as JSON) with the reply it came with, once.
+    reasoning = stored[types.index("TOOL_CALL") - 1]
+    assert reasoning.type == "AGENT_MESSAGE"
+    assert json.loads(reasoning.content)[0]["encrypted_content"] == "gAAAA-opaque-reasoning"
     assert "remember the milk" in stored[types.index("TOOL_RESULT")].content
     assert types.count("USER_MESSAGE") == [
         item.get("role") for item in calls[0].body["input"]
