@@ -52,6 +52,8 @@ class Step:
     cache_read_tokens: int = 0
     # Responses: a reasoning item with this opaque `encrypted_content` opens the output.
     reasoning: str = ""
+    # Anthropic: a thinking block (this text, signed) opens the reply.
+    thinking: str = ""
 
 
 @dataclass(frozen=True)
@@ -154,8 +156,15 @@ def _anthropic_usage(step: Step, body: dict[str, Any]) -> dict[str, int]:
     }
 
 
+THINKING_SIGNATURE = "sig-standin-0001"
+
+
 def _anthropic_blocks(step: Step) -> list[dict[str, Any]]:
     blocks: list[dict[str, Any]] = []
+    if step.thinking:
+        blocks.append(
+            {"type": "thinking", "thinking": step.thinking, "signature": THINKING_SIGNATURE}
+        )
     if step.text:
         blocks.append({"type": "text", "text": step.text})
     for i, n, a in step.tool_calls:
@@ -237,13 +246,31 @@ def _anthropic_events(step: Step, body: dict[str, Any]) -> list[bytes]:
         )
     ]
     index = 0
+    if step.thinking:
+        start = {"type": "thinking", "thinking": "", "signature": ""}
+        deltas = [
+            {"type": "thinking_delta", "thinking": step.thinking},
+            {"type": "signature_delta", "signature": THINKING_SIGNATURE},
+        ]
+        events.append(
+            (
+                "content_block_start",
+                {"type": "content_block_start", "index": 0, "content_block": start},
+            )
+        )
+        for delta in deltas:
+            events.append(
+                ("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": delta})
+            )
+        events.append(("content_block_stop", {"type": "content_block_stop", "index": 0}))
+        index = 1
     if step.text:
         events.append(
             (
                 "content_block_start",
                 {
                     "type": "content_block_start",
-                    "index": 0,
+                    "index": index,
                     "content_block": {"type": "text", "text": ""},
                 },
             )
@@ -254,13 +281,13 @@ def _anthropic_events(step: Step, body: dict[str, Any]) -> list[bytes]:
                     "content_block_delta",
                     {
                         "type": "content_block_delta",
-                        "index": 0,
+                        "index": index,
                         "delta": {"type": "text_delta", "text": piece},
                     },
                 )
             )
-        events.append(("content_block_stop", {"type": "content_block_stop", "index": 0}))
-        index = 1
+        events.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
+        index += 1
     for i, name, args in step.tool_calls:
         events.append(
             (

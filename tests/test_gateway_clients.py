@@ -75,7 +75,11 @@ def test_it_runs_claude_code_through_a_tool_loop(gateway_url, upstream, alice, t
     notes = work / "notes.txt"
     notes.write_text("remember the milk\n")
     upstream.script(
-        Step(text="", tool_calls=(("toolu_01", "Read", json.dumps({"file_path": str(notes)})),)),
+        Step(
+            text="",
+            tool_calls=(("toolu_01", "Read", json.dumps({"file_path": str(notes)})),),
+            thinking="The user wants the notes; read them.",
+        ),
         Step(text=FINAL),
     )
     env = {
@@ -125,6 +129,15 @@ def test_it_runs_claude_code_through_a_tool_loop(gateway_url, upstream, alice, t
         if block.get("type") == "tool_result"
     ]
     assert results and results[0]["tool_use_id"] == "toolu_01"
+    # Its thinking block went back with its signature (the API checks it).
+    thinking = [
+        block
+        for message in calls[1].body["messages"]
+        if message["role"] == "assistant" and isinstance(message["content"], list)
+        for block in message["content"]
+        if block.get("type") == "thinking"
+    ]
+    assert thinking and thinking[0]["signature"] == "sig-standin-0001"
     assert "remember the milk" in json.dumps(results[0]["content"])
 
     stored = _events("claude-run")
@@ -138,6 +151,10 @@ def test_it_runs_claude_code_through_a_tool_loop(gateway_url, upstream, alice, t
     assert "SYSTEM_PROMPT" in types[2:]  # the mid-conversation one
     call = stored[types.index("TOOL_CALL")]
     assert (call.name, call.tool_call_id) == ("Read", "toolu_01")
+    # The reply's thinking is kept (as JSON) with it, once.
+    reasoning = stored[types.index("TOOL_CALL") - 1]
+    assert reasoning.type == "AGENT_MESSAGE"
+    assert json.loads(reasoning.content)[0]["signature"] == "sig-standin-0001"
     assert "remember the milk" in stored[types.index("TOOL_RESULT")].content
     assert len({e.id for e in stored}) == len(stored)
 
