@@ -10,6 +10,8 @@ worker, on PostgreSQL and Redis. Measured:
 - N-message conversations (N = 20 and 400) in their steady state: the session already holds
   the first N − 1 messages, the request adds one (one session per call, prepared unmeasured);
 - non-streaming (full response) and streaming (time to the first body chunk);
+- the same for the Responses API (`/responses`, input items resent in full as `store: false`
+  clients do) at 20 messages;
 - 8 threads, each its own conversation on ONE session: every message recorded exactly once.
 
     .venv/bin/python bench/bench_gateway.py [--profile embedded|postgres|both] [--calls 300]
@@ -120,7 +122,8 @@ def _child(profile: str, calls: int) -> list[Row]:
         )
     rows: list[Row] = []
     try:
-        gateways = [f"http://127.0.0.1:{port}/gateway/openai/v1/chat/completions" for port in ports]
+        bases = [f"http://127.0.0.1:{port}/gateway/openai/v1" for port in ports]
+        gateways = [base + "/chat/completions" for base in bases]
         direct = standin.openai_url + "/chat/completions"
         deadline = time.monotonic() + 30
         for port in ports:
@@ -138,6 +141,19 @@ def _child(profile: str, calls: int) -> list[Row]:
             except Exception as exc:
                 traceback.print_exc()
                 rows.append(_row(profile, f"{size} messages", f"failed: {exc}"[:300], ok=False))
+        try:
+            rows += _latency(
+                profile,
+                20,
+                calls,
+                token,
+                [base + "/responses" for base in bases],
+                standin.openai_url + "/responses",
+                wire="responses",
+            )
+        except Exception as exc:
+            traceback.print_exc()
+            rows.append(_row(profile, "Responses, 20 messages", f"failed: {exc}"[:300], ok=False))
         try:
             rows += _concurrent(profile, token, gateways)
         except Exception as exc:
@@ -182,20 +198,37 @@ def _timed_first_chunk(client: Any, url: str, body: dict, headers: dict) -> floa
         return (first or 0.0) * 1000
 
 
+def _body(wire: str, history: list[dict[str, str]]) -> dict[str, Any]:
+    """A request carrying `history`: Chat Completions messages, or Responses input items
+    (role + content items are messages there too)."""
+    if wire == "responses":
+        return {"model": MODEL, "input": history, "store": False}
+    return {"model": MODEL, "messages": history}
+
+
 def _latency(
-    profile: str, size: int, calls: int, token: str, gateways: list[str], direct: str
+    profile: str,
+    size: int,
+    calls: int,
+    token: str,
+    gateways: list[str],
+    direct: str,
+    *,
+    wire: str = "chat",
 ) -> list[Row]:
     import httpx
 
     base = _conversation(size - 1)
+    # Each wire's sessions apart (a Responses session is prepared anew).
+    tag = "" if wire == "chat" else f"{wire}-"
     auth = {"Authorization": "Bearer sk-bench", "X-Ledger-Key": token}
     rows: list[Row] = []
     with httpx.Client(timeout=60) as client:
         # Prepare: one session per call holding the first N − 1 messages (not measured).
         for call in range(calls):
-            headers = {**auth, "X-Ledger-Session": f"bench-{size}-{call}"}
+            headers = {**auth, "X-Ledger-Session": f"bench-{tag}{size}-{call}"}
             gateway = gateways[call % len(gateways)]
-            _timed_plain(client, gateway, {"model": MODEL, "messages": base}, headers)
+            _timed_plain(client, gateway, _body(wire, base), headers)
         results: dict[str, tuple[list[float], list[float]]] = {}
         # Each call's conversation: the prepared N − 1 messages and the reply to them.
         histories = {
@@ -207,10 +240,10 @@ def _latency(
             straight: list[float] = []
             timer = _timed_plain if mode == "plain" else _timed_first_chunk
             for call in range(calls):
-                headers = {**auth, "X-Ledger-Session": f"bench-{size}-{call}"}
+                headers = {**auth, "X-Ledger-Session": f"bench-{tag}{size}-{call}"}
                 question = f"And {mode} {call}?"
                 histories[call] = histories[call] + [{"role": "user", "content": question}]
-                body: dict[str, Any] = {"model": MODEL, "messages": histories[call]}
+                body = _body(wire, histories[call])
                 if mode == "stream":
                     body["stream"] = True
                 # Alternate so both see the same machine load; each session's calls go to the
@@ -224,6 +257,8 @@ def _latency(
             results[mode] = (through, straight)
     for mode, (through, straight) in results.items():
         label = "full response" if mode == "plain" else "time to first chunk"
+        if wire == "responses":
+            label = f"Responses, {label}"
         p50_added = statistics.median(through) - statistics.median(straight)
         p99_added = _percentile(through, 0.99) - _percentile(straight, 0.99)
         rows.append(

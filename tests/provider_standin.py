@@ -1,10 +1,12 @@
 """The provider stand-in: a real HTTP/1.1 server on 127.0.0.1 (random port) that speaks OpenAI
-Chat Completions (`POST /v1/chat/completions`) and Anthropic Messages (`POST /v1/messages`,
-and `POST /v1/messages/count_tokens`), streamed or not, with usage, scripted errors, malformed
-answers and pauses, and keeps every request it received.
+Chat Completions (`POST /v1/chat/completions`), OpenAI Responses (`POST /v1/responses`, with
+`GET /v1/responses/{id}`, `/compact` and `/input_tokens`) and Anthropic Messages
+(`POST /v1/messages`, and `POST /v1/messages/count_tokens`), streamed or not, with usage,
+scripted errors, malformed answers and pauses, and keeps every request it received (method,
+path, headers, body and raw bytes: the real CLIs' traffic is captured with it).
 
-Tests point the official SDKs, the summarizers and the gateway at it instead of mocking them,
-so the real request encoding, response parsing and error classes are exercised.
+Tests point the official SDKs, the CLIs, the summarizers and the gateway at it instead of
+mocking them, so the real request encoding, response parsing and error classes are exercised.
 
     with ProviderStandIn() as upstream:
         upstream.script(rate_limited(retry_after=1), Step(text="hello"))
@@ -32,6 +34,7 @@ ANTHROPIC_COUNT_PATH = "/v1/messages/count_tokens"
 # A Step text that makes the reply echo the request's last message ("Re: …"), so concurrent
 # conversations get distinct replies.
 ECHO = "__echo__"
+RESPONSES_PATH = "/v1/responses"
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,10 @@ class Step:
     chunks_before_break: int = 2
     cache_read_tokens: int = 0
     raw_body: bytes = b""
+    # Responses: a reasoning item with this opaque `encrypted_content` opens the output.
+    reasoning: str = ""
+    # Anthropic: a thinking block (this text, signed) opens the reply.
+    thinking: str = ""
 
 
 def reply_text(text: str, *, delay: float = 0.0) -> Step:
@@ -119,6 +126,7 @@ class Received:
     body: Any
     # The forwarded body's bytes as they arrived (prefix-stability checks compare them).
     raw: bytes = b""
+    method: str = "POST"
 
 
 @dataclass
@@ -238,8 +246,15 @@ def _anthropic_usage(step: Step, body: dict[str, Any]) -> dict[str, int]:
     }
 
 
+THINKING_SIGNATURE = "sig-standin-0001"
+
+
 def _anthropic_blocks(step: Step) -> list[dict[str, Any]]:
     blocks: list[dict[str, Any]] = []
+    if step.thinking:
+        blocks.append(
+            {"type": "thinking", "thinking": step.thinking, "signature": THINKING_SIGNATURE}
+        )
     if step.text:
         blocks.append({"type": "text", "text": step.text})
     for i, n, a in step.tool_calls:
@@ -321,13 +336,31 @@ def _anthropic_events(step: Step, body: dict[str, Any]) -> list[bytes]:
         )
     ]
     index = 0
+    if step.thinking:
+        start = {"type": "thinking", "thinking": "", "signature": ""}
+        deltas = [
+            {"type": "thinking_delta", "thinking": step.thinking},
+            {"type": "signature_delta", "signature": THINKING_SIGNATURE},
+        ]
+        events.append(
+            (
+                "content_block_start",
+                {"type": "content_block_start", "index": 0, "content_block": start},
+            )
+        )
+        for delta in deltas:
+            events.append(
+                ("content_block_delta", {"type": "content_block_delta", "index": 0, "delta": delta})
+            )
+        events.append(("content_block_stop", {"type": "content_block_stop", "index": 0}))
+        index = 1
     if step.text:
         events.append(
             (
                 "content_block_start",
                 {
                     "type": "content_block_start",
-                    "index": 0,
+                    "index": index,
                     "content_block": {"type": "text", "text": ""},
                 },
             )
@@ -338,13 +371,13 @@ def _anthropic_events(step: Step, body: dict[str, Any]) -> list[bytes]:
                     "content_block_delta",
                     {
                         "type": "content_block_delta",
-                        "index": 0,
+                        "index": index,
                         "delta": {"type": "text_delta", "text": piece},
                     },
                 )
             )
-        events.append(("content_block_stop", {"type": "content_block_stop", "index": 0}))
-        index = 1
+        events.append(("content_block_stop", {"type": "content_block_stop", "index": index}))
+        index += 1
     for i, name, args in step.tool_calls:
         events.append(
             (
@@ -373,7 +406,10 @@ def _anthropic_events(step: Step, body: dict[str, Any]) -> list[bytes]:
             "message_delta",
             {
                 "type": "message_delta",
-                "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+                "delta": {
+                    "stop_reason": "tool_use" if step.tool_calls else "end_turn",
+                    "stop_sequence": None,
+                },
                 "usage": {"output_tokens": usage["output_tokens"]},
             },
         )
@@ -398,6 +434,166 @@ _ERROR_TYPES_OPENAI = {
     404: "invalid_request_error",
     429: "requests",
 }
+
+
+def _responses_usage(step: Step, body: dict[str, Any]) -> dict[str, Any]:
+    prompt = (
+        step.prompt_tokens
+        if step.prompt_tokens is not None
+        else max(1, len(json.dumps([body.get("instructions"), body.get("input")])) // 4)
+    )
+    completion = max(1, len(step.text) // 4)
+    return {
+        "input_tokens": prompt,
+        "input_tokens_details": {"cached_tokens": step.cache_read_tokens},
+        "output_tokens": completion,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": prompt + completion,
+    }
+
+
+def _responses_items(step: Step) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = []
+    if step.reasoning:
+        items.append(
+            {
+                "id": "rs_standin",
+                "type": "reasoning",
+                "summary": [],
+                "encrypted_content": step.reasoning,
+            }
+        )
+    if step.text:
+        items.append(
+            {
+                "id": "msg_standin",
+                "type": "message",
+                "status": "completed",
+                "role": "assistant",
+                "content": [{"type": "output_text", "text": step.text, "annotations": []}],
+            }
+        )
+    for n, (i, name, args) in enumerate(step.tool_calls):
+        items.append(
+            {
+                "id": f"fc_standin_{n}",
+                "type": "function_call",
+                "status": "completed",
+                "call_id": i,
+                "name": name,
+                "arguments": args,
+            }
+        )
+    return items
+
+
+def _response(step: Step, body: dict[str, Any], *, status: str, done: bool) -> dict[str, Any]:
+    return {
+        "id": "resp_standin",
+        "object": "response",
+        "created_at": 0,
+        "status": status,
+        "model": body.get("model", "stand-in"),
+        "output": _responses_items(step) if done else [],
+        "parallel_tool_calls": True,
+        "tool_choice": body.get("tool_choice", "auto"),
+        "tools": body.get("tools") or [],
+        "instructions": body.get("instructions"),
+        "previous_response_id": body.get("previous_response_id"),
+        "store": body.get("store", True),
+        "usage": _responses_usage(step, body) if done else None,
+        "error": None,
+        "incomplete_details": None,
+        "metadata": {},
+    }
+
+
+def _responses_events(step: Step, body: dict[str, Any]) -> list[bytes]:
+    """A Responses stream as the API sends it: typed events with sequence numbers."""
+    events: list[dict[str, Any]] = [
+        {
+            "type": "response.created",
+            "response": _response(step, body, status="in_progress", done=False),
+        },
+        {
+            "type": "response.in_progress",
+            "response": _response(step, body, status="in_progress", done=False),
+        },
+    ]
+    for index, item in enumerate(_responses_items(step)):
+        if item["type"] == "message":
+            text = item["content"][0]["text"]
+            events.append(
+                {
+                    "type": "response.output_item.added",
+                    "output_index": index,
+                    "item": {**item, "status": "in_progress", "content": []},
+                }
+            )
+            part = {"type": "output_text", "text": "", "annotations": []}
+            where = {"item_id": item["id"], "output_index": index, "content_index": 0}
+            events.append({"type": "response.content_part.added", **where, "part": part})
+            for piece in _pieces(text):
+                events.append(
+                    {"type": "response.output_text.delta", **where, "delta": piece, "logprobs": []}
+                )
+            events.append(
+                {"type": "response.output_text.done", **where, "text": text, "logprobs": []}
+            )
+            events.append(
+                {"type": "response.content_part.done", **where, "part": {**part, "text": text}}
+            )
+        elif item["type"] == "reasoning":
+            events.append(
+                {"type": "response.output_item.added", "output_index": index, "item": item}
+            )
+        else:
+            events.append(
+                {
+                    "type": "response.output_item.added",
+                    "output_index": index,
+                    "item": {**item, "status": "in_progress", "arguments": ""},
+                }
+            )
+            where = {"item_id": item["id"], "output_index": index}
+            events.append(
+                {
+                    "type": "response.function_call_arguments.delta",
+                    **where,
+                    "delta": item["arguments"],
+                }
+            )
+            events.append(
+                {
+                    "type": "response.function_call_arguments.done",
+                    **where,
+                    "arguments": item["arguments"],
+                }
+            )
+        events.append({"type": "response.output_item.done", "output_index": index, "item": item})
+    events.append(
+        {
+            "type": "response.completed",
+            "response": _response(step, body, status="completed", done=True),
+        }
+    )
+    return [
+        f"event: {e['type']}\ndata: {json.dumps({**e, 'sequence_number': n})}\n\n".encode()
+        for n, e in enumerate(events)
+    ]
+
+
+def _last_input_text(body: dict[str, Any]) -> Any:
+    items = body.get("input")
+    if isinstance(items, str) or not items:
+        return items
+    last = items[-1]
+    content = last.get("content") if isinstance(last, dict) else None
+    if isinstance(content, list) and content and isinstance(content[0], dict):
+        return content[0].get("text")
+    return (
+        content if content is not None else (last.get("output") if isinstance(last, dict) else None)
+    )
 
 
 def _error_body(is_openai: bool, step: Step) -> dict[str, Any]:
@@ -458,31 +654,73 @@ def _handler(standin: ProviderStandIn) -> type[BaseHTTPRequestHandler]:
         def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
             pass  # keep pytest output clean
 
-        def do_POST(self) -> None:  # noqa: N802
-            length = int(self.headers.get("Content-Length") or 0)
-            raw = self.rfile.read(length) if length else b""
+        def do_HEAD(self) -> None:  # noqa: N802
+            standin._next(self._received("HEAD", b""))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def do_GET(self) -> None:  # noqa: N802
+            received = self._received("GET", b"")
+            standin._next(received)
+            if received.path.startswith(RESPONSES_PATH + "/"):
+                answer = _response(Step(), {"model": "stand-in"}, status="completed", done=True)
+                self._json(200, {**answer, "id": received.path.rsplit("/", 1)[1]})
+                return
+            if received.path == "/v1/models":
+                self._json(200, {"object": "list", "data": [{"id": "stand-in", "object": "model"}]})
+                return
+            self._json(404, {"error": {"message": "no such route"}})
+
+        def _received(self, method: str, raw: bytes) -> Received:
             try:
                 body = json.loads(raw) if raw else {}
             except ValueError:
                 body = {}
-            path = self.path.split("?", 1)[0]
-            step = standin._next(
-                Received(
-                    path=path,
-                    headers={k.lower(): v for k, v in self.headers.items()},
-                    body=body,
-                    raw=raw,
-                )
+            return Received(
+                path=self.path.split("?", 1)[0],
+                headers={k.lower(): v for k, v in self.headers.items()},
+                body=body,
+                raw=raw,
+                method=method,
             )
-            if path not in (OPENAI_PATH, ANTHROPIC_PATH, ANTHROPIC_COUNT_PATH):
-                self._json(404, {"error": {"message": f"no route {path}", "type": "not_found"}})
+
+        def do_POST(self) -> None:  # noqa: N802
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            received = self._received("POST", raw)
+            path, body = received.path, received.body
+            step = standin._next(received)
+            if path == RESPONSES_PATH + "/input_tokens":
+                self._json(
+                    200, {"object": "response.input_tokens", "input_tokens": _estimate(body)}
+                )
+                return
+            if path == RESPONSES_PATH + "/compact":
+                item = {"id": "cmp_standin", "type": "compaction", "encrypted_content": "opaque"}
+                self._json(
+                    200,
+                    {
+                        "id": "resp_compacted",
+                        "object": "response.compaction",
+                        "created_at": 0,
+                        "output": [item],
+                        "usage": _responses_usage(Step(), body),
+                    },
+                )
+                return
+            if path not in (OPENAI_PATH, ANTHROPIC_PATH, ANTHROPIC_COUNT_PATH, RESPONSES_PATH):
+                self._json(404, {"error": {"message": "no such route"}})
                 return
             if step.delay and standin._closing.wait(step.delay):
                 return
             if step.text == ECHO:
-                last = (body.get("messages") or [{}])[-1].get("content")
+                if path == RESPONSES_PATH:
+                    last = _last_input_text(body)
+                else:
+                    last = (body.get("messages") or [{}])[-1].get("content")
                 step = Step(**{**step.__dict__, "text": f"Re: {last}"})
-            is_openai = path == OPENAI_PATH
+            is_openai = path != ANTHROPIC_PATH and path != ANTHROPIC_COUNT_PATH
             request = body if isinstance(body, dict) else {}
             headers = dict(step.headers)
             if step.kind == "error":
@@ -497,7 +735,9 @@ def _handler(standin: ProviderStandIn) -> type[BaseHTTPRequestHandler]:
             elif path == ANTHROPIC_COUNT_PATH:
                 self._json(200, {"input_tokens": fake_token_count(request)}, headers)
             elif request.get("stream"):
-                self._stream(step, request, is_openai)
+                self._stream(step, request, path)
+            elif path == RESPONSES_PATH:
+                self._json(200, _response(step, request, status="completed", done=True), headers)
             else:
                 self._json(200, _reply(step, request, is_openai), headers)
 
@@ -517,8 +757,12 @@ def _handler(standin: ProviderStandIn) -> type[BaseHTTPRequestHandler]:
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the client gave up (timeout); nothing to answer
 
-        def _stream(self, step: Step, body: dict[str, Any], is_openai: bool) -> None:
-            chunks = _openai_chunks(step, body) if is_openai else _anthropic_events(step, body)
+        def _stream(self, step: Step, body: dict[str, Any], path: str) -> None:
+            is_openai = path != ANTHROPIC_PATH
+            if path == RESPONSES_PATH:
+                chunks = _responses_events(step, body)
+            else:
+                chunks = _openai_chunks(step, body) if is_openai else _anthropic_events(step, body)
             self.send_response(200)
             self.send_header("Content-Type", "text/event-stream")
             self.send_header("Connection", "close")
@@ -534,7 +778,18 @@ def _handler(standin: ProviderStandIn) -> type[BaseHTTPRequestHandler]:
                             error = _error_body(
                                 is_openai, Step(status=500, message="overloaded mid-stream")
                             )
-                            if is_openai:
+                            if path == RESPONSES_PATH:
+                                event = {
+                                    "type": "error",
+                                    "code": "server_error",
+                                    "message": "overloaded mid-stream",
+                                    "param": None,
+                                    "sequence_number": number,
+                                }
+                                self.wfile.write(
+                                    f"event: error\ndata: {json.dumps(event)}\n\n".encode()
+                                )
+                            elif is_openai:
                                 self.wfile.write(f"data: {json.dumps(error)}\n\n".encode())
                             else:
                                 self.wfile.write(

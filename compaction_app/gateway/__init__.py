@@ -1,2 +1,2 @@
-"""The provider-compatible gateway: OpenAI Chat Completions and Anthropic Messages, recorded,
-counted and fitted in the call path."""
+"""The provider-compatible gateway: OpenAI Chat Completions and Responses and Anthropic
+Messages, recorded, counted and fitted in the call path (one wire contract: wire.py)."""

@@ -1,8 +1,16 @@
-"""The Anthropic Messages wire format: request messages <-> ledger events, replies, streamed
-events and error bodies. Pure: no Django, no ORM.
+"""The Anthropic Messages wire format (`Wire`, wire.py): request messages <-> ledger events,
+replies, streamed events and error bodies, and Anthropic's own routes. Pure: no Django, no
+ORM.
 
 The top-level `system` is the conversation's first message here (position 0), so positions
 and hashes work the same as for OpenAI's inline system message.
+
+A proxy first: roles other than user/assistant (Claude Code sends `{"role": "system"}` in
+the middle of `messages` under a beta header) and block types the gateway has no rule for
+(thinking with its signature, redacted thinking, server tools and their results, compaction
+blocks, documents, images) are forwarded as sent and recorded as JSON (the non-text rule).
+Thinking blocks are kept in the record but not in a message's identity: clients may drop
+them from earlier turns when they resend the history.
 """
 
 from __future__ import annotations
@@ -10,6 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from compaction_app.gateway import wire
 from compaction_app.gateway.messages import (
     AGENT_MESSAGE,
     SYSTEM_PROMPT,
@@ -26,15 +35,26 @@ from compaction_app.gateway.messages import (
 )
 
 NAME = "anthropic"
+PREFIX = "anthropic"
 RENDER_FORMAT = "anthropic"
+SHAPE_FORMAT = "anthropic"
+UPSTREAM_SETTING = "LEDGER_ANTHROPIC_UPSTREAM"
+UPSTREAM_PATH = "/v1/messages"
+MESSAGES_PARAM = "messages"
+ROUTES: tuple[wire.Route, ...] = (
+    wire.Route("v1/messages", wire.CONVERSATION, "anthropic-messages"),
+    wire.Route("v1/messages/count_tokens", wire.COUNT_TOKENS, "anthropic-count-tokens"),
+)
 ROLES = ("user", "assistant")
+# Blocks that are the provider's own reasoning: recorded, never part of a message's hash.
+_REASONING = ("thinking", "redacted_thinking")
 
 
 def upstream_url(base: str) -> str:
-    return base.rstrip("/") + "/v1/messages"
+    return base.rstrip("/") + UPSTREAM_PATH
 
 
-def parse_request(body: Any) -> tuple[str, list[dict[str, Any]], bool]:
+def parse_request(body: Any) -> wire.ParsedRequest:
     """Validate the fields the gateway reads: (model, units, stream), where the units are the
     system prompt (when given) followed by the messages."""
     if not isinstance(body, dict):
@@ -46,9 +66,14 @@ def parse_request(body: Any) -> tuple[str, list[dict[str, Any]], bool]:
     for index, message in enumerate(messages):
         if not isinstance(message, dict):
             raise GatewayInputError(f"messages.{index}: must be an object", param="messages")
-        if message.get("role") not in ROLES:
+        role = message.get("role")
+        # A system message may follow the first turn (Claude Code sends one there under the
+        # `mid-conversation-system-*` beta); the conversation itself opens with a turn.
+        if role not in ROLES and not (role == "system" and index > 0):
             raise GatewayInputError(
-                f"messages.{index}.role: must be 'user' or 'assistant'", param="messages"
+                f"messages.{index}.role: must be 'user' or 'assistant'"
+                + (" (or 'system' after the first message)" if index == 0 else ""),
+                param="messages",
             )
         if not isinstance(message.get("content"), str | list):
             raise GatewayInputError(
@@ -61,7 +86,7 @@ def parse_request(body: Any) -> tuple[str, list[dict[str, Any]], bool]:
     stream = body.get("stream", False)
     if stream is not None and not isinstance(stream, bool):
         raise GatewayInputError("stream: must be a boolean")
-    return model, client_messages(body), bool(stream)
+    return wire.ParsedRequest(model, client_messages(body), bool(stream))
 
 
 def client_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
@@ -91,8 +116,9 @@ def to_client_message(unit: dict[str, Any], index: int = 0) -> ClientMessage:
         return ClientMessage(
             role="system", hash_text=text, tool_ids=(), drafts=(EventDraft(SYSTEM_PROMPT, stored),)
         )
+    own_kind = AGENT_MESSAGE if role == "assistant" else USER_MESSAGE
     if isinstance(content, str):
-        kind = USER_MESSAGE if role == "user" else AGENT_MESSAGE
+        kind = own_kind
         return ClientMessage(
             role=role, hash_text=content, tool_ids=(), drafts=(EventDraft(kind, content),)
         )
@@ -125,20 +151,18 @@ def to_client_message(unit: dict[str, Any], index: int = 0) -> ClientMessage:
                     TOOL_CALL, json.dumps(block.get("input") or {}), name=name, tool_call_id=tool_id
                 )
             )
-        elif kind in ("thinking", "redacted_thinking"):
-            continue  # the provider's own reasoning: not part of the conversation record
+        elif kind in _REASONING:
+            continue  # recorded with the message's own blocks, left out of its identity
         else:
             others.append(block)
-    # The message's own blocks (text, images, documents) become one USER / AGENT event: its
-    # text when it is all text (counted exactly), else the blocks (the non-text rule).
-    plain = [
-        b
-        for b in blocks
-        if b["type"] not in ("tool_result", "tool_use", "thinking", "redacted_thinking")
-    ]
-    kind = USER_MESSAGE if role == "user" else AGENT_MESSAGE
+    # The message's own blocks (text, thinking, images, documents, server tools) become one
+    # USER / AGENT event: its text when it is all text (counted exactly), else the blocks as
+    # JSON (the non-text rule).
+    plain = [b for b in blocks if b["type"] not in ("tool_result", "tool_use")]
+    kind = own_kind
     if plain or not drafts:
-        own: Any = plain if others else "\n".join(b["text"] for b in plain)
+        non_text = [b for b in plain if b["type"] != "text"]
+        own: Any = plain if non_text else "\n".join(b["text"] for b in plain)
         if others:
             texts.append(canonical_json(others))
         # Tool results come first in a user turn; an assistant's words precede its calls.
@@ -226,8 +250,21 @@ def stream_error(message: str) -> bytes:
     return f"event: error\ndata: {json.dumps(payload)}\n\n".encode()
 
 
+# content_block_delta types that append to one string field of their block: (field, key).
+_DELTA_FIELDS = {
+    "text_delta": ("text", "text"),
+    "thinking_delta": ("thinking", "thinking"),
+    "signature_delta": ("signature", "signature"),
+}
+
+
+def stream_accumulator(model: str) -> StreamAccumulator:
+    return StreamAccumulator(model)
+
+
 class StreamAccumulator:
-    """Follows a Messages SSE stream and rebuilds the reply it carries."""
+    """Follows a Messages SSE stream and rebuilds the reply it carries, every content block
+    as the non-streamed reply would have it."""
 
     def __init__(self, model: str) -> None:
         self.model = model
@@ -259,7 +296,7 @@ class StreamAccumulator:
             self._usage.update(message.get("usage") or {})
         elif kind == "content_block_start":
             block = dict(payload.get("content_block") or {})
-            if block.get("type") == "tool_use":
+            if "input" in block and block.get("type") in ("tool_use", "server_tool_use"):
                 block["_json"] = []
             self._blocks[int(payload.get("index", 0))] = block
         elif kind == "content_block_delta":
@@ -267,10 +304,16 @@ class StreamAccumulator:
             delta = payload.get("delta") or {}
             if target is None:
                 return
-            if delta.get("type") == "text_delta":
-                target["text"] = target.get("text", "") + str(delta.get("text", ""))
+            # Each delta type extends one field of its block; a type without a rule here is
+            # left out of the record (the client still received it as sent).
+            field = _DELTA_FIELDS.get(str(delta.get("type")))
+            if field is not None:
+                name, key = field
+                target[name] = target.get(name, "") + str(delta.get(key, ""))
             elif delta.get("type") == "input_json_delta":
                 target.setdefault("_json", []).append(str(delta.get("partial_json", "")))
+            elif delta.get("type") == "citations_delta" and isinstance(delta.get("citation"), dict):
+                target.setdefault("citations", []).append(delta["citation"])
         elif kind == "message_delta":
             self._usage.update(
                 {k: v for k, v in (payload.get("usage") or {}).items() if v is not None}
@@ -282,23 +325,15 @@ class StreamAccumulator:
 
     def reply(self) -> Reply | None:
         blocks: list[dict[str, Any]] = []
-        for _, block in sorted(self._blocks.items()):
-            if block.get("type") == "tool_use":
-                raw = "".join(block.get("_json", []))
+        for _, started in sorted(self._blocks.items()):
+            block = {k: v for k, v in started.items() if k != "_json"}
+            if "_json" in started:
+                raw = "".join(started["_json"])
                 try:
-                    arguments = json.loads(raw) if raw else block.get("input") or {}
+                    block["input"] = json.loads(raw) if raw else started.get("input") or {}
                 except ValueError:
-                    arguments = {"partial_json": raw}
-                blocks.append(
-                    {
-                        "type": "tool_use",
-                        "id": block.get("id", ""),
-                        "name": block.get("name", ""),
-                        "input": arguments,
-                    }
-                )
-            elif block.get("type") == "text":
-                blocks.append({"type": "text", "text": block.get("text", "")})
+                    block["input"] = {"partial_json": raw}
+            blocks.append(block)
         if not blocks:
             return None
         return reply_from_response(

@@ -1,24 +1,15 @@
-"""What fitting hands back (`Fitted`) and what it needs of a wire format (`Wire`): shared by
-the ledger's ladder (fit.py) and the per-thread fitting (thread_fit.py), neither importing the
-other's internals."""
+"""What fitting hands back (`Fitted`), shared by the ledger's ladder (fit.py) and the
+per-thread fitting (thread_fit.py) without either importing the other's internals; `Wire` is
+the wire contract (wire.py)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
+from compaction_app.gateway.wire import Wire
 
-class Wire(Protocol):
-    RENDER_FORMAT: str
-
-    def with_context(
-        self,
-        body: dict[str, Any],
-        *,
-        messages: list[dict[str, Any]],
-        system: str | None,
-        model: str,
-    ) -> dict[str, Any]: ...
+__all__ = ["Fitted", "Wire"]
 
 
 @dataclass(frozen=True)

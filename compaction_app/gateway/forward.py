@@ -126,14 +126,17 @@ def is_retryable_status(status: int) -> bool:
     return status == 429 or status >= 500
 
 
-async def send(*, url: str, headers: dict[str, str], content: bytes) -> UpstreamResponse:
-    """POST and return once the response headers arrived (the body is read by the caller,
-    streamed or not). Raises UpstreamError on connection errors and timeouts."""
+async def send(
+    *, url: str, headers: dict[str, str], content: bytes, method: str = "POST"
+) -> UpstreamResponse:
+    """Send (POST unless told) and return once the response headers arrived (the body is read
+    by the caller, streamed or not). Raises UpstreamError on connection errors and timeouts."""
     timeout = float(settings.LEDGER_UPSTREAM_TIMEOUT_SECONDS)
     try:
-        response = await _session().post(
+        response = await _session().request(
+            method,
             url,
-            data=content,
+            data=content or None,
             headers=headers,
             allow_redirects=False,
             # As before with httpx: each read may wait `timeout`, connecting at most 10 s.

@@ -1,11 +1,13 @@
-"""The OpenAI Chat Completions wire format: request messages <-> ledger events, replies,
-streamed chunks and error bodies. Pure: no Django, no ORM."""
+"""The OpenAI Chat Completions wire format (`Wire`, wire.py): request messages <-> ledger
+events, replies, streamed chunks and error bodies, and OpenAI's own routes. Pure: no Django,
+no ORM."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
+from compaction_app.gateway import wire
 from compaction_app.gateway.messages import (
     AGENT_MESSAGE,
     SYSTEM_PROMPT,
@@ -21,15 +23,26 @@ from compaction_app.gateway.messages import (
 )
 
 NAME = "openai"
+PREFIX = "openai/v1"
 RENDER_FORMAT = "openai"
+SHAPE_FORMAT = "openai"
+UPSTREAM_SETTING = "LEDGER_OPENAI_UPSTREAM"
+UPSTREAM_PATH = "/chat/completions"
+MESSAGES_PARAM = "messages"
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+# Chat Completions' own endpoint and OpenAI's model list; the Responses API shares the
+# prefix (responses.py), and any other path under it passes through (views.py).
+ROUTES: tuple[wire.Route, ...] = (
+    wire.Route("chat/completions", wire.CONVERSATION, "openai-chat"),
+    wire.Route("models", wire.MODELS, "openai-models", methods=("GET",)),
+)
 
 
 def upstream_url(base: str) -> str:
-    return base.rstrip("/") + "/chat/completions"
+    return base.rstrip("/") + UPSTREAM_PATH
 
 
-def parse_request(body: Any) -> tuple[str, list[dict[str, Any]], bool]:
+def parse_request(body: Any) -> wire.ParsedRequest:
     """Validate the fields the gateway reads: (model, raw messages, stream). Everything else
     in the body passes through untouched."""
     if not isinstance(body, dict):
@@ -48,7 +61,7 @@ def parse_request(body: Any) -> tuple[str, list[dict[str, Any]], bool]:
     stream = body.get("stream", False)
     if stream is not None and not isinstance(stream, bool):
         raise GatewayInputError("stream must be a boolean", param="stream")
-    return model, messages, bool(stream)
+    return wire.ParsedRequest(model, list(messages), bool(stream))
 
 
 def _content(value: Any, param: str) -> tuple[str, Any]:
@@ -122,11 +135,6 @@ def to_client_message(message: dict[str, Any], index: int = 0) -> ClientMessage:
     )
 
 
-def client_messages(body: dict[str, Any]) -> list[dict[str, Any]]:
-    """The request's messages in conversation order (OpenAI keeps the system prompt inline)."""
-    return list(body["messages"])
-
-
 def with_context(
     body: dict[str, Any], *, messages: list[dict[str, Any]], system: str | None, model: str
 ) -> dict[str, Any]:
@@ -191,6 +199,10 @@ def stream_error(message: str) -> bytes:
     """An error relayed in the middle of a stream, as OpenAI sends one."""
     payload = {"error": {"message": message, "type": "api_error", "param": None, "code": None}}
     return f"data: {json.dumps(payload)}\n\n".encode()
+
+
+def stream_accumulator(model: str) -> StreamAccumulator:
+    return StreamAccumulator(model)
 
 
 class StreamAccumulator:

@@ -6,9 +6,10 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any
 
 from compaction_app.gateway.forward import UpstreamError, UpstreamResponse
+from compaction_app.gateway.wire import StreamAccumulator
 
 logger = logging.getLogger("compaction_app.gateway")
 
@@ -17,17 +18,10 @@ logger = logging.getLogger("compaction_app.gateway")
 _pending: set[asyncio.Task[Any]] = set()
 
 
-class Accumulator(Protocol):
-    done: bool
-    errored: bool
-
-    def feed(self, chunk: bytes) -> None: ...
-
-
 async def relay(
     *,
     response: UpstreamResponse,
-    accumulator: Accumulator,
+    accumulator: StreamAccumulator,
     stream_error: Callable[[str], bytes],
     on_end: Callable[[bool], Awaitable[None]],
 ) -> AsyncIterator[bytes]:

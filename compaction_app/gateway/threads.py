@@ -27,7 +27,12 @@ T = TypeVar("T")
 # the pool.
 MAX_THREADS = 8
 
+# Long work (a synchronous compaction that may wait for a remote summarizer) runs on threads
+# of its own, so it never holds one of the short hops' few threads for minutes.
+MAX_LONG_THREADS = 4
+
 _executor: ThreadPoolExecutor | None = None
+_long_executor: ThreadPoolExecutor | None = None
 
 
 def executor() -> ThreadPoolExecutor:
@@ -38,13 +43,23 @@ def executor() -> ThreadPoolExecutor:
     return _executor
 
 
+def long_executor() -> ThreadPoolExecutor:
+    global _long_executor
+    if _long_executor is None:
+        _long_executor = ThreadPoolExecutor(
+            max_workers=MAX_LONG_THREADS, thread_name_prefix="gateway-long"
+        )
+    return _long_executor
+
+
 def restart() -> None:
     """Replace the threads, once the current ones finish their work (tests: the next hops open
     new connections, so a hook on connection_created sees their statements)."""
-    global _executor
-    old, _executor = _executor, None
-    if old is not None:
-        old.shutdown(wait=True)
+    global _executor, _long_executor
+    for old in (_executor, _long_executor):
+        if old is not None:
+            old.shutdown(wait=True)
+    _executor = _long_executor = None
 
 
 def _call(fn: Callable[..., T], args: tuple[Any, ...], kwargs: dict[str, Any]) -> T:
@@ -62,4 +77,10 @@ async def run(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
     """Call the sync `fn(*args, **kwargs)` on a gateway thread (with the caller's context
     variables) and return its result."""
     call = sync_to_async(_call, thread_sensitive=False, executor=executor())
+    return await call(fn, args, kwargs)
+
+
+async def run_long(fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> T:
+    """`run`, on the long-work threads (a hop that may wait minutes)."""
+    call = sync_to_async(_call, thread_sensitive=False, executor=long_executor())
     return await call(fn, args, kwargs)

@@ -1,8 +1,13 @@
-"""The gateway's async views: validate → record and fit (one hop into the ORM's thread) →
-forward (async, with failover) → record the reply.
+"""The gateway's async views, one handler per route kind (wire.py); none of them asks which
+wire format it serves.
+
+A conversation call goes prepare (validate; record and fit in one hop into the ORM's
+threads) → forward (async, with failover) → respond (relay the answer, record the reply).
+Every other path under a wire's prefix passes through to the provider as sent.
 
 Errors the gateway produces itself are shaped like the provider's, so the official SDKs raise
-their usual exception classes.
+their usual exception classes; that holds on every path under /gateway/, unknown ones
+included.
 """
 
 from __future__ import annotations
@@ -10,9 +15,9 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import lru_cache
-from types import ModuleType
 from typing import Any
 
 from django.conf import settings
@@ -21,41 +26,49 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
-from compaction_app.gateway import after, anthropic, forward, openai, thread_fit, threads
-from compaction_app.gateway.fit import Fitted, fit, model_window
-from compaction_app.gateway.messages import (
-    ClientMessage,
-    GatewayError,
-    GatewayInputError,
-    Reply,
-)
-from compaction_app.gateway.record import authenticate, caller_and_session
+from compaction_app.gateway import after, anthropic, forward, openai, responses, thread_fit, threads
+from compaction_app.gateway import wire as wire_kinds
+from compaction_app.gateway.fit import Fitted
+from compaction_app.gateway.messages import GatewayError, GatewayInputError, Reply
+from compaction_app.gateway.prepare import Call, fit_call, prepare
+from compaction_app.gateway.record import authenticate
 from compaction_app.gateway.stream import relay
-from compaction_app.gateway.thread_fit import ThreadRequest
+from compaction_app.gateway.wire import ParsedRequest, Wire
 from compaction_app.realtime import broadcast
 from sessions_app import tokens
 from sessions_app.api.parsers import MAX_JSON_DEPTH, check_depth
 from sessions_app.errors import InvalidInput
-from sessions_app.models import ROLE_FOR_TYPE, Session
+from sessions_app.models import ROLE_FOR_TYPE
 from sessions_app.services import model_registry
 
 logger = logging.getLogger("compaction_app.gateway")
 
+# Every wire format the gateway speaks (mypy checks each module against the contract).
+WIRES: tuple[Wire, ...] = (openai, responses, anthropic)
 
-def _upstream(wire: ModuleType) -> str:
-    base = settings.LEDGER_OPENAI_UPSTREAM if wire is openai else settings.LEDGER_ANTHROPIC_UPSTREAM
-    return str(wire.upstream_url(base))
+# Django types URL views as sync; an async view is a coroutine function all the same.
+View = Callable[..., Any]
 
 
-def _error(
-    wire: ModuleType, exc: GatewayError, headers: dict[str, str] | None = None
-) -> JsonResponse:
+def _upstream_base(wire: Wire) -> str:
+    return str(getattr(settings, wire.UPSTREAM_SETTING)).rstrip("/")
+
+
+def _error(wire: Wire, exc: GatewayError, headers: dict[str, str] | None = None) -> JsonResponse:
     body = wire.error_body(
         exc.message, status=exc.status, code=exc.code, param=exc.param, **exc.extra
     )
     response = JsonResponse(body, status=exc.status)
     for name, value in (headers or {}).items():
         response[name] = value
+    return response
+
+
+def _method_not_allowed(wire: Wire, allowed: tuple[str, ...]) -> JsonResponse:
+    response = _error(
+        wire, GatewayError(f"use {' or '.join(allowed)}", status=405, code="method_not_allowed")
+    )
+    response["Allow"] = ", ".join(allowed)
     return response
 
 
@@ -87,95 +100,7 @@ def _too_deep() -> GatewayError:
     )
 
 
-class _Converter:
-    """Client messages converted on demand (and once): matching touches only the new ones."""
-
-    def __init__(self, wire: ModuleType, units: list[dict[str, Any]]) -> None:
-        self.wire = wire
-        self.units = units
-        self.cache: dict[int, ClientMessage] = {}
-
-    def __call__(self, index: int) -> ClientMessage:
-        found = self.cache.get(index)
-        if found is None:
-            try:
-                found = self.cache[index] = self.wire.to_client_message(self.units[index], index)
-            except GatewayInputError as exc:
-                raise GatewayError(exc.message, param=exc.param or "messages") from None
-        return found
-
-
-@dataclass
-class _Call:
-    session: Session
-    user: Any
-    position: int
-    fitted: Fitted
-    # Threads (thread_fit.py, record.py): the request as recorded, the reply continues it.
-    request: ThreadRequest | None
-    # What the call's appends announce, sent once the response is ready (see after.py).
-    announced: after.Announcements
-
-
-def _prepare(
-    *,
-    wire: ModuleType,
-    key: str | None,
-    session_header: str | None,
-    body: dict[str, Any],
-    units: list[dict[str, Any]],
-    model: str,
-    fit_enabled: bool,
-    announced: after.Announcements,
-    thread_name: str | None = None,
-) -> _Call:
-    user, session = caller_and_session(key=key, header=session_header, model=model)
-    # --- threads (gateway-fit): record in the request's thread, fit that thread ---
-    recorded, request = thread_fit.record_thread(
-        session=session,
-        units=units,
-        convert=_Converter(wire, units),
-        window=model_window(session, model) if fit_enabled else None,
-        thread_name=thread_name,
-    )
-    # --- end threads ---
-    fitted = fit(
-        session=recorded.session,
-        user=user,
-        wire=wire,
-        body=body,
-        model=model,
-        enabled=fit_enabled,
-        same_model_as_request=True,
-        request=request,
-    )
-    return _Call(
-        session=recorded.session,
-        user=user,
-        position=len(units),
-        fitted=fitted,
-        request=request,
-        announced=announced,
-    )
-
-
-def _refit(
-    *, call: _Call, wire: ModuleType, body: dict[str, Any], model: str, fit_enabled: bool
-) -> Fitted:
-    session = Session.objects.get(pk=call.session.pk)
-    return fit(
-        session=session,
-        user=call.user,
-        wire=wire,
-        body=body,
-        model=model,
-        enabled=fit_enabled,
-        same_model_as_request=False,
-        request=call.request,
-    )
-
-
-def _ledger_headers(call: _Call, fitted: Fitted) -> dict[str, str]:
+def _ledger_headers(call: Call, fitted: Fitted) -> dict[str, str]:
     return {
         "X-Ledger-Session": str(call.session.pk),
         "X-Ledger-Context-Tokens": str(fitted.token_count),
@@ -190,7 +115,10 @@ def _fallbacks(request: HttpRequest) -> list[str]:
     return [name.strip() for name in header.split(",") if name.strip()][:5]
 
 
-async def _handle(request: HttpRequest, wire: ModuleType) -> HttpResponseBase:
+# --- conversation calls: prepare → forward → respond --------------------------------------------
+
+
+async def conversation(request: HttpRequest, wire: Wire) -> HttpResponseBase:
     # Websocket pushes caused by this request go out on this loop without holding it up.
     broadcast.DEFER_TO_LOOP.set(asyncio.get_running_loop())
     announced = after.Announcements()
@@ -201,90 +129,149 @@ async def _handle(request: HttpRequest, wire: ModuleType) -> HttpResponseBase:
         raise
     if not isinstance(response, StreamingHttpResponse):
         announced.send_later()
-    # A stream sends them when it ends (on_end below).
+    # A stream sends them when it ends (its on_end in _respond).
     return response
 
 
+@dataclass
+class _Request:
+    """A validated conversation request."""
+
+    raw: bytes
+    body: dict[str, Any]
+    parsed: ParsedRequest
+    fit_enabled: bool
+
+
 async def _serve(
-    request: HttpRequest, wire: ModuleType, announced: after.Announcements
+    request: HttpRequest, wire: Wire, announced: after.Announcements
 ) -> HttpResponseBase:
     if request.method != "POST":
-        return _error(wire, GatewayError("use POST", status=405, code="method_not_allowed"))
+        return _method_not_allowed(wire, ("POST",))
     try:
-        raw, body = _read_json(request)
-        model, _, stream = wire.parse_request(body)
-    except GatewayInputError as exc:
-        return _error(wire, GatewayError(exc.message, param=exc.param))
+        sent = _validate(request, wire)
+        call = await _prepare(request, wire, sent, announced)
     except GatewayError as exc:
         return _error(wire, exc)
-    units = wire.client_messages(body)
-    fit_enabled = (request.headers.get("X-Ledger-Fit") or "").strip().lower() != "off"
-    try:
-        call = await threads.run(
-            announced.collecting,
-            _prepare,
-            announced=announced,
-            wire=wire,
-            key=request.headers.get("X-Ledger-Key"),
-            session_header=request.headers.get("X-Ledger-Session"),
-            body=body,
-            units=units,
-            model=model,
-            fit_enabled=fit_enabled,
-            thread_name=request.headers.get("X-Ledger-Thread"),
-        )
-    except GatewayError as exc:
-        return _error(wire, exc)
+    forwarded = await _forward(request, wire, sent, call)
+    if isinstance(forwarded, HttpResponseBase):
+        return forwarded
+    return await _respond(wire, call, forwarded, stream=sent.parsed.stream)
 
+
+def _validate(request: HttpRequest, wire: Wire) -> _Request:
+    raw, body = _read_json(request)
+    try:
+        parsed = wire.parse_request(body)
+    except GatewayInputError as exc:
+        raise GatewayError(exc.message, param=exc.param) from None
+    off = (request.headers.get("X-Ledger-Fit") or "").strip().lower() == "off"
+    # A request that continues a conversation the provider keeps holds only what is new: the
+    # gateway cannot fit what it cannot see, so it records and forwards as sent.
+    return _Request(raw=raw, body=body, parsed=parsed, fit_enabled=not off and not parsed.continues)
+
+
+async def _prepare(
+    request: HttpRequest, wire: Wire, sent: _Request, announced: after.Announcements
+) -> Call:
+    call = await threads.run(
+        announced.collecting,
+        prepare,
+        announced=announced,
+        wire=wire,
+        key=request.headers.get("X-Ledger-Key"),
+        session_header=request.headers.get("X-Ledger-Session"),
+        body=sent.body,
+        units=sent.parsed.units,
+        model=sent.parsed.model,
+        fit_enabled=sent.fit_enabled,
+        continues=sent.parsed.continues,
+        thread_name=request.headers.get("X-Ledger-Thread"),
+    )
+    if call.fitted is None:
+        # May compact synchronously: not on the short hops' threads (prepare.py).
+        call.fitted = await threads.run_long(
+            announced.collecting,
+            fit_call,
+            call=call,
+            wire=wire,
+            body=sent.body,
+            model=sent.parsed.model,
+            enabled=sent.fit_enabled,
+        )
+    return call
+
+
+@dataclass
+class _Forwarded:
+    response: forward.UpstreamResponse
+    fitted: Fitted
+
+
+async def _forward(
+    request: HttpRequest, wire: Wire, sent: _Request, call: Call
+) -> _Forwarded | HttpResponseBase:
+    """Send to the request's model, then to each fallback model (fitted to its own window) on
+    429, 5xx, a connection error or a timeout."""
+    assert call.fitted is not None
     headers = forward.forward_headers(request.headers)
-    url = _upstream(wire)
+    url = _upstream_base(wire) + wire.UPSTREAM_PATH
+    model = sent.parsed.model
     models = [model, *[m for m in _fallbacks(request) if m != model]]
     fitted = call.fitted
-    response: forward.UpstreamResponse | None = None
     failure = ""
     for number, target in enumerate(models):
         last = number == len(models) - 1
         if number:
             try:
-                fitted = await threads.run(
-                    announced.collecting,
-                    _refit,
+                fitted = await threads.run_long(
+                    call.announced.collecting,
+                    fit_call,
                     call=call,
                     wire=wire,
-                    body=body,
+                    body=sent.body,
                     model=target,
-                    fit_enabled=fit_enabled,
+                    enabled=sent.fit_enabled,
+                    fresh=True,
                 )
             except GatewayError as exc:
                 failure = exc.message
                 if last:
                     return _error(wire, exc, _ledger_headers(call, fitted))
                 continue
-        content = raw if fitted.body is None else json.dumps(fitted.body).encode()
+        content = sent.raw if fitted.body is None else json.dumps(fitted.body).encode()
         try:
             response = await forward.send(url=url, headers=headers, content=content)
         except forward.UpstreamError as exc:
             failure = f"the upstream for {target} could not be reached ({exc})"
             logger.warning("gateway: %s", failure)
-            response = None
             continue
         if forward.is_retryable_status(response.status_code) and not last:
             logger.warning(
                 "gateway: %s answered %s, trying the next model", target, response.status_code
             )
             await response.aclose()
-            response = None
             continue
-        break
-    ledger = _ledger_headers(call, fitted)
-    if response is None:
-        return _error(wire, GatewayError(failure, status=502, code="upstream_unavailable"), ledger)
+        return _Forwarded(response=response, fitted=fitted)
+    return _error(
+        wire,
+        GatewayError(failure, status=502, code="upstream_unavailable"),
+        _ledger_headers(call, fitted),
+    )
 
-    passed = {**forward.returned_headers(response.headers), **ledger}
+
+async def _respond(
+    wire: Wire, call: Call, forwarded: _Forwarded, *, stream: bool
+) -> HttpResponseBase:
+    """Relay the upstream's answer (streamed as it arrives) and record the reply."""
+    response, fitted = forwarded.response, forwarded.fitted
+    passed = {**forward.returned_headers(response.headers), **_ledger_headers(call, fitted)}
     content_type = response.headers.get("content-type", "application/json")
     if response.status_code >= 400 or not stream:
-        data = await response.aread()
-        await response.aclose()
+        try:
+            data = await response.aread()
+        finally:
+            await response.aclose()
         if response.status_code < 400:
             await _record_plain(wire=wire, call=call, fitted=fitted, data=data)
         reply = HttpResponse(data, status=response.status_code, content_type=content_type)
@@ -292,7 +279,7 @@ async def _serve(
             reply[name] = value
         return reply
 
-    accumulator = wire.StreamAccumulator(fitted.model)
+    accumulator = wire.stream_accumulator(fitted.model)
 
     async def on_end(incomplete: bool) -> None:
         try:
@@ -300,7 +287,7 @@ async def _serve(
             if reply_message is not None:
                 await _record(call=call, fitted=fitted, reply=reply_message, incomplete=incomplete)
         finally:
-            announced.send_later()
+            call.announced.send_later()
 
     streamed = StreamingHttpResponse(
         relay(
@@ -319,7 +306,7 @@ async def _serve(
     return streamed
 
 
-async def _record_plain(*, wire: ModuleType, call: _Call, fitted: Fitted, data: bytes) -> None:
+async def _record_plain(*, wire: Wire, call: Call, fitted: Fitted, data: bytes) -> None:
     try:
         payload = json.loads(data)
     except ValueError:
@@ -332,7 +319,7 @@ async def _record_plain(*, wire: ModuleType, call: _Call, fitted: Fitted, data: 
     await _record(call=call, fitted=fitted, reply=reply, incomplete=False)
 
 
-async def _record(*, call: _Call, fitted: Fitted, reply: Reply, incomplete: bool) -> None:
+async def _record(*, call: Call, fitted: Fitted, reply: Reply, incomplete: bool) -> None:
     # The provider answered: bookkeeping trouble is logged and shown, never the call's failure.
     await threads.run(
         call.announced.collecting,
@@ -347,18 +334,78 @@ async def _record(*, call: _Call, fitted: Fitted, reply: Reply, incomplete: bool
     )
 
 
-@csrf_exempt
-async def openai_chat_completions(request: HttpRequest) -> HttpResponseBase:
-    return await _handle(request, openai)
+# --- passthrough: endpoints the gateway has no rule for --------------------------------------------
 
 
-@csrf_exempt
-async def anthropic_messages(request: HttpRequest) -> HttpResponseBase:
-    return await _handle(request, anthropic)
+async def passthrough(request: HttpRequest, wire: Wire, rest: str) -> HttpResponseBase:
+    """Forward the request as sent (method, path below the prefix, query, body) to the
+    wire's upstream and relay the answer; nothing is recorded. The caller must still hold
+    an API token: the gateway is no open proxy."""
+    try:
+        await threads.run(authenticate, request.headers.get("X-Ledger-Key"))
+        body = request.body
+    except RequestDataTooBig:
+        return _error(
+            wire,
+            GatewayError("the request body is too large", status=413, code="request_too_large"),
+        )
+    except GatewayError as exc:
+        return _error(wire, exc)
+    url = f"{_upstream_base(wire)}/{rest}"
+    if request.META.get("QUERY_STRING"):
+        url += "?" + request.META["QUERY_STRING"]
+    try:
+        response = await forward.send(
+            url=url,
+            headers=forward.forward_headers(request.headers),
+            content=body,
+            method=request.method or "GET",
+        )
+    except forward.UpstreamError as exc:
+        return _error(
+            wire,
+            GatewayError(
+                f"the upstream could not be reached ({exc})",
+                status=502,
+                code="upstream_unavailable",
+            ),
+        )
+    passed = forward.returned_headers(response.headers)
+    content_type = response.headers.get("content-type", "application/json")
+    if content_type.startswith("text/event-stream"):
+
+        async def chunks() -> Any:
+            try:
+                async for chunk in response.aiter_raw():
+                    yield chunk
+            except forward.UpstreamError as exc:
+                yield wire.stream_error(f"the upstream stream was interrupted ({exc})")
+            finally:
+                await response.aclose()
+
+        answer: HttpResponseBase = StreamingHttpResponse(
+            chunks(), status=response.status_code, content_type=content_type
+        )
+        answer["Cache-Control"] = "no-cache"
+    else:
+        try:
+            data = await response.aread()
+        except forward.UpstreamError as exc:
+            return _error(
+                wire,
+                GatewayError(
+                    f"the upstream broke off ({exc})", status=502, code="upstream_unavailable"
+                ),
+            )
+        finally:
+            await response.aclose()
+        answer = HttpResponse(data, status=response.status_code, content_type=content_type)
+    for name, value in passed.items():
+        answer[name] = value
+    return answer
 
 
-def _user_for(key: str | None) -> Any:
-    return authenticate(key)
+# --- answered by the ledger itself ----------------------------------------------------------------
 
 
 @lru_cache(maxsize=1)
@@ -375,26 +422,25 @@ def _model_list(overrides: str) -> list[dict[str, Any]]:
     ]
 
 
-@csrf_exempt
-async def openai_models(request: HttpRequest) -> HttpResponse:
+async def models(request: HttpRequest, wire: Wire) -> HttpResponseBase:
     """The model registry in OpenAI's list shape."""
     if request.method != "GET":
-        return _error(openai, GatewayError("use GET", status=405, code="method_not_allowed"))
+        return _method_not_allowed(wire, ("GET",))
     try:
-        await threads.run(_user_for, key=request.headers.get("X-Ledger-Key"))
+        await threads.run(authenticate, request.headers.get("X-Ledger-Key"))
     except GatewayError as exc:
-        return _error(openai, exc)
+        return _error(wire, exc)
     data = _model_list(json.dumps(settings.MODEL_CONTEXT_OVERRIDES, sort_keys=True))
     return JsonResponse({"object": "list", "data": data})
 
 
-def _count_tokens(body: dict[str, Any]) -> int:
-    model, units, _ = anthropic.parse_request(body)
+def _count_tokens(wire: Wire, body: dict[str, Any]) -> int:
+    model, units, _, _ = wire.parse_request(body)
     counter = tokens.counter_for_model(model)
     drafts = [
         draft
         for index, unit in enumerate(units)
-        for draft in anthropic.to_client_message(unit, index).drafts
+        for draft in wire.to_client_message(unit, index).drafts
     ]
     costs = tokens.messages_batch_tokens(
         counter, [(ROLE_FOR_TYPE[d.type], d.content, d.name) for d in drafts]
@@ -405,17 +451,77 @@ def _count_tokens(body: dict[str, Any]) -> int:
     return total
 
 
-@csrf_exempt
-async def anthropic_count_tokens(request: HttpRequest) -> HttpResponse:
-    """Anthropic's count_tokens, answered by the ledger's own counter."""
+async def count_tokens(request: HttpRequest, wire: Wire) -> HttpResponseBase:
+    """count_tokens, answered by the ledger's own counter."""
     if request.method != "POST":
-        return _error(anthropic, GatewayError("use POST", status=405, code="method_not_allowed"))
+        return _method_not_allowed(wire, ("POST",))
     try:
-        await threads.run(_user_for, key=request.headers.get("X-Ledger-Key"))
+        await threads.run(authenticate, request.headers.get("X-Ledger-Key"))
         _, body = _read_json(request)
-        count = _count_tokens(body)
+        count = _count_tokens(wire, body)
     except GatewayInputError as exc:
-        return _error(anthropic, GatewayError(exc.message, param=exc.param))
+        return _error(wire, GatewayError(exc.message, param=exc.param))
     except GatewayError as exc:
-        return _error(anthropic, exc)
+        return _error(wire, exc)
     return JsonResponse({"input_tokens": count})
+
+
+# --- the prefixes' roots and unknown paths ------------------------------------------------------
+
+
+async def root(request: HttpRequest, wire: Wire) -> HttpResponseBase:
+    """A prefix's root: HEAD answers 200 (Claude Code probes `HEAD {ANTHROPIC_BASE_URL}`
+    before it starts, as the real API answers it); anything else is a JSON 404."""
+    if request.method == "HEAD":
+        return HttpResponse(status=200)
+    return await not_found(request, wire)
+
+
+async def not_found(request: HttpRequest, wire: Wire, rest: str = "") -> HttpResponseBase:
+    response = _error(
+        wire,
+        GatewayError(
+            f"no gateway route for {request.method} {request.path}",
+            status=404,
+            code="unknown_url",
+        ),
+    )
+    if request.method == "HEAD":
+        response.content = b""
+    return response
+
+
+_KINDS: dict[str, Callable[..., Awaitable[HttpResponseBase]]] = {
+    wire_kinds.CONVERSATION: conversation,
+    wire_kinds.PASSTHROUGH: passthrough,
+    wire_kinds.COUNT_TOKENS: count_tokens,
+    wire_kinds.MODELS: models,
+}
+
+
+def view(kind: str, wire: Wire, *, upstream_path: str | None = None) -> View:
+    """The async view serving `kind` routes of `wire` (urls.py builds the routes). A
+    passthrough route with a fixed path forwards to that path below the upstream base."""
+    handler = _KINDS[kind]
+
+    @csrf_exempt
+    async def serve(request: HttpRequest, **kwargs: Any) -> HttpResponseBase:
+        if kind == wire_kinds.PASSTHROUGH:
+            rest = kwargs.get("rest")
+            if rest is None:
+                assert upstream_path is not None
+                rest = upstream_path.format(**kwargs)
+            return await passthrough(request, wire, rest)
+        return await handler(request, wire)
+
+    serve.__name__ = f"{wire.NAME}_{kind}"
+    return serve
+
+
+def prefix_view(handler: Callable[..., Awaitable[HttpResponseBase]], wire: Wire) -> View:
+    @csrf_exempt
+    async def serve(request: HttpRequest, **kwargs: Any) -> HttpResponseBase:
+        return await handler(request, wire, **kwargs)
+
+    serve.__name__ = f"{wire.NAME}_{handler.__name__}"
+    return serve
