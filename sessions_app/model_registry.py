@@ -256,32 +256,13 @@ def default_registry() -> ModelRegistry:
 
 
 def estimate_cost_usd(model: str, *, input_tokens: int, output_tokens: int) -> Decimal | None:
-    """Price in USD of one call from genai-prices' bundled prices; None when unknown."""
-    try:
-        if input_tokens < 0 or output_tokens < 0:
-            return None
-        key = _normalize(model)
-        if not key:
-            return None
-        from genai_prices.types import Usage
+    """Price in USD of one call from genai-prices' bundled prices; None when unknown. The
+    pricing itself lives in sessions_app.pricing (cache reads and writes included)."""
+    from sessions_app.pricing import PICO_PER_USD, CallUsage, price_call
 
-        usage = Usage(input_tokens=int(input_tokens), output_tokens=int(output_tokens))
-        attempts: list[tuple[str, str | None]] = []
-        if "/" in key:
-            prefix, rest = key.split("/", 1)
-            if _provider_by_id(prefix) is not None:
-                attempts.append((rest, prefix))
-        attempts.append((key, None))
-        bare = key.rsplit("/", 1)[-1]
-        if bare != key:
-            attempts.append((bare, None))
-        for ref, provider_id in attempts:
-            try:
-                result = _snapshot().calc(usage, ref, provider_id, None, None)
-            except LookupError:
-                continue
-            price = result.total_price
-            return price if isinstance(price, Decimal) else Decimal(str(price))
+    if input_tokens < 0 or output_tokens < 0:
         return None
-    except Exception:  # pricing is advisory: a data quirk must never fail a request
+    price = price_call(model, CallUsage(input_tokens=input_tokens, output_tokens=output_tokens))
+    if price.pico_usd is None:
         return None
+    return Decimal(price.pico_usd) / PICO_PER_USD

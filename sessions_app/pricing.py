@@ -1,0 +1,147 @@
+"""The provider bill, priced: what one provider call cost, what fitting saved, the cache hit
+rate. Pure module: no Django, no ORM, no settings. Prices come from genai-prices' bundled
+data (the same snapshot the model registry reads windows from).
+
+Money is kept as integer picodollars (10⁻¹² USD) wherever it is summed: every published
+per-token price is a whole number of picodollars, so a session's running total stays exact
+in an integer column on every database, where a float or SQLite's decimal would drift.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from decimal import ROUND_HALF_EVEN, Decimal
+
+PICO_PER_USD = 10**12
+
+
+@dataclass(frozen=True)
+class CallUsage:
+    """One provider call's usage, in the provider-neutral shape the ledger stores.
+
+    `input_tokens` is everything the model read, cached or not (OpenAI's `prompt_tokens`;
+    Anthropic's `input_tokens + cache_creation_input_tokens + cache_read_input_tokens`).
+    `cached_input_tokens` (cache reads) and `cache_write_tokens` (cache writes, of which
+    `cache_write_1h_tokens` at the one-hour rate) are parts of it."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_input_tokens: int = 0
+    cache_write_tokens: int = 0
+    cache_write_1h_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Price:
+    """A call's price in picodollars, or why there is none."""
+
+    pico_usd: int | None
+    reason: str = ""
+
+    @property
+    def known(self) -> bool:
+        return self.pico_usd is not None
+
+
+def to_pico(amount: Decimal) -> int:
+    return int((amount * PICO_PER_USD).to_integral_value(rounding=ROUND_HALF_EVEN))
+
+
+def usd(pico: int) -> float:
+    """Picodollars as US dollars (a JSON number, eight decimals: a hundredth of a cent's
+    millionth is far below any bill's resolution)."""
+    return round(pico / PICO_PER_USD, 8)
+
+
+def _clean(value: int) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def price_call(model: str, usage: CallUsage) -> Price:
+    """The price of one call to `model`: uncached input, cache reads, cache writes (5-minute
+    and one-hour) and output each at the model's own rate. A model genai-prices has no price
+    for gives `Price(None, reason)`: a guess would be a wrong number on someone's bill."""
+    key = (model or "").strip().lower()
+    if not key:
+        return Price(None, "the call's model is unknown")
+    total = _clean(usage.input_tokens)
+    read = min(_clean(usage.cached_input_tokens), total)
+    write = min(_clean(usage.cache_write_tokens), total - read)
+    write_1h = min(_clean(usage.cache_write_1h_tokens), write)
+    try:
+        from genai_prices.types import Usage
+
+        fields: dict[str, int] = {
+            "input_tokens": total,
+            "output_tokens": _clean(usage.output_tokens),
+        }
+        if read:
+            fields["cache_read_tokens"] = read
+        if write:
+            fields["cache_write_tokens"] = write
+        if write_1h:
+            fields["cache_write_1h_tokens"] = write_1h
+        found = _resolve(key)
+        if found is None:
+            return Price(None, f"no price is known for model {model!r}")
+        ref, provider_id = found
+        result = _calc(Usage(**fields), ref, provider_id)
+    except Exception:  # a data quirk must never fail a request; unknown is not wrong
+        return Price(None, f"no price could be computed for model {model!r}")
+    amount = result if isinstance(result, Decimal) else Decimal(str(result))
+    return Price(to_pico(amount))
+
+
+def price_input(model: str, tokens: int) -> Price:
+    """What `tokens` uncached input tokens cost on `model` (the rate savings are priced at)."""
+    return price_call(model, CallUsage(input_tokens=tokens))
+
+
+def hit_rate(*, cached: int, input_tokens: int) -> float | None:
+    """Cached ÷ all input tokens of the provider calls, four decimals; None before any."""
+    if input_tokens <= 0:
+        return None
+    return round(min(cached, input_tokens) / input_tokens, 4)
+
+
+def saved_tokens(*, client_tokens: int | None, forwarded_tokens: int) -> int:
+    """What fitting kept from being sent on one call: the client's whole request minus what
+    was forwarded (never negative: a summary may cost more than what it replaced)."""
+    if client_tokens is None:
+        return 0
+    return max(client_tokens - forwarded_tokens, 0)
+
+
+def _calc(usage: object, ref: str, provider_id: str | None) -> Decimal:
+    from sessions_app.model_registry import _snapshot
+
+    result = _snapshot().calc(usage, ref, provider_id, None, None)  # type: ignore[arg-type]
+    price = result.total_price
+    return price if isinstance(price, Decimal) else Decimal(str(price))
+
+
+@functools.lru_cache(maxsize=1024)
+def _resolve(key: str) -> tuple[str, str | None] | None:
+    """The (model ref, provider id) genai-prices prices `key` under, tried as the model
+    registry tries names: "provider/model", the whole name, then the name without prefix."""
+    from genai_prices.types import Usage
+
+    from sessions_app.model_registry import _provider_by_id
+
+    attempts: list[tuple[str, str | None]] = []
+    if "/" in key:
+        prefix, rest = key.split("/", 1)
+        if _provider_by_id(prefix) is not None:
+            attempts.append((rest, prefix))
+    attempts.append((key, None))
+    bare = key.rsplit("/", 1)[-1]
+    if bare != key:
+        attempts.append((bare, None))
+    for ref, provider_id in attempts:
+        try:
+            _calc(Usage(input_tokens=1), ref, provider_id)
+        except LookupError:
+            continue
+        return ref, provider_id
+    return None
