@@ -21,7 +21,7 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import Field
 from django.utils import timezone
 
-from sessions_app import raw_rows, tokens
+from sessions_app import pricing, raw_rows, tokens
 from sessions_app.errors import Conflict, InvalidInput, Unprocessable
 from sessions_app.model_registry import ModelRegistry
 from sessions_app.models import ROLE_FOR_TYPE, Event, EventType, Session, is_model_visible
@@ -51,6 +51,11 @@ class TokenUsage:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     total_tokens: int | None = None
+    # Parts of prompt_tokens the provider read from its cache and wrote to it (of which at
+    # the one-hour rate; kept for pricing, not stored as a column).
+    cached_input_tokens: int | None = None
+    cache_write_tokens: int | None = None
+    cache_write_1h_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,9 @@ class EventInput:
     metadata: Mapping[str, Any] = field(default_factory=dict)
     # The gateway's hash of the client message the event came from.
     message_hash: str = ""
+    # On a gateway reply: what fitting kept from being sent on the call it answers (the
+    # client's request minus what was forwarded, in tokens); see sessions_app.pricing.
+    saved_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -299,6 +307,9 @@ def _check_token_usage(usage: TokenUsage | None, index: int) -> TokenUsage | Non
         "promptTokens": usage.prompt_tokens,
         "completionTokens": usage.completion_tokens,
         "totalTokens": usage.total_tokens,
+        "cachedInputTokens": usage.cached_input_tokens,
+        "cacheWriteTokens": usage.cache_write_tokens,
+        "cacheWrite1hTokens": usage.cache_write_1h_tokens,
     }
     for key, value in values.items():
         if value is not None and (
@@ -315,6 +326,16 @@ def _check_token_usage(usage: TokenUsage | None, index: int) -> TokenUsage | Non
             )
     if all(value is None for value in values.values()):
         return None
+    parts = (usage.cached_input_tokens or 0) + (usage.cache_write_tokens or 0)
+    if (usage.prompt_tokens is not None and parts > usage.prompt_tokens) or (
+        (usage.cache_write_1h_tokens or 0) > (usage.cache_write_tokens or 0)
+    ):
+        raise InvalidInput(
+            "tokenUsage.cachedInputTokens and cacheWriteTokens are parts of promptTokens: "
+            "together they cannot exceed it",
+            code="invalid_request",
+            fields={f"[{index}].tokenUsage.cachedInputTokens": "exceeds promptTokens"},
+        )
     return usage
 
 
@@ -331,6 +352,8 @@ def _same_event(stored: Event, item: EventInput, text: str, is_json: bool) -> bo
         and stored.prompt_tokens == (usage.prompt_tokens if usage else None)
         and stored.completion_tokens == (usage.completion_tokens if usage else None)
         and stored.total_tokens == (usage.total_tokens if usage else None)
+        and stored.cached_input_tokens == (usage.cached_input_tokens if usage else None)
+        and stored.cache_write_tokens == (usage.cache_write_tokens if usage else None)
         # Through JSON text: Python's == would take true for 1 and 1.0 for 1.
         and _canonical_json(stored.metadata) == _canonical_json(item.metadata)
     )
@@ -471,6 +494,15 @@ class _Added:
     completion: int = 0
     total: int = 0
     reported: int = 0
+    # The bill: the session's model prices an event whose metadata names no other.
+    model: str = ""
+    cached: int = 0
+    cache_write: int = 0
+    cost_pico: int = 0
+    saved: int = 0
+    saved_pico: int = 0
+    unpriced: int = 0
+    unpriced_model: str = ""
 
     def add(self, item: EventInput, text: str, tokens_: int) -> None:
         self.count += 1
@@ -487,6 +519,33 @@ class _Added:
             self.prompt += usage.prompt_tokens or 0
             self.completion += usage.completion_tokens or 0
             self.total += usage.total_tokens or 0
+            self._bill(item, usage)
+
+    def _bill(self, item: EventInput, usage: TokenUsage) -> None:
+        """Price the provider call this usage reports, and what fitting saved on it."""
+        named = item.metadata.get("model")
+        model = named if isinstance(named, str) and named else self.model
+        self.cached += usage.cached_input_tokens or 0
+        self.cache_write += usage.cache_write_tokens or 0
+        price = pricing.price_call(
+            model,
+            pricing.CallUsage(
+                input_tokens=usage.prompt_tokens or 0,
+                output_tokens=usage.completion_tokens or 0,
+                cached_input_tokens=usage.cached_input_tokens or 0,
+                cache_write_tokens=usage.cache_write_tokens or 0,
+                cache_write_1h_tokens=usage.cache_write_1h_tokens or 0,
+            ),
+        )
+        saved = max(item.saved_tokens, 0)
+        self.saved += saved
+        if price.pico_usd is None:
+            self.unpriced += 1
+            self.unpriced_model = model[:200]
+            return
+        self.cost_pico += price.pico_usd
+        if saved:
+            self.saved_pico += pricing.price_input(model, saved).pico_usd or 0
 
     def deltas(self) -> dict[str, int]:
         return {
@@ -500,7 +559,17 @@ class _Added:
             "reported_completion_tokens": self.completion,
             "reported_total_tokens": self.total,
             "reported_event_count": self.reported,
+            "reported_cached_input_tokens": self.cached,
+            "reported_cache_write_tokens": self.cache_write,
+            "cost_pico_usd": self.cost_pico,
+            "saved_tokens": self.saved,
+            "saved_pico_usd": self.saved_pico,
+            "unpriced_calls": self.unpriced,
         }
+
+    def values(self) -> dict[str, Any]:
+        """Plain values to set with the counters: the last model without a price."""
+        return {"unpriced_model": self.unpriced_model} if self.unpriced else {}
 
 
 def _update_returning(
@@ -611,6 +680,8 @@ def _new_events(
             prompt_tokens=usage.prompt_tokens if usage else None,
             completion_tokens=usage.completion_tokens if usage else None,
             total_tokens=usage.total_tokens if usage else None,
+            cached_input_tokens=usage.cached_input_tokens if usage else None,
+            cache_write_tokens=usage.cache_write_tokens if usage else None,
             pinned=item.pinned,
             metadata=dict(item.metadata),
             message_hash=item.message_hash,
@@ -644,9 +715,10 @@ def _append_direct(
     *,
     has_ids: bool,
 ) -> AppendResult:
-    added = _Added()
+    added = _Added(model=session.model)
     for index, (item, text, _) in enumerate(prepared):
         added.add(item, text, counts[index])
+    updates = {**updates, **added.values()}
     # The reported totals' bound as a condition of the UPDATE: no row back means the bound,
     # or a missing session, and the careful way tells which.
     bounds = {
@@ -762,7 +834,7 @@ def _append_careful(
             existing = dict(replayed)
             fresh = [entry for entry in prepared if entry[0].id not in replayed]
             existing.update(_stored_replays(locked, fresh, seen - set(replayed)))
-            added = _Added()
+            added = _Added(model=locked.model)
             for index, (item, text, _) in enumerate(prepared):
                 if item.id is None or item.id not in existing:
                     added.add(item, text, counts[index])
@@ -775,7 +847,9 @@ def _append_careful(
             _check_reported_totals(
                 locked, prompt=added.prompt, completion=added.completion, total=added.total
             )
-            row = _update_returning(session.pk, deltas=added.deltas(), values=updates)
+            row = _update_returning(
+                session.pk, deltas=added.deltas(), values={**updates, **added.values()}
+            )
             assert row is not None  # locked above
             return _store(row, prepared, counts, existing)
     except IntegrityError:

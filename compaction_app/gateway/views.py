@@ -22,7 +22,7 @@ from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
 from compaction_app import broadcast
-from compaction_app.gateway import after, anthropic, forward, openai, threads
+from compaction_app.gateway import after, anthropic, bill, forward, openai, threads
 from compaction_app.gateway.fit import Fitted, fit, model_window
 from compaction_app.gateway.messages import (
     ClientMessage,
@@ -117,6 +117,9 @@ class _Call:
     fitted: Fitted
     # What the call's appends announce, sent once the response is ready (see after.py).
     announced: after.Announcements
+    # Our count of the client's request as it arrived, taken only when fitting changed what
+    # is forwarded (see gateway/bill.py); None otherwise.
+    client_tokens: int | None = None
 
 
 def _prepare(
@@ -132,9 +135,8 @@ def _prepare(
 ) -> _Call:
     user, session = caller_and_session(key=key, header=session_header, model=model)
     window = model_window(session, model) if fit_enabled else None
-    recorded = record_request(
-        session=session, count=len(units), convert=_Converter(wire, units), window=window
-    )
+    converter = _Converter(wire, units)
+    recorded = record_request(session=session, count=len(units), convert=converter, window=window)
     fitted = fit(
         session=recorded.session,
         user=user,
@@ -144,12 +146,20 @@ def _prepare(
         enabled=fit_enabled,
         same_model_as_request=True,
     )
+    client_tokens = None
+    if fitted.compacted:
+        client_tokens = bill.client_request_tokens(
+            model=recorded.session.model,
+            messages=(converter(index) for index in range(len(units))),
+            body=body,
+        )
     return _Call(
         session=recorded.session,
         user=user,
         position=len(units),
         fitted=fitted,
         announced=announced,
+        client_tokens=client_tokens,
     )
 
 
@@ -332,6 +342,7 @@ async def _record(*, call: _Call, fitted: Fitted, reply: Reply, incomplete: bool
         position=call.position,
         reply=reply,
         forwarded_tokens=fitted.token_count,
+        client_tokens=call.client_tokens,
         incomplete=incomplete,
         metadata={"requestedModel": fitted.model} if fitted.model != reply.model else None,
     )

@@ -79,6 +79,30 @@ class TokenUsageSerializer(serializers.Serializer):
     totalTokens = StrictIntegerField(
         min_value=0, max_value=MAX_REPORTED_TOKENS, required=False, allow_null=True
     )
+    cachedInputTokens = StrictIntegerField(
+        min_value=0,
+        max_value=MAX_REPORTED_TOKENS,
+        required=False,
+        allow_null=True,
+        help_text="Part of promptTokens the provider read from its prompt cache.",
+    )
+    cacheWriteTokens = StrictIntegerField(
+        min_value=0,
+        max_value=MAX_REPORTED_TOKENS,
+        required=False,
+        allow_null=True,
+        help_text="Part of promptTokens the provider wrote to its prompt cache.",
+    )
+
+
+def cache_usage(event: Event) -> dict[str, int]:
+    """An event's cache figures for its tokenUsage, only those the provider reported."""
+    found = {}
+    if event.cached_input_tokens is not None:
+        found["cachedInputTokens"] = event.cached_input_tokens
+    if event.cache_write_tokens is not None:
+        found["cacheWriteTokens"] = event.cache_write_tokens
+    return found
 
 
 class EventInSerializer(serializers.Serializer):
@@ -120,6 +144,8 @@ def to_event_input(data: dict[str, Any]) -> EventInput:
             prompt_tokens=usage.get("promptTokens"),
             completion_tokens=usage.get("completionTokens"),
             total_tokens=usage.get("totalTokens"),
+            cached_input_tokens=usage.get("cachedInputTokens"),
+            cache_write_tokens=usage.get("cacheWriteTokens"),
         )
         if usage
         else None,
@@ -184,6 +210,7 @@ class EventOutSerializer(serializers.ModelSerializer):
             "promptTokens": event.prompt_tokens,
             "completionTokens": event.completion_tokens,
             "totalTokens": event.total_tokens,
+            **cache_usage(event),
         }
 
     def get_cleared(self, event: Event) -> bool:
@@ -269,6 +296,28 @@ class UsageSerializer(serializers.Serializer):
     lastCompaction = serializers.JSONField(allow_null=True)
     lastProviderPromptTokens = serializers.IntegerField(allow_null=True)
     countDriftPercent = serializers.FloatField(allow_null=True)
+    cachedInputTokens = serializers.IntegerField(
+        help_text="Provider-reported cache reads, summed (part of totalPromptTokens)."
+    )
+    cacheWriteTokens = serializers.IntegerField(
+        help_text="Provider-reported cache writes, summed (part of totalPromptTokens)."
+    )
+    cacheHitRate = serializers.FloatField(
+        allow_null=True,
+        help_text="cachedInputTokens ÷ totalPromptTokens (0–1); null before any reported call.",
+    )
+    costUsd = serializers.FloatField(
+        allow_null=True,
+        help_text="Every reported call priced with genai-prices (cache reads and writes at "
+        "their own rates); null when a call's model has no price (see costUnknownReason).",
+    )
+    costUnknownReason = serializers.CharField(allow_null=True)
+    savedTokens = serializers.IntegerField(
+        help_text="Per forwarded call, the client's request minus what the gateway forwarded."
+    )
+    savedUsd = serializers.FloatField(
+        allow_null=True, help_text="savedTokens priced at each call's uncached input rate."
+    )
 
 
 class ContextSerializer(serializers.Serializer):
@@ -349,6 +398,7 @@ def _event_dict(event: Event) -> dict[str, Any]:
             "promptTokens": event.prompt_tokens,
             "completionTokens": event.completion_tokens,
             "totalTokens": event.total_tokens,
+            **cache_usage(event),
         }
     return {
         "id": str(event.id),
