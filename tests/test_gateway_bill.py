@@ -4,11 +4,13 @@ a model without a price, REST-reported cache figures, the websocket push and the
 
 from __future__ import annotations
 
+from decimal import Decimal
+
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 
 from sessions_app.models import Event, Session
-from sessions_app.pricing import CallUsage, price_call, price_input, usd
+from sessions_app.pricing import PICO_PER_USD, CallUsage, price_call, price_input, usd
 from sessions_app.services import session_update
 from tests.gateway_live import anthropic_client, openai_client, token_for, wait_until
 from tests.helpers import api_token, append_events, create_session, ws_communicator
@@ -271,3 +273,50 @@ def test_it_lists_the_bill_in_the_openapi_schema():
     ):
         assert key in usage, key
     assert "cachedInputTokens" in components["TokenUsage"]["properties"]
+
+
+# --- dashboard --------------------------------------------------------------------------------
+
+
+def test_it_shows_cost_hit_rate_and_savings_on_the_list_and_the_session_page(alice, alice_api):
+    from django.test import Client
+    from django.urls import reverse
+
+    session_id = create_session(alice_api)
+    append_events(
+        alice_api,
+        session_id=session_id,
+        events=[
+            {
+                "type": "AGENT_MESSAGE",
+                "content": "a",
+                "tokenUsage": {"promptTokens": 1000, "completionTokens": 10},
+            },
+            {
+                "type": "AGENT_MESSAGE",
+                "content": "b",
+                "tokenUsage": {
+                    "promptTokens": 1000,
+                    "completionTokens": 10,
+                    "cachedInputTokens": 600,
+                },
+            },
+        ],
+    )
+    from django.template.defaultfilters import floatformat
+
+    session = Session.objects.get(pk=session_id)
+    cost = floatformat(Decimal(session.cost_pico_usd) / PICO_PER_USD, 4)
+    assert float(cost) == pytest.approx(usage_of(alice_api, session_id)["costUsd"], abs=1e-4)
+    browser = Client()
+    browser.force_login(alice)
+    listed = browser.get(reverse("dashboard:sessions")).content.decode()
+    assert f"${cost}" in listed
+    assert "30.0 % cached" in listed
+    page = browser.get(reverse("dashboard:session", args=[session_id])).content.decode()
+    assert f"${cost}" in page
+    assert 'id="hit-rate">30.0 %' in page
+    assert 'id="saved-tokens">0<' in page
+    # The chart's input strip: one bar per call, the second one with its cached part.
+    assert page.count('class="input-bar"') == 2
+    assert "#3: 1,000 input, 600 cached" in page or "#3: 1000 input, 600 cached" in page

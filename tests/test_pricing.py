@@ -75,3 +75,23 @@ def test_it_computes_hit_rate_and_saved_tokens():
     assert saved_tokens(client_tokens=None, forwarded_tokens=10) == 0
     assert saved_tokens(client_tokens=1000, forwarded_tokens=400) == 600
     assert saved_tokens(client_tokens=100, forwarded_tokens=400) == 0
+
+
+def test_it_stacks_each_calls_cached_input_under_its_uncached_input():
+    from compaction_app.dashboard.chart import CallInput, input_bars
+
+    bars = input_bars(
+        [CallInput(1, 1000, 0), CallInput(2, 2000, 1500), CallInput(3, 500, 9999)],
+        height=64,
+        pad_top=4,
+        pad_bottom=4,
+    )
+    assert [bar.call.seq for bar in bars] == [1, 2, 3]
+    # The largest call fills the strip (56 px); its cached part is three quarters of it.
+    assert bars[1].cached_height == 42.0 and bars[1].uncached_height == 14.0
+    assert bars[1].cached_y == 60 - 42.0 and bars[1].uncached_y == 60 - 56.0
+    assert bars[0].cached_height == 0.0 and bars[0].uncached_height == 28.0
+    # More cached than input is clamped to the input.
+    assert bars[2].uncached_height == 0.0 and bars[2].cached_height == 14.0
+    assert input_bars([]) == ()
+    assert len(input_bars([CallInput(i, 10) for i in range(1000)], max_bars=300)) == 300
