@@ -98,7 +98,7 @@ class Bill:
     cache_read: int = 0
     cache_write: int = 0
     output_tokens: int = 0
-    pico_usd: int = 0
+    nano_usd: int = 0
     forwarded: list[list[str]] = field(default_factory=list)
 
 
@@ -205,7 +205,7 @@ class CachingProvider:
             bill.cache_read += read
             bill.cache_write += write
             bill.output_tokens += output
-            bill.pico_usd += price
+            bill.nano_usd += price
             bill.forwarded.append([text for text, _ in blocks])
         reply = _agent_reply(body)
         return 200, {
@@ -273,8 +273,8 @@ def _price(total: int, read: int, write: int, output: int) -> int:
             cache_write_tokens=write,
         ),
     )
-    assert price.pico_usd is not None, price.reason
-    return price.pico_usd
+    assert price.nano_usd is not None, price.reason
+    return price.nano_usd
 
 
 def _error(message: str) -> dict[str, Any]:
@@ -531,7 +531,7 @@ def _child(profile: str, calls: int) -> list[Row]:
                 "input": bill.input_tokens,
                 "read": bill.cache_read,
                 "write": bill.cache_write,
-                "usd": bill.pico_usd / 10**12,
+                "usd": bill.nano_usd / 10**9,
                 "ledger_usd": usage["costUsd"],
                 "ledger_hit": usage["cacheHitRate"],
             }

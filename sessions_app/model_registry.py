@@ -258,11 +258,11 @@ def default_registry() -> ModelRegistry:
 def estimate_cost_usd(model: str, *, input_tokens: int, output_tokens: int) -> Decimal | None:
     """Price in USD of one call from genai-prices' bundled prices; None when unknown. The
     pricing itself lives in sessions_app.pricing (cache reads and writes included)."""
-    from sessions_app.pricing import PICO_PER_USD, CallUsage, price_call
+    from sessions_app.pricing import NANO_PER_USD, CallUsage, price_call
 
     if input_tokens < 0 or output_tokens < 0:
         return None
     price = price_call(model, CallUsage(input_tokens=input_tokens, output_tokens=output_tokens))
-    if price.pico_usd is None:
+    if price.nano_usd is None:
         return None
-    return Decimal(price.pico_usd) / PICO_PER_USD
+    return Decimal(price.nano_usd) / NANO_PER_USD

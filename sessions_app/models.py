@@ -89,13 +89,13 @@ class Session(models.Model):
     reported_total_tokens = models.PositiveBigIntegerField(default=0)
     reported_event_count = models.PositiveIntegerField(default=0)
     # The provider bill (sessions_app.pricing), summed the same way: cache reads and writes
-    # (parts of reported_prompt_tokens), the cost in picodollars, what fitting kept from being
+    # (parts of reported_prompt_tokens), the cost in nanodollars, what fitting kept from being
     # sent and its price; calls whose model has no price leave the cost unknown.
     reported_cached_input_tokens = models.PositiveBigIntegerField(default=0)
     reported_cache_write_tokens = models.PositiveBigIntegerField(default=0)
-    cost_pico_usd = models.PositiveBigIntegerField(default=0)
+    cost_nano_usd = models.PositiveBigIntegerField(default=0)
     saved_tokens = models.PositiveBigIntegerField(default=0)
-    saved_pico_usd = models.PositiveBigIntegerField(default=0)
+    saved_nano_usd = models.PositiveBigIntegerField(default=0)
     unpriced_calls = models.PositiveIntegerField(default=0)
     unpriced_model = models.CharField(max_length=200, blank=True, default="")
     # Snapshot of the latest compaction run, written by compaction_app through a service

@@ -2,9 +2,12 @@
 rate. Pure module: no Django, no ORM, no settings. Prices come from genai-prices' bundled
 data (the same snapshot the model registry reads windows from).
 
-Money is kept as integer picodollars (10⁻¹² USD) wherever it is summed: every published
-per-token price is a whole number of picodollars, so a session's running total stays exact
-in an integer column on every database, where a float or SQLite's decimal would drift.
+Money is kept as integer nanodollars (10⁻⁹ USD) wherever it is summed: a call's price is
+rounded to the nanodollar once (half a nanodollar at most, where a per-token price has more
+decimals than that), and from then on a session's running total stays exact in an integer
+column on every database, where a float or SQLite's decimal would drift. The largest call
+the API accepts (10¹² tokens of each kind) at the dearest published rates stays below a
+bigint's range; a session's total is bounded by MAX_TOTAL_NANO_USD.
 """
 
 from __future__ import annotations
@@ -13,7 +16,9 @@ import functools
 from dataclasses import dataclass
 from decimal import ROUND_HALF_EVEN, Decimal
 
-PICO_PER_USD = 10**12
+NANO_PER_USD = 10**9
+# A session's cost and savings stay below this (9 × 10⁹ USD): within a bigint on every database.
+MAX_TOTAL_NANO_USD = 9 * 10**18
 
 
 @dataclass(frozen=True)
@@ -34,24 +39,23 @@ class CallUsage:
 
 @dataclass(frozen=True)
 class Price:
-    """A call's price in picodollars, or why there is none."""
+    """A call's price in nanodollars, or why there is none."""
 
-    pico_usd: int | None
+    nano_usd: int | None
     reason: str = ""
 
     @property
     def known(self) -> bool:
-        return self.pico_usd is not None
+        return self.nano_usd is not None
 
 
-def to_pico(amount: Decimal) -> int:
-    return int((amount * PICO_PER_USD).to_integral_value(rounding=ROUND_HALF_EVEN))
+def to_nano(amount: Decimal) -> int:
+    return int((amount * NANO_PER_USD).to_integral_value(rounding=ROUND_HALF_EVEN))
 
 
-def usd(pico: int) -> float:
-    """Picodollars as US dollars (a JSON number, eight decimals: a hundredth of a cent's
-    millionth is far below any bill's resolution)."""
-    return round(pico / PICO_PER_USD, 8)
+def usd(nano: int) -> float:
+    """Nanodollars as US dollars (a JSON number; nine decimals, the unit kept)."""
+    return round(nano / NANO_PER_USD, 9)
 
 
 def _clean(value: int) -> int:
@@ -90,7 +94,7 @@ def price_call(model: str, usage: CallUsage) -> Price:
     except Exception:  # a data quirk must never fail a request; unknown is not wrong
         return Price(None, f"no price could be computed for model {model!r}")
     amount = result if isinstance(result, Decimal) else Decimal(str(result))
-    return Price(to_pico(amount))
+    return Price(to_nano(amount))
 
 
 def price_input(model: str, tokens: int) -> Price:

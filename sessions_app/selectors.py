@@ -83,10 +83,10 @@ def bill_for_session(*, session: Session) -> dict[str, Any]:
             cached=session.reported_cached_input_tokens,
             input_tokens=session.reported_prompt_tokens,
         ),
-        "costUsd": None if unknown else pricing.usd(session.cost_pico_usd),
+        "costUsd": None if unknown else pricing.usd(session.cost_nano_usd),
         "costUnknownReason": unknown,
         "savedTokens": session.saved_tokens,
-        "savedUsd": None if unknown else pricing.usd(session.saved_pico_usd),
+        "savedUsd": None if unknown else pricing.usd(session.saved_nano_usd),
     }
 
 

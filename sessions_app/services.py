@@ -498,9 +498,9 @@ class _Added:
     model: str = ""
     cached: int = 0
     cache_write: int = 0
-    cost_pico: int = 0
+    cost_nano: int = 0
     saved: int = 0
-    saved_pico: int = 0
+    saved_nano: int = 0
     unpriced: int = 0
     unpriced_model: str = ""
 
@@ -539,13 +539,13 @@ class _Added:
         )
         saved = max(item.saved_tokens, 0)
         self.saved += saved
-        if price.pico_usd is None:
+        if price.nano_usd is None:
             self.unpriced += 1
             self.unpriced_model = model[:200]
             return
-        self.cost_pico += price.pico_usd
+        self.cost_nano += price.nano_usd
         if saved:
-            self.saved_pico += pricing.price_input(model, saved).pico_usd or 0
+            self.saved_nano += pricing.price_input(model, saved).nano_usd or 0
 
     def deltas(self) -> dict[str, int]:
         return {
@@ -561,9 +561,9 @@ class _Added:
             "reported_event_count": self.reported,
             "reported_cached_input_tokens": self.cached,
             "reported_cache_write_tokens": self.cache_write,
-            "cost_pico_usd": self.cost_pico,
+            "cost_nano_usd": self.cost_nano,
             "saved_tokens": self.saved,
-            "saved_pico_usd": self.saved_pico,
+            "saved_nano_usd": self.saved_nano,
             "unpriced_calls": self.unpriced,
         }
 
@@ -722,14 +722,18 @@ def _append_direct(
     # The reported totals' bound as a condition of the UPDATE: no row back means the bound,
     # or a missing session, and the careful way tells which.
     bounds = {
-        name: MAX_REPORTED_TOTAL - value
-        for name, value in (
-            ("reported_prompt_tokens", added.prompt),
-            ("reported_completion_tokens", added.completion),
-            ("reported_total_tokens", added.total),
+        name: bound - value
+        for name, value, bound in (
+            ("reported_prompt_tokens", added.prompt, MAX_REPORTED_TOTAL),
+            ("reported_completion_tokens", added.completion, MAX_REPORTED_TOTAL),
+            ("reported_total_tokens", added.total, MAX_REPORTED_TOTAL),
+            ("cost_nano_usd", added.cost_nano, pricing.MAX_TOTAL_NANO_USD),
+            ("saved_nano_usd", added.saved_nano, pricing.MAX_TOTAL_NANO_USD),
         )
         if value
     }
+    if min(bounds.values(), default=0) < 0:
+        raise _TakeCarefulPath  # past a bound on its own: the careful way says which
     if connection.vendor == "postgresql":
         return _append_in_one_statement(session, prepared, counts, added, updates, bounds)
     try:
@@ -847,6 +851,7 @@ def _append_careful(
             _check_reported_totals(
                 locked, prompt=added.prompt, completion=added.completion, total=added.total
             )
+            _check_bill_totals(locked, added)
             row = _update_returning(
                 session.pk, deltas=added.deltas(), values={**updates, **added.values()}
             )
@@ -871,6 +876,21 @@ def _check_reported_totals(session: Session, *, prompt: int, completion: int, to
                 f"this append would take the session's {key} past {MAX_REPORTED_TOTAL}",
                 code="token_usage_total_exceeded",
                 limit=MAX_REPORTED_TOTAL,
+            )
+
+
+def _check_bill_totals(session: Session, added: _Added) -> None:
+    """The session's cost and savings stay within what a bigint holds (nanodollars)."""
+    for key, current, more in (
+        ("costUsd", session.cost_nano_usd, added.cost_nano),
+        ("savedUsd", session.saved_nano_usd, added.saved_nano),
+    ):
+        if current + more > pricing.MAX_TOTAL_NANO_USD:
+            raise Unprocessable(
+                f"this append would take the session's {key} past "
+                f"{pricing.MAX_TOTAL_NANO_USD // pricing.NANO_PER_USD} USD",
+                code="token_usage_total_exceeded",
+                limit=pricing.MAX_TOTAL_NANO_USD // pricing.NANO_PER_USD,
             )
 
 

@@ -10,7 +10,7 @@ import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 
 from sessions_app.models import Event, Session
-from sessions_app.pricing import PICO_PER_USD, CallUsage, price_call, price_input, usd
+from sessions_app.pricing import NANO_PER_USD, CallUsage, price_call, price_input, usd
 from sessions_app.services import session_update
 from tests.gateway_live import anthropic_client, openai_client, token_for, wait_until
 from tests.helpers import api_token, append_events, create_session, ws_communicator
@@ -41,8 +41,8 @@ def usage_of(api, session_id) -> dict:
 
 def expected_usd(model: str, **usage: int) -> float:
     price = price_call(model, CallUsage(**usage))
-    assert price.pico_usd is not None
-    return usd(price.pico_usd)
+    assert price.nano_usd is not None
+    return usd(price.nano_usd)
 
 
 # --- OpenAI Chat Completions ------------------------------------------------------------------
@@ -156,7 +156,7 @@ def test_it_records_what_fitting_kept_from_being_sent(gateway_url, upstream, ali
     assert reply.metadata["savedTokens"] == client_tokens - forwarded
     body = usage_of(alice_api, session.pk)
     assert body["savedTokens"] == client_tokens - forwarded
-    assert body["savedUsd"] == usd(price_input("gpt-4o", client_tokens - forwarded).pico_usd)
+    assert body["savedUsd"] == usd(price_input("gpt-4o", client_tokens - forwarded).nano_usd)
 
 
 # --- REST clients, unknown prices -------------------------------------------------------------
@@ -306,7 +306,7 @@ def test_it_shows_cost_hit_rate_and_savings_on_the_list_and_the_session_page(ali
     from django.template.defaultfilters import floatformat
 
     session = Session.objects.get(pk=session_id)
-    cost = floatformat(Decimal(session.cost_pico_usd) / PICO_PER_USD, 4)
+    cost = floatformat(Decimal(session.cost_nano_usd) / NANO_PER_USD, 4)
     assert float(cost) == pytest.approx(usage_of(alice_api, session_id)["costUsd"], abs=1e-4)
     browser = Client()
     browser.force_login(alice)
@@ -320,3 +320,18 @@ def test_it_shows_cost_hit_rate_and_savings_on_the_list_and_the_session_page(ali
     # The chart's input strip: one bar per call, the second one with its cached part.
     assert page.count('class="input-bar"') == 2
     assert "#3: 1,000 input, 600 cached" in page or "#3: 1000 input, 600 cached" in page
+
+
+def test_it_refuses_an_append_that_would_take_the_cost_past_its_bound(alice_api):
+    # 10^12 prompt and completion tokens on gpt-4o: $12.5 million a call, 720 of them pass
+    # the $9 × 10⁹ a session's cost may reach. Refused whole, nothing stored, never a 500.
+    session_id = create_session(alice_api)
+    huge = {"promptTokens": 10**12, "completionTokens": 10**12}
+    bulk = [{"type": "AGENT_MESSAGE", "content": "r", "tokenUsage": huge}] * 800
+    response = alice_api.post(f"/api/v1/sessions/{session_id}/events", bulk, format="json")
+    assert response.status_code == 422, response.content
+    assert response.json()["error"] == "token_usage_total_exceeded"
+    assert Event.objects.filter(session_id=session_id).count() == 1
+    stored = alice_api.post(f"/api/v1/sessions/{session_id}/events", bulk[:100], format="json")
+    assert stored.status_code == 201
+    assert usage_of(alice_api, session_id)["costUsd"] == pytest.approx(100 * 12.5e6)

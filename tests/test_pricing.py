@@ -2,7 +2,7 @@
 savings at the uncached input rate, and no number at all for a model without a price."""
 
 from sessions_app.pricing import (
-    PICO_PER_USD,
+    NANO_PER_USD,
     CallUsage,
     hit_rate,
     price_call,
@@ -16,8 +16,8 @@ MTOK = 1_000_000
 
 def dollars(model, **usage):
     price = price_call(model, CallUsage(**usage))
-    assert price.pico_usd is not None, price.reason
-    return price.pico_usd / PICO_PER_USD
+    assert price.nano_usd is not None, price.reason
+    return price.nano_usd / NANO_PER_USD
 
 
 def test_it_prices_anthropic_cache_reads_at_a_tenth_and_writes_at_one_and_a_quarter():
@@ -52,10 +52,10 @@ def test_it_prices_openai_cached_input_at_the_models_cached_rate():
 
 def test_it_gives_no_number_and_a_reason_for_a_model_without_a_price():
     price = price_call("my-own-finetune-xyz", CallUsage(input_tokens=1000, output_tokens=10))
-    assert price.pico_usd is None
+    assert price.nano_usd is None
     assert "my-own-finetune-xyz" in price.reason
     empty = price_call("", CallUsage(input_tokens=1))
-    assert empty.pico_usd is None and empty.reason
+    assert empty.nano_usd is None and empty.reason
 
 
 def test_it_clamps_inconsistent_cache_figures_to_the_input_they_are_part_of():
@@ -65,8 +65,8 @@ def test_it_clamps_inconsistent_cache_figures_to_the_input_they_are_part_of():
 
 def test_it_prices_savings_at_the_uncached_input_rate():
     price = price_input("gpt-4o", 2 * MTOK)
-    assert price.pico_usd == 5 * PICO_PER_USD
-    assert usd(price.pico_usd) == 5.0
+    assert price.nano_usd == 5 * NANO_PER_USD
+    assert usd(price.nano_usd) == 5.0
 
 
 def test_it_computes_hit_rate_and_saved_tokens():

@@ -82,7 +82,7 @@ def _event_cost(model: str, event: Event) -> Decimal | None:
             cache_write_tokens=event.cache_write_tokens or 0,
         ),
     )
-    return None if price.pico_usd is None else Decimal(price.pico_usd) / pricing.PICO_PER_USD
+    return None if price.nano_usd is None else Decimal(price.nano_usd) / pricing.NANO_PER_USD
 
 
 def _session_cost(session: Session) -> Decimal | None:
@@ -90,7 +90,7 @@ def _session_cost(session: Session) -> Decimal | None:
     model has no price: never a partial sum shown as the total)."""
     if not session.reported_event_count or session.unpriced_calls:
         return None
-    return Decimal(session.cost_pico_usd) / pricing.PICO_PER_USD
+    return Decimal(session.cost_nano_usd) / pricing.NANO_PER_USD
 
 
 @dataclass
@@ -145,7 +145,7 @@ def session_row(*, session: Session, active_run: CompactionRun | None = None) ->
         saved_tokens=session.saved_tokens,
         saved_usd=None
         if session.unpriced_calls
-        else Decimal(session.saved_pico_usd) / pricing.PICO_PER_USD,
+        else Decimal(session.saved_nano_usd) / pricing.NANO_PER_USD,
     )
 
 
