@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass
 from decimal import ROUND_HALF_EVEN, Decimal
+from typing import Any
 
 NANO_PER_USD = 10**9
 # A session's cost and savings stay below this (9 × 10⁹ USD): within a bigint on every database.
@@ -118,11 +119,19 @@ def saved_tokens(*, client_tokens: int | None, forwarded_tokens: int) -> int:
 
 
 def _calc(usage: object, ref: str, provider_id: str | None) -> Decimal:
-    from sessions_app.model_registry import _snapshot
-
-    result = _snapshot().calc(usage, ref, provider_id, None, None)  # type: ignore[arg-type]
+    provider, model = _find(ref, provider_id)
+    result = model.calc_price(usage, provider)  # type: ignore[arg-type]
     price = result.total_price
     return price if isinstance(price, Decimal) else Decimal(str(price))
+
+
+@functools.lru_cache(maxsize=1024)
+def _find(ref: str, provider_id: str | None) -> tuple[Any, Any]:
+    """genai-prices' (provider, model) for a ref, looked up once: the look-up is most of a
+    call's pricing time, and every reply the gateway records is priced."""
+    from sessions_app.model_registry import _snapshot
+
+    return _snapshot().find_provider_model(ref, None, provider_id, None)
 
 
 @functools.lru_cache(maxsize=1024)
