@@ -53,8 +53,9 @@ def chart_context(*, session: Session, schedule: queries.Schedule, axis: str) ->
     return {
         "series": series,
         "axis": axis,
-        # The input each provider call read, cached (bottom) and not (top), under the chart.
-        "input_bars": input_bars(calls),
+        # The input each provider call read, cached (bottom) and not (top), under the chart:
+        # drawn once some call reported a cache read (the page's height is budgeted).
+        "input_bars": input_bars(calls, height=28, pad_top=2, pad_bottom=2),
         "cached_calls": sum(1 for call in calls if call.cached_tokens),
         "geometry": wide,
         "chart_variants": [{"variant": "wide", "geo": wide}, {"variant": "narrow", "geo": narrow}],
