@@ -29,7 +29,7 @@ from typing import Any
 
 from django.db import IntegrityError, connection, transaction
 
-from sessions_app import sql, tokens
+from sessions_app import pricing, sql, tokens
 from sessions_app.errors import Conflict, Unprocessable
 from sessions_app.models import ROLE_FOR_TYPE, Event, EventType, Session, is_model_visible
 from sessions_app.signals import announce_appended
@@ -44,6 +44,11 @@ class TokenUsage:
     prompt_tokens: int | None = None
     completion_tokens: int | None = None
     total_tokens: int | None = None
+    # Parts of prompt_tokens the provider read from its cache and wrote to it (of which at
+    # the one-hour rate; kept for pricing, not stored as a column).
+    cached_input_tokens: int | None = None
+    cache_write_tokens: int | None = None
+    cache_write_1h_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,9 @@ class EventInput:
     metadata: Mapping[str, Any] = field(default_factory=dict)
     # The gateway's hash of the client message the event came from.
     message_hash: str = ""
+    # On a gateway reply: what fitting kept from being sent on the call it answers (the
+    # client's request minus what was forwarded, in tokens); see sessions_app.pricing.
+    saved_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -138,6 +146,15 @@ class _Added:
     completion: int = 0
     total: int = 0
     reported: int = 0
+    # The bill: the session's model prices an event whose metadata names no other.
+    model: str = ""
+    cached: int = 0
+    cache_write: int = 0
+    cost_nano: int = 0
+    saved: int = 0
+    saved_nano: int = 0
+    unpriced: int = 0
+    unpriced_model: str = ""
 
     def add(self, item: EventInput, text: str, tokens_: int) -> None:
         self.count += 1
@@ -154,6 +171,33 @@ class _Added:
             self.prompt += usage.prompt_tokens or 0
             self.completion += usage.completion_tokens or 0
             self.total += usage.total_tokens or 0
+            self._bill(item, usage)
+
+    def _bill(self, item: EventInput, usage: TokenUsage) -> None:
+        """Price the provider call this usage reports, and what fitting saved on it."""
+        named = item.metadata.get("model")
+        model = named if isinstance(named, str) and named else self.model
+        self.cached += usage.cached_input_tokens or 0
+        self.cache_write += usage.cache_write_tokens or 0
+        price = pricing.price_call(
+            model,
+            pricing.CallUsage(
+                input_tokens=usage.prompt_tokens or 0,
+                output_tokens=usage.completion_tokens or 0,
+                cached_input_tokens=usage.cached_input_tokens or 0,
+                cache_write_tokens=usage.cache_write_tokens or 0,
+                cache_write_1h_tokens=usage.cache_write_1h_tokens or 0,
+            ),
+        )
+        saved = max(item.saved_tokens, 0)
+        self.saved += saved
+        if price.nano_usd is None:
+            self.unpriced += 1
+            self.unpriced_model = model[:200]
+            return
+        self.cost_nano += price.nano_usd
+        if saved:
+            self.saved_nano += pricing.price_input(model, saved).nano_usd or 0
 
     def deltas(self) -> dict[str, int]:
         return {
@@ -167,7 +211,17 @@ class _Added:
             "reported_completion_tokens": self.completion,
             "reported_total_tokens": self.total,
             "reported_event_count": self.reported,
+            "reported_cached_input_tokens": self.cached,
+            "reported_cache_write_tokens": self.cache_write,
+            "cost_nano_usd": self.cost_nano,
+            "saved_tokens": self.saved,
+            "saved_nano_usd": self.saved_nano,
+            "unpriced_calls": self.unpriced,
         }
+
+    def values(self) -> dict[str, Any]:
+        """Plain values to set with the counters: the last model without a price."""
+        return {"unpriced_model": self.unpriced_model} if self.unpriced else {}
 
 
 def _same_event(stored: Event, item: EventInput, text: str, is_json: bool) -> bool:
@@ -183,6 +237,8 @@ def _same_event(stored: Event, item: EventInput, text: str, is_json: bool) -> bo
         and stored.prompt_tokens == (usage.prompt_tokens if usage else None)
         and stored.completion_tokens == (usage.completion_tokens if usage else None)
         and stored.total_tokens == (usage.total_tokens if usage else None)
+        and stored.cached_input_tokens == (usage.cached_input_tokens if usage else None)
+        and stored.cache_write_tokens == (usage.cache_write_tokens if usage else None)
         # Through JSON text: Python's == would take true for 1 and 1.0 for 1.
         and _canonical_json(stored.metadata) == _canonical_json(item.metadata)
     )
@@ -279,6 +335,8 @@ def _new_events(
             prompt_tokens=usage.prompt_tokens if usage else None,
             completion_tokens=usage.completion_tokens if usage else None,
             total_tokens=usage.total_tokens if usage else None,
+            cached_input_tokens=usage.cached_input_tokens if usage else None,
+            cache_write_tokens=usage.cache_write_tokens if usage else None,
             pinned=item.pinned,
             metadata=dict(item.metadata),
             message_hash=item.message_hash,
@@ -312,20 +370,25 @@ def _append_direct(
     *,
     has_ids: bool,
 ) -> AppendResult:
-    added = _Added()
+    added = _Added(model=session.model)
     for index, (item, text, _) in enumerate(prepared):
         added.add(item, text, counts[index])
+    updates = {**updates, **added.values()}
     # The reported totals' bound as a condition of the UPDATE: no row back means the bound,
     # or a missing session, and the careful way tells which.
     bounds = {
-        name: MAX_REPORTED_TOTAL - value
-        for name, value in (
-            ("reported_prompt_tokens", added.prompt),
-            ("reported_completion_tokens", added.completion),
-            ("reported_total_tokens", added.total),
+        name: bound - value
+        for name, value, bound in (
+            ("reported_prompt_tokens", added.prompt, MAX_REPORTED_TOTAL),
+            ("reported_completion_tokens", added.completion, MAX_REPORTED_TOTAL),
+            ("reported_total_tokens", added.total, MAX_REPORTED_TOTAL),
+            ("cost_nano_usd", added.cost_nano, pricing.MAX_TOTAL_NANO_USD),
+            ("saved_nano_usd", added.saved_nano, pricing.MAX_TOTAL_NANO_USD),
         )
         if value
     }
+    if min(bounds.values(), default=0) < 0:
+        raise _TakeCarefulPath  # past a bound on its own: the careful way says which
     if connection.vendor == "postgresql":
         return _append_in_one_statement(session, prepared, counts, added, updates, bounds)
     try:
@@ -391,7 +454,7 @@ def _append_careful(
             existing = dict(replayed)
             fresh = [entry for entry in prepared if entry[0].id not in replayed]
             existing.update(_stored_replays(locked, fresh, seen - set(replayed)))
-            added = _Added()
+            added = _Added(model=locked.model)
             for index, (item, text, _) in enumerate(prepared):
                 if item.id is None or item.id not in existing:
                     added.add(item, text, counts[index])
@@ -404,7 +467,10 @@ def _append_careful(
             _check_reported_totals(
                 locked, prompt=added.prompt, completion=added.completion, total=added.total
             )
-            row = sql.update_session_returning(session.pk, deltas=added.deltas(), values=updates)
+            _check_bill_totals(locked, added)
+            row = sql.update_session_returning(
+                session.pk, deltas=added.deltas(), values={**updates, **added.values()}
+            )
             assert row is not None  # locked above
             return _store(row, prepared, counts, existing)
     except IntegrityError:
@@ -426,4 +492,19 @@ def _check_reported_totals(session: Session, *, prompt: int, completion: int, to
                 f"this append would take the session's {key} past {MAX_REPORTED_TOTAL}",
                 code="token_usage_total_exceeded",
                 limit=MAX_REPORTED_TOTAL,
+            )
+
+
+def _check_bill_totals(session: Session, added: _Added) -> None:
+    """The session's cost and savings stay within what a bigint holds (nanodollars)."""
+    for key, current, more in (
+        ("costUsd", session.cost_nano_usd, added.cost_nano),
+        ("savedUsd", session.saved_nano_usd, added.saved_nano),
+    ):
+        if current + more > pricing.MAX_TOTAL_NANO_USD:
+            raise Unprocessable(
+                f"this append would take the session's {key} past "
+                f"{pricing.MAX_TOTAL_NANO_USD // pricing.NANO_PER_USD} USD",
+                code="token_usage_total_exceeded",
+                limit=pricing.MAX_TOTAL_NANO_USD // pricing.NANO_PER_USD,
             )

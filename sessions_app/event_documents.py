@@ -34,6 +34,7 @@ def _event_dict(event: Event) -> dict[str, Any]:
             "promptTokens": event.prompt_tokens,
             "completionTokens": event.completion_tokens,
             "totalTokens": event.total_tokens,
+            **cache_usage(event),
         }
     return {
         "id": str(event.id),
@@ -54,3 +55,13 @@ def _event_dict(event: Event) -> dict[str, Any]:
         "reverted": event.reverted,
         "createdAt": iso_datetime(event.created_at),
     }
+
+
+def cache_usage(event: Event) -> dict[str, int]:
+    """An event's cache figures for its tokenUsage, only those the provider reported."""
+    found = {}
+    if event.cached_input_tokens is not None:
+        found["cachedInputTokens"] = event.cached_input_tokens
+    if event.cache_write_tokens is not None:
+        found["cacheWriteTokens"] = event.cache_write_tokens
+    return found

@@ -13,7 +13,6 @@ import re
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from decimal import Decimal
 from typing import TYPE_CHECKING
 
 from sessions_app.tokens import resolve_encoding
@@ -28,7 +27,6 @@ __all__ = [
     "ModelInfo",
     "ModelRegistry",
     "default_registry",
-    "estimate_cost_usd",
 ]
 
 # genai-prices has no plain "gemini-3-pro" entry (only previews without a window).
@@ -253,35 +251,3 @@ class ModelRegistry:
 def default_registry() -> ModelRegistry:
     """A process-wide registry with only :data:`DEFAULT_OVERRIDES` (no settings applied)."""
     return ModelRegistry()
-
-
-def estimate_cost_usd(model: str, *, input_tokens: int, output_tokens: int) -> Decimal | None:
-    """Price in USD of one call from genai-prices' bundled prices; None when unknown."""
-    try:
-        if input_tokens < 0 or output_tokens < 0:
-            return None
-        key = _normalize(model)
-        if not key:
-            return None
-        from genai_prices.types import Usage
-
-        usage = Usage(input_tokens=int(input_tokens), output_tokens=int(output_tokens))
-        attempts: list[tuple[str, str | None]] = []
-        if "/" in key:
-            prefix, rest = key.split("/", 1)
-            if _provider_by_id(prefix) is not None:
-                attempts.append((rest, prefix))
-        attempts.append((key, None))
-        bare = key.rsplit("/", 1)[-1]
-        if bare != key:
-            attempts.append((bare, None))
-        for ref, provider_id in attempts:
-            try:
-                result = _snapshot().calc(usage, ref, provider_id, None, None)
-            except LookupError:
-                continue
-            price = result.total_price
-            return price if isinstance(price, Decimal) else Decimal(str(price))
-        return None
-    except Exception:  # pricing is advisory: a data quirk must never fail a request
-        return None

@@ -78,6 +78,16 @@ class Session(models.Model):
     reported_completion_tokens = models.PositiveBigIntegerField(default=0)
     reported_total_tokens = models.PositiveBigIntegerField(default=0)
     reported_event_count = models.PositiveIntegerField(default=0)
+    # The provider bill (sessions_app.pricing), summed the same way: cache reads and writes
+    # (parts of reported_prompt_tokens), the cost in nanodollars, what fitting kept from being
+    # sent and its price; calls whose model has no price leave the cost unknown.
+    reported_cached_input_tokens = models.PositiveBigIntegerField(default=0)
+    reported_cache_write_tokens = models.PositiveBigIntegerField(default=0)
+    cost_nano_usd = models.PositiveBigIntegerField(default=0)
+    saved_tokens = models.PositiveBigIntegerField(default=0)
+    saved_nano_usd = models.PositiveBigIntegerField(default=0)
+    unpriced_calls = models.PositiveIntegerField(default=0)
+    unpriced_model = models.CharField(max_length=200, blank=True, default="")
     # Snapshot of the latest compaction run, written by compaction_app through a service
     # (sessions_app never imports compaction_app).
     last_compaction = models.JSONField(null=True, blank=True)
@@ -140,6 +150,9 @@ class Event(models.Model):
     prompt_tokens = models.PositiveBigIntegerField(null=True, blank=True)
     completion_tokens = models.PositiveBigIntegerField(null=True, blank=True)
     total_tokens = models.PositiveBigIntegerField(null=True, blank=True)
+    # Provider cache reads and writes, parts of prompt_tokens (None: not reported).
+    cached_input_tokens = models.PositiveBigIntegerField(null=True, blank=True)
+    cache_write_tokens = models.PositiveBigIntegerField(null=True, blank=True)
     pinned = models.BooleanField(default=False)
     metadata = models.JSONField(default=dict, blank=True)
     # The COMPACTION event that folded this one out of the active context (never deleted).

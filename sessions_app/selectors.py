@@ -9,7 +9,7 @@ from typing import Any
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db.models import QuerySet
 
-from sessions_app import render, tokens
+from sessions_app import pricing, render, tokens
 from sessions_app.errors import NotFound
 from sessions_app.exact_counts import exact_counting_enabled
 from sessions_app.models import Event, EventType, Session, TokenProvenance
@@ -66,6 +66,29 @@ def usage_for_session(*, session: Session) -> dict[str, Any]:
         "lastCompaction": session.last_compaction,
         "lastProviderPromptTokens": session.last_provider_prompt_tokens,
         "countDriftPercent": count_drift_percent(session=session),
+        **bill_for_session(session=session),
+    }
+
+
+def bill_for_session(*, session: Session) -> dict[str, Any]:
+    """The provider bill from the session's counters: cache figures, cost and savings."""
+    unknown = None
+    if session.unpriced_calls:
+        unknown = (
+            f"no price is known for model {session.unpriced_model!r} "
+            f"({session.unpriced_calls} call{'s' if session.unpriced_calls != 1 else ''})"
+        )
+    return {
+        "cachedInputTokens": session.reported_cached_input_tokens,
+        "cacheWriteTokens": session.reported_cache_write_tokens,
+        "cacheHitRate": pricing.hit_rate(
+            cached=session.reported_cached_input_tokens,
+            input_tokens=session.reported_prompt_tokens,
+        ),
+        "costUsd": None if unknown else pricing.usd(session.cost_nano_usd),
+        "costUnknownReason": unknown,
+        "savedTokens": session.saved_tokens,
+        "savedUsd": None if unknown else pricing.usd(session.saved_nano_usd),
     }
 
 

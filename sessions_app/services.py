@@ -208,6 +208,9 @@ def _check_token_usage(usage: TokenUsage | None, index: int) -> TokenUsage | Non
         "promptTokens": usage.prompt_tokens,
         "completionTokens": usage.completion_tokens,
         "totalTokens": usage.total_tokens,
+        "cachedInputTokens": usage.cached_input_tokens,
+        "cacheWriteTokens": usage.cache_write_tokens,
+        "cacheWrite1hTokens": usage.cache_write_1h_tokens,
     }
     for key, value in values.items():
         if value is not None and (
@@ -224,6 +227,16 @@ def _check_token_usage(usage: TokenUsage | None, index: int) -> TokenUsage | Non
             )
     if all(value is None for value in values.values()):
         return None
+    parts = (usage.cached_input_tokens or 0) + (usage.cache_write_tokens or 0)
+    if (usage.prompt_tokens is not None and parts > usage.prompt_tokens) or (
+        (usage.cache_write_1h_tokens or 0) > (usage.cache_write_tokens or 0)
+    ):
+        raise InvalidInput(
+            "tokenUsage.cachedInputTokens and cacheWriteTokens are parts of promptTokens: "
+            "together they cannot exceed it",
+            code="invalid_request",
+            fields={f"[{index}].tokenUsage.cachedInputTokens": "exceeds promptTokens"},
+        )
     return usage
 
 

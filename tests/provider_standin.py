@@ -51,7 +51,10 @@ class Step:
     kind "missing_fields": 200 with a JSON object lacking choices / content.
     kind "raw": 200 with `raw_body` as the JSON body, verbatim.
     `delay` seconds are slept before answering (cut short when the stand-in closes).
-    `prompt_tokens` None: the stand-in's own estimate (characters / 4).
+    `prompt_tokens` None: the stand-in's own estimate (characters / 4). Cache figures are
+    parts of it, reported as each provider does: OpenAI's `prompt_tokens_details.
+    cached_tokens`; Anthropic's `cache_read_input_tokens`, `cache_creation_input_tokens` and
+    its `cache_creation` split (`cache_write_1h_tokens` of the write at the one-hour rate).
     """
 
     kind: str = "reply"
@@ -65,6 +68,8 @@ class Step:
     prompt_tokens: int | None = None
     chunks_before_break: int = 2
     cache_read_tokens: int = 0
+    cache_write_tokens: int = 0
+    cache_write_1h_tokens: int = 0
     raw_body: bytes = b""
     # Responses: a reasoning item with this opaque `encrypted_content` opens the output.
     reasoning: str = ""
@@ -226,22 +231,27 @@ def _openai_message(step: Step) -> dict[str, Any]:
     return message
 
 
-def _openai_usage(step: Step, body: dict[str, Any]) -> dict[str, int]:
+def _openai_usage(step: Step, body: dict[str, Any]) -> dict[str, Any]:
     prompt = step.prompt_tokens if step.prompt_tokens is not None else _estimate(body)
     completion = max(1, len(step.text) // 4)
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": prompt + completion,
+        "prompt_tokens_details": {"cached_tokens": step.cache_read_tokens, "audio_tokens": 0},
     }
 
 
-def _anthropic_usage(step: Step, body: dict[str, Any]) -> dict[str, int]:
+def _anthropic_usage(step: Step, body: dict[str, Any]) -> dict[str, Any]:
     prompt = step.prompt_tokens if step.prompt_tokens is not None else _estimate(body)
     return {
-        "input_tokens": prompt - step.cache_read_tokens,
-        "cache_creation_input_tokens": 0,
+        "input_tokens": prompt - step.cache_read_tokens - step.cache_write_tokens,
+        "cache_creation_input_tokens": step.cache_write_tokens,
         "cache_read_input_tokens": step.cache_read_tokens,
+        "cache_creation": {
+            "ephemeral_5m_input_tokens": step.cache_write_tokens - step.cache_write_1h_tokens,
+            "ephemeral_1h_input_tokens": step.cache_write_1h_tokens,
+        },
         "output_tokens": max(1, len(step.text) // 4),
     }
 
@@ -410,7 +420,8 @@ def _anthropic_events(step: Step, body: dict[str, Any]) -> list[bytes]:
                     "stop_reason": "tool_use" if step.tool_calls else "end_turn",
                     "stop_sequence": None,
                 },
-                "usage": {"output_tokens": usage["output_tokens"]},
+                # Cumulative, as the API sends them: the input and cache figures again.
+                "usage": {k: v for k, v in usage.items() if k != "cache_creation"},
             },
         )
     )

@@ -31,6 +31,13 @@ USAGE_KEYS = {
     "lastCompaction",
     "lastProviderPromptTokens",
     "countDriftPercent",
+    "cachedInputTokens",
+    "cacheWriteTokens",
+    "cacheHitRate",
+    "costUsd",
+    "costUnknownReason",
+    "savedTokens",
+    "savedUsd",
 }
 
 CONVERSATION = [
@@ -118,6 +125,13 @@ def test_it_returns_exactly_the_design_fields(alice_api):
         "lastCompaction": None,
         "lastProviderPromptTokens": None,
         "countDriftPercent": None,
+        "cachedInputTokens": 0,
+        "cacheWriteTokens": 0,
+        "cacheHitRate": None,
+        "costUsd": 0.0,
+        "costUnknownReason": None,
+        "savedTokens": 0,
+        "savedUsd": 0.0,
     }
 
 

@@ -228,7 +228,9 @@ def test_it_reports_usage_of_the_named_or_latest_session(live_url, alice, alice_
         assert {key: out[key] for key in rest} == rest
         assert out["thresholds"] == {"compact": 0.8, "hardLimit": 0.95}
     assert payload(call(live_url, token_for(alice), "ledger_usage"))["session"]["id"] == latest
-    assert payload(call(live_url, token_for(alice), "ledger_usage"))["costUsd"] is None
+    # No provider call reported yet: nothing to pay, and nothing unknown about it.
+    fresh = payload(call(live_url, token_for(alice), "ledger_usage"))
+    assert fresh["costUsd"] == 0 and fresh["costUnknownReason"] is None
     append_events(
         alice_api,
         session_id=first,

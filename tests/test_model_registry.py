@@ -8,8 +8,8 @@ from sessions_app.model_registry import (
     ModelInfo,
     ModelRegistry,
     default_registry,
-    estimate_cost_usd,
 )
+from sessions_app.pricing import estimate_cost_usd
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,9 @@ from sessions_app.tokens import REPLY_PRIMER
 
 __all__ = [
     "REPLY_PRIMER",
+    "CallInput",
+    "InputBar",
+    "input_bars",
     "ChartCompaction",
     "ChartEvent",
     "ChartGeometry",
@@ -281,3 +284,71 @@ def chart_geometry(
         thresholds=lines,
         axis="time" if use_time else "seq",
     )
+
+
+@dataclass(frozen=True)
+class CallInput:
+    """One reported provider call's input tokens, and the part read from the provider's
+    prompt cache."""
+
+    seq: int
+    input_tokens: int
+    cached_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class InputBar:
+    """A call's bar in the chart's input strip: the cached part stacked under the uncached."""
+
+    x: float
+    width: float
+    cached_y: float
+    cached_height: float
+    uncached_y: float
+    uncached_height: float
+    call: CallInput
+
+
+def input_bars(
+    calls: Sequence[CallInput],
+    *,
+    width: int = 720,
+    height: int = 64,
+    pad_left: int = 56,
+    pad_right: int = 40,
+    pad_top: int = 4,
+    pad_bottom: int = 4,
+    max_bars: int = 300,
+) -> tuple[InputBar, ...]:
+    """One bar per call (evenly spaced, at most `max_bars`: a longer session shows every
+    n-th call), its height the call's input tokens on a scale of the largest, the cached
+    part at the bottom."""
+    if not calls:
+        return ()
+    if len(calls) > max_bars:
+        step = len(calls) / max_bars
+        calls = [calls[int(k * step)] for k in range(max_bars)]
+    left, right = pad_left, width - pad_right
+    top, bottom = pad_top, height - pad_bottom
+    peak = max(max(c.input_tokens for c in calls), 1)
+    slot = (right - left) / len(calls)
+    bar = max(round(slot * 0.8, 1), 0.5)
+    bars = []
+    for index, call in enumerate(calls):
+        total = max(call.input_tokens, 0)
+        cached = min(max(call.cached_tokens, 0), total)
+        full = (bottom - top) * total / peak
+        cached_h = round((bottom - top) * cached / peak, 1)
+        uncached_h = round(full - cached_h, 1)
+        bars.append(
+            InputBar(
+                x=round(left + index * slot, 1),
+                width=bar,
+                cached_y=round(bottom - cached_h, 1),
+                cached_height=cached_h,
+                uncached_y=round(bottom - cached_h - uncached_h, 1),
+                uncached_height=uncached_h,
+                call=call,
+            )
+        )
+    return tuple(bars)

@@ -21,11 +21,17 @@ from django.db.models.fields.json import KT
 from django.db.models.functions import Cast, Coalesce
 from django.utils import timezone
 
-from compaction_app.dashboard.chart import ChartCompaction, ChartEvent, Series, context_series
+from compaction_app.dashboard.chart import (
+    CallInput,
+    ChartCompaction,
+    ChartEvent,
+    Series,
+    context_series,
+)
 from compaction_app.dashboard.trace import Item, build_trace
 from compaction_app.models import ACTIVE_STATUSES, CompactionRun, RunningSummary, RunStatus
 from compaction_app.selectors import latest_revertible_run, runs_for_session
-from sessions_app.model_registry import estimate_cost_usd
+from sessions_app import pricing
 from sessions_app.models import MODEL_INVISIBLE_TYPES, Event, EventType, Session
 from sessions_app.search import sessions_matching_content
 from sessions_app.selectors import counter_is_exact, sessions_visible_to, usage_for_session
@@ -61,10 +67,30 @@ def usage_level(percent: float) -> str:
     return "ok"
 
 
-def _cost(model: str, prompt: int, completion: int) -> Decimal | None:
-    if not prompt and not completion:
+def _event_cost(model: str, event: Event) -> Decimal | None:
+    """One reported call's price, cache reads and writes at their own rates (the model the
+    reply names, else the session's)."""
+    if not event.prompt_tokens and not event.completion_tokens:
         return None
-    return estimate_cost_usd(model, input_tokens=prompt, output_tokens=completion)
+    named = event.metadata.get("model") if isinstance(event.metadata, dict) else None
+    price = pricing.price_call(
+        named if isinstance(named, str) and named else model,
+        pricing.CallUsage(
+            input_tokens=event.prompt_tokens or 0,
+            output_tokens=event.completion_tokens or 0,
+            cached_input_tokens=event.cached_input_tokens or 0,
+            cache_write_tokens=event.cache_write_tokens or 0,
+        ),
+    )
+    return None if price.nano_usd is None else Decimal(price.nano_usd) / pricing.NANO_PER_USD
+
+
+def _session_cost(session: Session) -> Decimal | None:
+    """The session's bill from its counters (None before any reported call, or when a call's
+    model has no price: never a partial sum shown as the total)."""
+    if not session.reported_event_count or session.unpriced_calls:
+        return None
+    return Decimal(session.cost_nano_usd) / pricing.NANO_PER_USD
 
 
 @dataclass
@@ -78,6 +104,14 @@ class SessionRow:
     cost: Decimal | None
     active_run: CompactionRun | None
     last_compaction: Mapping[str, Any] | None
+    # The provider bill: cache hit rate (0–1) and what fitting saved (None: unpriced).
+    hit_rate: float | None = None
+    saved_tokens: int = 0
+    saved_usd: Decimal | None = None
+
+    @property
+    def hit_percent(self) -> float | None:
+        return None if self.hit_rate is None else round(100 * self.hit_rate, 1)
 
     @property
     def id(self) -> uuid.UUID:
@@ -101,11 +135,17 @@ def session_row(*, session: Session, active_run: CompactionRun | None = None) ->
         percent=session.percent_used,
         level=usage_level(session.percent_used),
         context_tokens=session.context_tokens,
-        cost=_cost(
-            session.model, session.reported_prompt_tokens, session.reported_completion_tokens
-        ),
+        cost=_session_cost(session),
         active_run=active_run,
         last_compaction=session.last_compaction,
+        hit_rate=pricing.hit_rate(
+            cached=session.reported_cached_input_tokens,
+            input_tokens=session.reported_prompt_tokens,
+        ),
+        saved_tokens=session.saved_tokens,
+        saved_usd=None
+        if session.unpriced_calls
+        else Decimal(session.saved_nano_usd) / pricing.NANO_PER_USD,
     )
 
 
@@ -237,7 +277,7 @@ def timeline(*, session: Session, show_all: bool = False) -> Timeline:
     }
 
     def cost_of(event: Event) -> Decimal | None:
-        return _cost(session.model, event.prompt_tokens or 0, event.completion_tokens or 0)
+        return _event_cost(session.model, event)
 
     items = build_trace(
         events, runs_by_marker=runs_by_marker, marker_seqs=marker_seqs, cost_of=cost_of
@@ -289,6 +329,16 @@ def chart_series(*, session: Session) -> Series:
             )
         )
     return context_series(events=events, compactions=compactions)
+
+
+def call_inputs(*, session: Session) -> list[CallInput]:
+    """Each reported provider call's input, cached and not, for the chart's input strip."""
+    rows = (
+        Event.objects.filter(session=session, prompt_tokens__isnull=False)
+        .order_by("seq")
+        .values_list("seq", "prompt_tokens", "cached_input_tokens")
+    )
+    return [CallInput(seq=seq, input_tokens=p or 0, cached_tokens=c or 0) for seq, p, c in rows]
 
 
 @dataclass

@@ -13,7 +13,7 @@ from typing import Any
 from django.template.loader import render_to_string
 
 from compaction_app.dashboard import queries
-from compaction_app.dashboard.chart import chart_geometry
+from compaction_app.dashboard.chart import chart_geometry, input_bars
 from compaction_app.models import CompactionRun
 from sessions_app.models import Session
 
@@ -49,9 +49,14 @@ def chart_context(*, session: Session, schedule: queries.Schedule, axis: str) ->
         y_tick_count=2,
         x_tick_count=2,
     )
+    calls = queries.call_inputs(session=session)
     return {
         "series": series,
         "axis": axis,
+        # The input each provider call read, cached (bottom) and not (top), under the chart:
+        # drawn once some call reported a cache read (the page's height is budgeted).
+        "input_bars": input_bars(calls, height=28, pad_top=2, pad_bottom=2),
+        "cached_calls": sum(1 for call in calls if call.cached_tokens),
         "geometry": wide,
         "chart_variants": [{"variant": "wide", "geo": wide}, {"variant": "narrow", "geo": narrow}],
     }

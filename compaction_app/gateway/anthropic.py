@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from compaction_app.gateway import usage as usage_fields
 from compaction_app.gateway import wire
 from compaction_app.gateway.messages import (
     AGENT_MESSAGE,
@@ -183,25 +184,6 @@ def with_context(
     return fitted
 
 
-def _usage(usage: dict[str, Any]) -> tuple[int | None, int | None, int | None]:
-    """Anthropic's input, cache and output tokens as prompt / completion / total: the prompt
-    is everything the model read, cached or not."""
-
-    def number(key: str) -> int:
-        value = usage.get(key)
-        return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-    if not usage:
-        return None, None, None
-    prompt = (
-        number("input_tokens")
-        + number("cache_creation_input_tokens")
-        + number("cache_read_input_tokens")
-    )
-    completion = number("output_tokens")
-    return prompt, completion, prompt + completion
-
-
 def reply_from_response(payload: Any, *, model: str) -> Reply | None:
     if not isinstance(payload, dict) or not isinstance(payload.get("content"), list):
         return None
@@ -210,14 +192,11 @@ def reply_from_response(payload: Any, *, model: str) -> Reply | None:
     except GatewayInputError:
         return None
     usage = payload.get("usage") if isinstance(payload.get("usage"), dict) else {}
-    prompt, completion, total = _usage(usage or {})
     return Reply(
         message=message,
         model=str(payload.get("model") or model),
-        prompt_tokens=prompt,
-        completion_tokens=completion,
-        total_tokens=total,
         raw_usage=usage or {},
+        **usage_fields.anthropic_messages(usage),
     )
 
 

@@ -93,6 +93,11 @@ class Reply:
     completion_tokens: int | None = None
     total_tokens: int | None = None
     raw_usage: dict[str, Any] = field(default_factory=dict)
+    # Parts of prompt_tokens the provider reported as cache reads and cache writes (of which
+    # at the one-hour rate); None when it said nothing (see gateway/usage.py).
+    cached_input_tokens: int | None = None
+    cache_write_tokens: int | None = None
+    cache_write_1h_tokens: int | None = None
 
 
 def message_hash(role: str, text: str, tool_ids: Sequence[str]) -> str:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from compaction_app.gateway import usage as usage_fields
 from compaction_app.gateway import wire
 from compaction_app.gateway.messages import (
     AGENT_MESSAGE,
@@ -161,18 +162,7 @@ def reply_from_response(payload: Any, *, model: str) -> Reply | None:
 
 
 def _reply(message: ClientMessage, model: str, usage: dict[str, Any]) -> Reply:
-    def number(key: str) -> int | None:
-        value = usage.get(key)
-        return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-    return Reply(
-        message=message,
-        model=model,
-        prompt_tokens=number("prompt_tokens"),
-        completion_tokens=number("completion_tokens"),
-        total_tokens=number("total_tokens"),
-        raw_usage=usage,
-    )
+    return Reply(message=message, model=model, raw_usage=usage, **usage_fields.openai_chat(usage))
 
 
 def error_body(

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from compaction_app.gateway import after, thread_fit
+from compaction_app.gateway import after, bill, thread_fit
 from compaction_app.gateway.fit import Fitted, definitions_tokens, fit, model_window
 from compaction_app.gateway.messages import ClientMessage, GatewayError, GatewayInputError
 from compaction_app.gateway.record import caller_and_session
@@ -111,6 +111,11 @@ class Call:
     request: ThreadRequest | None
     # What the call's appends announce, sent once the response is ready (see after.py).
     announced: after.Announcements
+    # The request's messages as converted for matching (the bill counts them again).
+    convert: Converter | None = None
+    # Our count of the client's request as it arrived, taken only when fitting changed what
+    # is forwarded (see gateway/bill.py); None otherwise.
+    client_tokens: int | None = None
 
 
 def may_compact(*, session: Session, body: dict[str, Any], model: str, enabled: bool) -> bool:
@@ -180,6 +185,7 @@ def prepare(
         fitted=None,
         request=request,
         announced=announced,
+        convert=convert,
     )
     if not may_compact(session=call.session, body=body, model=model, enabled=fit_enabled):
         call.fitted = fit_call(call=call, wire=wire, body=body, model=model, enabled=fit_enabled)
@@ -198,7 +204,7 @@ def fit_call(
     """Fit the call's session to `model`; `fresh` re-reads the session (a fallback model,
     after the first attempt's fit may have compacted it)."""
     session = Session.objects.get(pk=call.session.pk) if fresh else call.session
-    return fit(
+    fitted = fit(
         session=session,
         user=call.user,
         wire=wire,
@@ -208,3 +214,11 @@ def fit_call(
         same_model_as_request=not fresh,
         request=call.request,
     )
+    if fitted.compacted and call.client_tokens is None and call.convert is not None:
+        convert = call.convert
+        call.client_tokens = bill.client_request_tokens(
+            model=session.model,
+            messages=(convert(index) for index in range(convert.count)),
+            body=body,
+        )
+    return fitted

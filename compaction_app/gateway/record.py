@@ -36,6 +36,7 @@ from compaction_app.gateway.messages import (
 from sessions_app import sql, tokens
 from sessions_app.errors import Conflict, LedgerError
 from sessions_app.models import ROLE_FOR_TYPE, Event, Session, Thread
+from sessions_app.pricing import saved_tokens
 from sessions_app.services import EventInput, TokenUsage, event_append, session_create
 
 logger = logging.getLogger("compaction_app.gateway")
@@ -345,9 +346,12 @@ def record_reply(
     incomplete: bool = False,
     metadata: dict[str, Any] | None = None,
     thread_updates: dict[str, Any] | None = None,
+    client_tokens: int | None = None,
 ) -> Sequence[Event]:
     """Append the provider's reply (AGENT_MESSAGE and TOOL_CALLs) with its usage, the serving
-    model, and our count of what was forwarded beside the provider's (count drift)."""
+    model, and our count of what was forwarded beside the provider's (count drift).
+    `client_tokens` is our count of the client's request as it arrived when fitting changed
+    it: the difference is what fitting kept from being sent (the session's savedTokens)."""
     session_id = session.pk
     message = reply.message
     digest = message.hash
@@ -365,7 +369,11 @@ def record_reply(
             total_tokens=reply.total_tokens
             if reply.total_tokens is not None
             else (reply.prompt_tokens or 0) + (reply.completion_tokens or 0),
+            cached_input_tokens=reply.cached_input_tokens,
+            cache_write_tokens=reply.cache_write_tokens,
+            cache_write_1h_tokens=reply.cache_write_1h_tokens,
         )
+    saved = saved_tokens(client_tokens=client_tokens, forwarded_tokens=forwarded_tokens)
     inputs = []
     for part, draft in enumerate(message.drafts):
         first = part == 0
@@ -378,6 +386,8 @@ def record_reply(
                 tool_call_id=draft.tool_call_id,
                 message_hash=digest,
                 token_usage=usage if first else None,
+                # Counted once per call, with its usage.
+                saved_tokens=saved if first and usage is not None else 0,
                 metadata={
                     **meta,
                     **(
@@ -385,6 +395,11 @@ def record_reply(
                             "forwardedTokens": forwarded_tokens,
                             "providerPromptTokens": reply.prompt_tokens,
                             "usage": reply.raw_usage,
+                            **(
+                                {"clientTokens": client_tokens, "savedTokens": saved}
+                                if client_tokens is not None
+                                else {}
+                            ),
                         }
                         if first
                         else {}

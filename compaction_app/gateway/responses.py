@@ -22,6 +22,7 @@ import json
 from typing import Any
 
 from compaction_app.gateway import openai as chat
+from compaction_app.gateway import usage as usage_fields
 from compaction_app.gateway import wire
 from compaction_app.gateway.messages import (
     AGENT_MESSAGE,
@@ -350,14 +351,6 @@ def _is_item(value: Any) -> bool:
     return isinstance(value, dict) and value.get("type") not in (*_PARTS, None)
 
 
-def _usage(usage: dict[str, Any]) -> tuple[int | None, int | None, int | None]:
-    def number(key: str) -> int | None:
-        value = usage.get(key)
-        return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-    return number("input_tokens"), number("output_tokens"), number("total_tokens")
-
-
 def reply_from_response(payload: Any, *, model: str) -> Reply | None:
     """The output items and usage of a response object (None without output)."""
     if not isinstance(payload, dict) or not isinstance(payload.get("output"), list):
@@ -370,14 +363,11 @@ def reply_from_response(payload: Any, *, model: str) -> Reply | None:
     except GatewayInputError:
         return None
     usage = payload.get("usage") if isinstance(payload.get("usage"), dict) else {}
-    prompt, completion, total = _usage(usage or {})
     return Reply(
         message=message,
         model=str(payload.get("model") or model),
-        prompt_tokens=prompt,
-        completion_tokens=completion,
-        total_tokens=total,
         raw_usage=usage or {},
+        **usage_fields.openai_responses(usage or {}),
     )
 
 

@@ -344,6 +344,7 @@ def record_thread_reply(
     forwarded_tokens: int,
     incomplete: bool,
     metadata: dict[str, Any] | None,
+    client_tokens: int | None = None,
 ) -> None:
     """Record the reply in the thread of the call that asked for it (its id continues that
     call's chain, so the same answer to another question is its own event). Never raises."""
@@ -364,6 +365,7 @@ def record_thread_reply(
             incomplete=incomplete,
             metadata=metadata,
             thread_updates=dict(request.notes),
+            client_tokens=client_tokens,
         )
     except Exception as exc:
         logger.exception("gateway: recording the reply failed (session %s)", session.pk)

@@ -329,6 +329,7 @@ async def _record(*, call: Call, fitted: Fitted, reply: Reply, incomplete: bool)
         length=call.position,
         reply=reply,
         forwarded_tokens=fitted.token_count,
+        client_tokens=call.client_tokens,
         incomplete=incomplete,
         metadata={"requestedModel": fitted.model} if fitted.model != reply.model else None,
     )

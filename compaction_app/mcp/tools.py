@@ -26,7 +26,6 @@ from sessions_app import selectors as ledger
 from sessions_app import services as ledger_services
 from sessions_app.api.search_views import RecallInSerializer
 from sessions_app.errors import InvalidInput
-from sessions_app.model_registry import estimate_cost_usd
 from sessions_app.models import Session
 from sessions_app.session_settings import SessionSettings
 
@@ -142,16 +141,6 @@ def ledger_usage(user: User, arguments: Mapping[str, Any]) -> dict[str, Any]:
     session = _session(user, _valid(_SessionArg, arguments))
     settings = SessionSettings.of(session.settings)
     usage = ledger.usage_for_session(session=session)
-    if "costUsd" not in usage:
-        # The dashboard's estimate from the provider-reported totals (null: unknown price).
-        cost = None
-        if session.reported_prompt_tokens or session.reported_completion_tokens:
-            cost = estimate_cost_usd(
-                session.model,
-                input_tokens=session.reported_prompt_tokens,
-                output_tokens=session.reported_completion_tokens,
-            )
-        usage["costUsd"] = round(float(cost), 6) if cost is not None else None
     return {
         "session": _session_ref(session),
         **usage,

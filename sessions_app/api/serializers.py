@@ -12,6 +12,7 @@ from rest_framework import serializers
 
 # The plain event document lives outside the REST layer so tasks (the memory_flush webhook)
 # send the same shape; the views answer with it through this module.
+from sessions_app.event_documents import cache_usage
 from sessions_app.event_documents import event_out as event_out
 from sessions_app.models import Event, EventType, Session
 from sessions_app.services import MAX_REPORTED_TOKENS, EventInput, TokenUsage
@@ -82,6 +83,20 @@ class TokenUsageSerializer(serializers.Serializer):
     totalTokens = StrictIntegerField(
         min_value=0, max_value=MAX_REPORTED_TOKENS, required=False, allow_null=True
     )
+    cachedInputTokens = StrictIntegerField(
+        min_value=0,
+        max_value=MAX_REPORTED_TOKENS,
+        required=False,
+        allow_null=True,
+        help_text="Part of promptTokens the provider read from its prompt cache.",
+    )
+    cacheWriteTokens = StrictIntegerField(
+        min_value=0,
+        max_value=MAX_REPORTED_TOKENS,
+        required=False,
+        allow_null=True,
+        help_text="Part of promptTokens the provider wrote to its prompt cache.",
+    )
 
 
 class EventInSerializer(serializers.Serializer):
@@ -123,6 +138,8 @@ def to_event_input(data: dict[str, Any]) -> EventInput:
             prompt_tokens=usage.get("promptTokens"),
             completion_tokens=usage.get("completionTokens"),
             total_tokens=usage.get("totalTokens"),
+            cached_input_tokens=usage.get("cachedInputTokens"),
+            cache_write_tokens=usage.get("cacheWriteTokens"),
         )
         if usage
         else None,
@@ -187,6 +204,7 @@ class EventOutSerializer(serializers.ModelSerializer):
             "promptTokens": event.prompt_tokens,
             "completionTokens": event.completion_tokens,
             "totalTokens": event.total_tokens,
+            **cache_usage(event),
         }
 
     def get_cleared(self, event: Event) -> bool:
@@ -274,6 +292,28 @@ class UsageSerializer(serializers.Serializer):
     countDriftPercent = serializers.FloatField(allow_null=True)
     thread = serializers.CharField(
         required=False, help_text="The thread these figures are for (gateway sessions only)."
+    )
+    cachedInputTokens = serializers.IntegerField(
+        help_text="Provider-reported cache reads, summed (part of totalPromptTokens)."
+    )
+    cacheWriteTokens = serializers.IntegerField(
+        help_text="Provider-reported cache writes, summed (part of totalPromptTokens)."
+    )
+    cacheHitRate = serializers.FloatField(
+        allow_null=True,
+        help_text="cachedInputTokens ÷ totalPromptTokens (0–1); null before any reported call.",
+    )
+    costUsd = serializers.FloatField(
+        allow_null=True,
+        help_text="Every reported call priced with genai-prices (cache reads and writes at "
+        "their own rates); null when a call's model has no price (see costUnknownReason).",
+    )
+    costUnknownReason = serializers.CharField(allow_null=True)
+    savedTokens = serializers.IntegerField(
+        help_text="Per forwarded call, the client's request minus what the gateway forwarded."
+    )
+    savedUsd = serializers.FloatField(
+        allow_null=True, help_text="savedTokens priced at each call's uncached input rate."
     )
 
 

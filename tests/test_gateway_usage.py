@@ -1,0 +1,58 @@
+"""Provider usage read per wire format into the reply's neutral figures (pure, no database)."""
+
+from compaction_app.gateway import usage
+
+
+def test_it_reads_openai_chat_cached_tokens():
+    got = usage.openai_chat(
+        {
+            "prompt_tokens": 2000,
+            "completion_tokens": 10,
+            "total_tokens": 2010,
+            "prompt_tokens_details": {"cached_tokens": 1024},
+        }
+    )
+    assert got["prompt_tokens"] == 2000
+    assert got["cached_input_tokens"] == 1024
+    assert got["cache_write_tokens"] is None
+    assert usage.openai_chat({})["cached_input_tokens"] is None
+    assert usage.openai_chat({"prompt_tokens_details": None})["cached_input_tokens"] is None
+
+
+def test_it_reads_openai_responses_cached_tokens():
+    got = usage.openai_responses(
+        {
+            "input_tokens": 3000,
+            "input_tokens_details": {"cached_tokens": 2048},
+            "output_tokens": 5,
+            "total_tokens": 3005,
+        }
+    )
+    assert (got["prompt_tokens"], got["completion_tokens"], got["total_tokens"]) == (3000, 5, 3005)
+    assert got["cached_input_tokens"] == 2048
+
+
+def test_it_reads_anthropic_cache_reads_writes_and_the_one_hour_split():
+    got = usage.anthropic_messages(
+        {
+            "input_tokens": 100,
+            "cache_creation_input_tokens": 1500,
+            "cache_read_input_tokens": 3000,
+            "cache_creation": {"ephemeral_5m_input_tokens": 1000, "ephemeral_1h_input_tokens": 500},
+            "output_tokens": 7,
+        }
+    )
+    assert got["prompt_tokens"] == 4600  # everything the model read
+    assert (got["cached_input_tokens"], got["cache_write_tokens"]) == (3000, 1500)
+    assert got["cache_write_1h_tokens"] == 500
+    assert got["total_tokens"] == 4607
+    # Only the split given: the write is its sum.
+    split_only = usage.anthropic_messages(
+        {
+            "input_tokens": 1,
+            "cache_creation": {"ephemeral_5m_input_tokens": 10, "ephemeral_1h_input_tokens": 5},
+        }
+    )
+    assert split_only["cache_write_tokens"] == 15
+    assert usage.anthropic_messages({})["prompt_tokens"] is None
+    assert usage.anthropic_messages({"input_tokens": True})["prompt_tokens"] == 0
