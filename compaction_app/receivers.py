@@ -53,8 +53,16 @@ def on_compaction_command(
 
 @receiver(context_hard_limit)
 def on_context_hard_limit(
-    sender: Any, *, session: Session, user: Any, trigger: str | None = None, **kwargs: Any
+    sender: Any,
+    *,
+    session: Session,
+    user: Any,
+    trigger: str | None = None,
+    respect_cooldown: bool = False,
+    **kwargs: Any,
 ) -> dict | None:
+    if respect_cooldown and services.hard_limit_cooling_down(session=session):
+        return None  # POST /context within the cooldown: the ladder prunes instead
     try:
         run = services.compaction_run_sync(
             session=session, user=user, trigger=trigger or Trigger.HARD_LIMIT

@@ -736,6 +736,16 @@ def maybe_auto_compact(
         return None
 
 
+def hard_limit_cooling_down(*, session: Session) -> bool:
+    """Whether the session had a hard-limit run within its `cooldownSeconds`: POST /context
+    then prunes instead of compacting again, so a client polling it cannot compact per call."""
+    cooldown = int(session.settings.get("cooldownSeconds", 60))
+    since = timezone.now() - timedelta(seconds=cooldown)
+    return CompactionRun.objects.filter(
+        session=session, trigger=Trigger.HARD_LIMIT, created_at__gte=since
+    ).exists()
+
+
 def compaction_run_sync(
     *,
     session: Session,

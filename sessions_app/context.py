@@ -29,6 +29,9 @@ class PreparedContext:
     summary: str | None
     level: str
     compaction: dict[str, Any] | None = None
+    # The context is at or past the compact threshold: a client should compact (POST
+    # /context, /compact) rather than keep sending a pruned view.
+    compaction_recommended: bool = False
 
 
 def _items(events: list[Event]) -> list[context_window.WindowItem]:
@@ -62,6 +65,8 @@ def context_prepare(
     reserve_tokens: int = 0,
     fmt: str = "openai",
     trigger: str | None = None,
+    compact: bool = False,
+    respect_cooldown: bool = False,
 ) -> PreparedContext:
     """The messages to send next.
 
@@ -71,6 +76,9 @@ def context_prepare(
     the `context_hard_limit` signal), then the same ladder on the result. When the system prompt,
     summary and last user message alone do not fit: `context_window_exhausted` (422).
     `trigger` names the hard-limit run's trigger (the receiver's default when None).
+    Only `compact=True` (POST /context, the gateway) may compact: a GET never writes, so a
+    read or a cross-site navigation cannot start a run. `respect_cooldown` lets the receiver
+    skip a run when the session had a hard-limit run within its cooldown (it prunes instead).
     """
     limit = context_window.effective_limit(
         context_limit=session.context_limit, max_tokens=max_tokens, reserve_tokens=reserve_tokens
@@ -86,9 +94,17 @@ def context_prepare(
         hard_threshold=hard_threshold,
     )
     compaction: dict[str, Any] | None = None
-    if level == "hard" and events:
+    if level == "hard" and events and compact:
+        # Compaction never folds the system prompt or the last user message: when those alone
+        # exceed the window, compacting would write (and fire the memory flush) for a 422.
+        _raise_if_exhausted(session, events, limit, exclude_summary=True)
         for _receiver, response in context_hard_limit.send(
-            sender=Session, session=session, user=user, limit=limit, trigger=trigger
+            sender=Session,
+            session=session,
+            user=user,
+            limit=limit,
+            trigger=trigger,
+            respect_cooldown=respect_cooldown,
         ):
             if isinstance(response, dict):
                 compaction = response
@@ -102,6 +118,7 @@ def context_prepare(
             hard_threshold=hard_threshold,
         )
     pruned = False
+    recommended = level != "ok"
     if level != "ok" and events:
         logger.info(
             "context_window_approaching %s",
@@ -112,17 +129,8 @@ def context_prepare(
         if kept is None:
             kept = context_window.prune(_items(events), budget=limit)
         if kept is None:
-            required = set(context_window.required_keys(_items(events)))
-            needed = context_window.context_cost(
-                [event.effective_token_count for event in events if str(event.id) in required]
-            )
-            raise Unprocessable(
-                "the system prompt, summary and last message alone exceed the context window",
-                code="context_window_exhausted",
-                tokenCount=needed,
-                limit=limit,
-                model=session.model,
-            )
+            _raise_if_exhausted(session, events, limit, exclude_summary=False)
+            kept = []  # unreachable: the must-keep items exceed the budget
         keep = set(kept)
         pruned = len(keep) < len(events)
         events = [event for event in events if str(event.id) in keep]
@@ -142,4 +150,29 @@ def context_prepare(
         summary=summary,
         level=level,
         compaction=compaction,
+        compaction_recommended=recommended,
     )
+
+
+def _raise_if_exhausted(
+    session: Session, events: list[Event], limit: int, *, exclude_summary: bool
+) -> None:
+    """422 `context_window_exhausted` when the must-keep events alone exceed `limit`.
+    `exclude_summary`: count only what no compaction can shrink (before compacting)."""
+    required = set(context_window.required_keys(_items(events)))
+    needed = context_window.context_cost(
+        [
+            event.effective_token_count
+            for event in events
+            if str(event.id) in required
+            and not (exclude_summary and event.type == EventType.COMPACTION)
+        ]
+    )
+    if needed > limit:
+        raise Unprocessable(
+            "the system prompt, summary and last message alone exceed the context window",
+            code="context_window_exhausted",
+            tokenCount=needed,
+            limit=limit,
+            model=session.model,
+        )

@@ -301,7 +301,8 @@ def test_it_documents_every_response_of_every_operation(api_schema, alice, setti
     )
     usage = walk("GET", S + "/usage", 200, ids=full_ids)
     assert usage["atLimit"], json.dumps(usage)
-    context = walk("GET", S + "/context", 200, ids=full_ids)
+    assert walk("GET", S + "/context", 200, ids=full_ids)["compactionRecommended"]
+    context = walk("POST", S + "/context", 200, ids=full_ids)
     assert context["compaction"]["status"] == "completed"
     walk("GET", S + "/summary", 200, ids=full_ids)
     walk(
