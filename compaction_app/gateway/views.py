@@ -38,7 +38,7 @@ from compaction_app.gateway.record import (
 )
 from compaction_app.gateway.stream import relay
 from sessions_app import tokens
-from sessions_app.api.parsers import MAX_JSON_DEPTH, check_depth
+from sessions_app.api.parsers import MAX_JSON_DEPTH, check_depth, strict_loads
 from sessions_app.errors import InvalidInput
 from sessions_app.models import ROLE_FOR_TYPE, Session
 from sessions_app.services import model_registry
@@ -71,7 +71,7 @@ def _read_json(request: HttpRequest) -> tuple[bytes, Any]:
             "the request body is too large", status=413, code="request_too_large"
         ) from None
     try:
-        body = json.loads(raw)
+        body = strict_loads(raw)  # NaN/Infinity refused (hardening, issue 22)
     except (ValueError, UnicodeDecodeError):
         raise GatewayError("the request body is not valid JSON", code="malformed_json") from None
     except RecursionError:
