@@ -30,7 +30,10 @@ _SEARCH_PARAMETERS = [
 
 
 def _limit(request: Request) -> int:
-    raw = request.query_params.get("limit") or str(search.DEFAULT_LIMIT)
+    raw = request.query_params.get("limit")
+    if raw is None:
+        return search.DEFAULT_LIMIT
+    # An empty `limit=` is malformed, not "the default" (as on every other endpoint).
     # ASCII digits only: int() would also take "1_0" or " 5".
     value = int(raw) if raw.isascii() and raw.isdigit() and len(raw) < 10 else 0
     if not 1 <= value <= search.MAX_LIMIT:
