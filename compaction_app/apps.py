@@ -8,5 +8,5 @@ class CompactionAppConfig(AppConfig):
 
     def ready(self) -> None:
         # Register signal receivers, strategies and summarizers.
-        from compaction_app import receivers  # noqa: F401
+        from compaction_app import receivers, revocation  # noqa: F401
         from compaction_app.summarizers import registry  # noqa: F401
