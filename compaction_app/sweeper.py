@@ -62,10 +62,10 @@ def sweep_stale_runs(
     stale = float(settings.COMPACTION_STALE_SECONDS if stale_seconds is None else stale_seconds)
     cutoff = (now or timezone.now()) - timedelta(seconds=stale)
     result = SweepResult()
-    candidates = CompactionRun.objects.filter(status__in=ACTIVE_STATUSES, heartbeat_at__lt=cutoff)
+    runs = CompactionRun.objects.filter(status__in=ACTIVE_STATUSES, heartbeat_at__lt=cutoff)
     if session_id is not None:
-        candidates = candidates.filter(session_id=session_id)
-    candidates = candidates.values_list("pk", "status", "requeues", "heartbeat_at")
+        runs = runs.filter(session_id=session_id)
+    candidates = runs.values_list("pk", "status", "requeues", "heartbeat_at")
     for run_id, status, requeues, heartbeat_at in list(candidates):
         age = int(((now or timezone.now()) - heartbeat_at).total_seconds())
         if status == RunStatus.RUNNING:
