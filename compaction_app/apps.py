@@ -9,4 +9,5 @@ class CompactionAppConfig(AppConfig):
     def ready(self) -> None:
         # Register signal receivers, strategies and summarizers.
         from compaction_app import receivers, revocation  # noqa: F401
+        from compaction_app.dashboard import login_throttle  # noqa: F401
         from compaction_app.summarizers import registry  # noqa: F401

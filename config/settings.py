@@ -73,6 +73,8 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # Failed logins are throttled per username and per address (429 lockout).
+    "compaction_app.dashboard.login_throttle.LoginThrottleMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
@@ -254,6 +256,11 @@ AUTH_PASSWORD_VALIDATORS = [
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "dashboard:sessions"
 LOGOUT_REDIRECT_URL = "login"
+# Login throttle (compaction_app/dashboard/login_throttle.py): failures counted per username
+# and per client address within the window; at the limit, logins are refused with 429.
+LOGIN_THROTTLE_USERNAME_FAILURES = 10
+LOGIN_THROTTLE_ADDRESS_FAILURES = 50
+LOGIN_THROTTLE_WINDOW_SECONDS = 900
 
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
