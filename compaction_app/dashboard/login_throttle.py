@@ -17,6 +17,7 @@ proxy-headers option), or every client shares the proxy's address.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 from collections.abc import Callable
@@ -141,7 +142,5 @@ def _login_failed(
 def _logged_in(sender: Any, request: HttpRequest | None, user: Any, **kwargs: Any) -> None:
     if request is None:
         return
-    try:
+    with contextlib.suppress(RedisError, OSError):
         cache.delete(_username_key(user.get_username()))
-    except (RedisError, OSError):
-        pass
