@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import dj_database_url
+from csp.constants import NONCE, NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
 from config.env import env_bool, env_float, env_int, env_json, env_list, env_str
@@ -68,6 +69,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "csp.middleware.CSPMiddleware",
     "sessions_app.middleware.BodySizeLimitMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -256,6 +258,25 @@ AUTH_PASSWORD_VALIDATORS = [
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "dashboard:sessions"
 LOGOUT_REDIRECT_URL = "login"
+
+# Content-Security-Policy on every page (django-csp). Scripts only from this origin, or inline
+# with the response's nonce (`{{ request.csp_nonce }}`); the pages' own scripts are files.
+# Inline styles stay allowed: style attributes (usage bars), htmx's indicator style and the
+# Swagger UI's page use them, and a style cannot run code.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF, NONCE],
+        "style-src": [SELF, "'unsafe-inline'"],
+        "img-src": [SELF, "data:"],
+        "font-src": [SELF, "data:"],
+        "connect-src": [SELF],
+        "object-src": [NONE],
+        "base-uri": [SELF],
+        "form-action": [SELF],
+        "frame-ancestors": [SELF],
+    }
+}
 # Login throttle (compaction_app/dashboard/login_throttle.py): failures counted per username
 # and per client address within the window; at the limit, logins are refused with 429.
 LOGIN_THROTTLE_USERNAME_FAILURES = 10
