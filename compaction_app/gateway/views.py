@@ -22,7 +22,7 @@ from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
 from compaction_app import broadcast
-from compaction_app.gateway import after, anthropic, forward, openai, threads
+from compaction_app.gateway import after, anthropic, forward, openai, stream_limits, threads
 from compaction_app.gateway.fit import Fitted, fit, model_window
 from compaction_app.gateway.messages import (
     ClientMessage,
@@ -296,7 +296,7 @@ async def _serve(
 
     streamed = StreamingHttpResponse(
         relay(
-            response=response,
+            response=stream_limits.bounded(response),  # size/duration bounds (issue 22)
             accumulator=accumulator,
             stream_error=wire.stream_error,
             on_end=on_end,
