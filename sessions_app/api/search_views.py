@@ -11,7 +11,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from sessions_app import search, selectors
-from sessions_app.api.openapi import BODY, errors
+from sessions_app.api.openapi import BODY, errors, integer
 from sessions_app.errors import InvalidInput
 from sessions_app.services import MAX_CONTEXT_LIMIT
 
@@ -25,7 +25,9 @@ _HIT_FIELDS: dict[str, serializers.Field] = {
 }
 _SEARCH_PARAMETERS = [
     OpenApiParameter("q", str, required=True, description="Words, identifiers or paths."),
-    OpenApiParameter("limit", int, description=f"1..{search.MAX_LIMIT} (default 20)."),
+    OpenApiParameter(
+        "limit", integer(1, search.MAX_LIMIT), description=f"1..{search.MAX_LIMIT} (default 20)."
+    ),
 ]
 
 

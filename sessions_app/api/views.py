@@ -23,7 +23,7 @@ from rest_framework.views import APIView
 
 from sessions_app import search, selectors, services, tokens
 from sessions_app.api import serializers as s
-from sessions_app.api.openapi import BODY, PAGE_PARAMETERS, errors, page_of
+from sessions_app.api.openapi import BODY, PAGE_PARAMETERS, errors, integer, page_of
 from sessions_app.context import context_prepare
 from sessions_app.errors import InvalidInput, LedgerError
 from sessions_app.models import Event, EventType
@@ -127,8 +127,12 @@ class SessionDetailView(APIView):
 class SessionEventsView(APIView):
     @extend_schema(
         parameters=[
-            OpenApiParameter("after", int, description="Return events with seq greater than this."),
-            OpenApiParameter("limit", int, description="Page size, 1..1000 (default 100)."),
+            OpenApiParameter(
+                "after", integer(0), description="Return events with seq greater than this."
+            ),
+            OpenApiParameter(
+                "limit", integer(1, 1000), description="Page size, 1..1000 (default 100)."
+            ),
             OpenApiParameter(
                 "includeCompacted", bool, description="Include events folded by compaction."
             ),
@@ -267,8 +271,8 @@ class _FormatParamIsOurs(DefaultContentNegotiation):
 
 
 _CONTEXT_PARAMETERS = [
-    OpenApiParameter("maxTokens", int, description="At least 1."),
-    OpenApiParameter("reserveTokens", int, description="At least 0."),
+    OpenApiParameter("maxTokens", integer(1), description="At least 1."),
+    OpenApiParameter("reserveTokens", integer(0), description="At least 0."),
     OpenApiParameter("format", str, enum=["openai", "anthropic"]),
 ]
 
