@@ -61,3 +61,21 @@ def test_it_forgets_a_usernames_failures_after_a_successful_login(alice, setting
     client.logout()
     assert [_login(client, "alice", "no") for _ in range(2)] == [200, 200]
     assert _login(client, "alice", "pw-alice") == 302
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_throttles_logins_served_over_asgi(alice, settings):
+    from asgiref.sync import async_to_sync
+    from django.test import AsyncClient
+
+    settings.LOGIN_THROTTLE_USERNAME_FAILURES = 3
+
+    async def scenario() -> list[int]:
+        client = AsyncClient(REMOTE_ADDR="10.3.0.1")
+        statuses = []
+        for password in ("a", "b", "c", "pw-alice"):
+            response = await client.post(LOGIN, {"username": "alice", "password": password})
+            statuses.append(response.status_code)
+        return statuses
+
+    assert async_to_sync(scenario)() == [200, 200, 200, 429]
