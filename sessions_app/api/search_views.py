@@ -24,7 +24,13 @@ _HIT_FIELDS: dict[str, serializers.Field] = {
     "snippet": serializers.CharField(help_text="HTML: the text escaped, matches in <mark>."),
 }
 _SEARCH_PARAMETERS = [
-    OpenApiParameter("q", str, required=True, description="Words, identifiers or paths."),
+    OpenApiParameter(
+        "q",
+        # Not blank, and at most MAX_QUERY_CHARS: what search.check_query enforces.
+        {"type": "string", "minLength": 1, "maxLength": search.MAX_QUERY_CHARS, "pattern": r"\S"},
+        required=True,
+        description="Words, identifiers or paths.",
+    ),
     OpenApiParameter(
         "limit", integer(1, search.MAX_LIMIT), description=f"1..{search.MAX_LIMIT} (default 20)."
     ),
