@@ -14,4 +14,6 @@ class CompactionAppConfig(AppConfig):
             receivers,  # noqa: F401
             tasks,  # noqa: F401
         )
+        from compaction_app.dashboard import login_throttle  # noqa: F401
+        from compaction_app.realtime import revocation  # noqa: F401
         from compaction_app.summarizers import registry  # noqa: F401

@@ -59,8 +59,11 @@ def on_context_hard_limit(
     user: Any,
     trigger: str | None = None,
     target_ratio: float | None = None,
+    respect_cooldown: bool = False,
     **kwargs: Any,
 ) -> dict | None:
+    if respect_cooldown and services.hard_limit_cooling_down(session=session):
+        return None  # POST /context within the cooldown: the ladder prunes instead
     try:
         run = services.compaction_run_sync(
             session=session,

@@ -155,6 +155,19 @@ def compaction_request(
                 target_ratio=target_ratio,
             )
     except IntegrityError:
+        from compaction_app.sweeper import recover_stale_run  # the sweeper imports services
+
+        if recover_stale_run(session_id=session.pk):
+            # The active run had lost its worker and is failed now: the session is free.
+            return compaction_request(
+                session=session,
+                user=user,
+                trigger=trigger,
+                strategy=strategy,
+                summarizer=summarizer,
+                target_ratio=target_ratio,
+                enqueue=enqueue,
+            )
         active = CompactionRun.objects.filter(session=session, status__in=ACTIVE_STATUSES).first()
         raise Conflict(
             "a compaction is already pending or running for this session",
@@ -693,7 +706,9 @@ def maybe_auto_compact(
             if compaction_plan(session=session).plan.is_empty:
                 return None
             trigger = Trigger.HARD_LIMIT
-        if CompactionRun.objects.filter(session=session, status__in=ACTIVE_STATUSES).exists():
+        if CompactionRun.objects.filter(
+            session=session, status__in=ACTIVE_STATUSES
+        ).exists() and not _recovered(session):
             return None  # another run is on it; nothing is about to start
         # Announced before the run is queued, so a watcher can pin what must stay.
         broadcast.broadcast(
@@ -712,6 +727,22 @@ def maybe_auto_compact(
     except Exception:
         logger.exception("auto compaction check failed for session %s", session_id)
         return None
+
+
+def _recovered(session: Session) -> bool:
+    from compaction_app.sweeper import recover_stale_run  # the sweeper imports services
+
+    return recover_stale_run(session_id=session.pk)
+
+
+def hard_limit_cooling_down(*, session: Session) -> bool:
+    """Whether the session had a hard-limit run within its `cooldownSeconds`: POST /context
+    then prunes instead of compacting again, so a client polling it cannot compact per call."""
+    cooldown = int(session.settings.get("cooldownSeconds", 60))
+    since = timezone.now() - timedelta(seconds=cooldown)
+    return CompactionRun.objects.filter(
+        session=session, trigger=Trigger.HARD_LIMIT, created_at__gte=since
+    ).exists()
 
 
 def compaction_run_sync(

@@ -52,18 +52,23 @@ class SweepResult:
 
 
 def sweep_stale_runs(
-    *, stale_seconds: float | None = None, now: datetime | None = None
+    *,
+    stale_seconds: float | None = None,
+    now: datetime | None = None,
+    session_id: uuid.UUID | str | None = None,
 ) -> SweepResult:
     """Fail every running run whose heartbeat is older than `stale_seconds` (default
     COMPACTION_STALE_SECONDS) and re-queue (or, after MAX_REQUEUES, fail) every pending run
     queued longer ago. Safe to run concurrently: each change is a conditional update, and a
-    run that beat meanwhile is left alone."""
+    run that beat meanwhile is left alone. `session_id` limits the sweep to one session's runs
+    (`recover_stale_run`)."""
     stale = float(settings.COMPACTION_STALE_SECONDS if stale_seconds is None else stale_seconds)
     cutoff = (now or timezone.now()) - timedelta(seconds=stale)
     result = SweepResult()
-    candidates = CompactionRun.objects.filter(
-        status__in=ACTIVE_STATUSES, heartbeat_at__lt=cutoff
-    ).values_list("pk", "status", "requeues", "heartbeat_at")
+    runs = CompactionRun.objects.filter(status__in=ACTIVE_STATUSES, heartbeat_at__lt=cutoff)
+    if session_id is not None:
+        runs = runs.filter(session_id=session_id)
+    candidates = runs.values_list("pk", "status", "requeues", "heartbeat_at")
     for run_id, status, requeues, heartbeat_at in list(candidates):
         age = int(((now or timezone.now()) - heartbeat_at).total_seconds())
         if status == RunStatus.RUNNING:
@@ -91,6 +96,15 @@ def sweep_stale_runs(
                 logger.warning("compaction %s failed by the sweeper: %s", run_id, error)
                 result.failed.append(str(run_id))
     return result
+
+
+def recover_stale_run(*, session_id: uuid.UUID | str) -> bool:
+    """Lazy recovery, for a request that found the session's run active: the sweep above, for
+    this session only, on the spot. A deployment whose beat (or embedded timer) is down thus
+    never has a session blocked by a dead worker's run. True when a run was failed (the
+    session is free again); a re-queued run stays active."""
+    result = sweep_stale_runs(session_id=session_id)
+    return bool(result.failed)
 
 
 def clear_runs(*, run_ids: Iterable[uuid.UUID | str], cleared_by: str) -> list[str]:

@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import dj_database_url
+from csp.constants import NONCE, NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
 from config.env import env_bool, env_float, env_int, env_json, env_list, env_str
@@ -68,11 +69,14 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    "csp.middleware.CSPMiddleware",
     "sessions_app.middleware.BodySizeLimitMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # Failed logins are throttled per username and per address (429 lockout).
+    "compaction_app.dashboard.login_throttle.LoginThrottleMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
@@ -255,6 +259,30 @@ LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "dashboard:sessions"
 LOGOUT_REDIRECT_URL = "login"
 
+# Content-Security-Policy on every page (django-csp). Scripts only from this origin, or inline
+# with the response's nonce (`{{ request.csp_nonce }}`); the pages' own scripts are files.
+# Inline styles stay allowed: style attributes (usage bars), htmx's indicator style and the
+# Swagger UI's page use them, and a style cannot run code.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF, NONCE],
+        "style-src": [SELF, "'unsafe-inline'"],
+        "img-src": [SELF, "data:"],
+        "font-src": [SELF, "data:"],
+        "connect-src": [SELF],
+        "object-src": [NONE],
+        "base-uri": [SELF],
+        "form-action": [SELF],
+        "frame-ancestors": [SELF],
+    }
+}
+# Login throttle (compaction_app/dashboard/login_throttle.py): failures counted per username
+# and per client address within the window; at the limit, logins are refused with 429.
+LOGIN_THROTTLE_USERNAME_FAILURES = 10
+LOGIN_THROTTLE_ADDRESS_FAILURES = 50
+LOGIN_THROTTLE_WINDOW_SECONDS = 900
+
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = True
@@ -341,6 +369,10 @@ COMPACTION_RETRY_BACKOFF_SECONDS = env_float("COMPACTION_RETRY_BACKOFF_SECONDS",
 LEDGER_OPENAI_UPSTREAM = env_str("LEDGER_OPENAI_UPSTREAM", "https://api.openai.com/v1")
 LEDGER_ANTHROPIC_UPSTREAM = env_str("LEDGER_ANTHROPIC_UPSTREAM", "https://api.anthropic.com")
 LEDGER_UPSTREAM_TIMEOUT_SECONDS = env_float("LEDGER_UPSTREAM_TIMEOUT_SECONDS", 600.0, minimum=0.1)
+# One streamed reply is cut (with the provider's error event; what arrived is recorded and
+# marked incomplete) past this size or duration (compaction_app/gateway/stream_limits.py).
+LEDGER_GATEWAY_STREAM_MAX_BYTES = 16 * 1024 * 1024
+LEDGER_GATEWAY_STREAM_MAX_SECONDS = 1800.0
 
 LOG_LEVEL = env_str("DJANGO_LOG_LEVEL", "INFO").upper()
 LOGGING = {

@@ -30,6 +30,9 @@ class PreparedContext:
     summary: str | None
     level: str
     compaction: dict[str, Any] | None = None
+    # The context is at or past the compact threshold: a client should compact (POST
+    # /context, /compact) rather than keep sending a pruned view.
+    compaction_recommended: bool = False
 
 
 def _items(events: list[Event]) -> list[context_window.WindowItem]:
@@ -63,6 +66,8 @@ def context_prepare(
     reserve_tokens: int = 0,
     fmt: str = "openai",
     trigger: str | None = None,
+    compact: bool = False,
+    respect_cooldown: bool = False,
 ) -> PreparedContext:
     """The messages to send next.
 
@@ -75,6 +80,9 @@ def context_prepare(
     is also the last resort when no compaction can run. When the system prompt,
     summary and last user message alone do not fit: `context_window_exhausted` (422).
     `trigger` names the hard-limit run's trigger (the receiver's default when None).
+    Only `compact=True` (POST /context, the gateway) may compact: a GET never writes, so a
+    read or a cross-site navigation cannot start a run. `respect_cooldown` lets the receiver
+    skip a run when the session had a hard-limit run within its cooldown (it prunes instead).
     """
     limit = context_window.effective_limit(
         context_limit=session.context_limit, max_tokens=max_tokens, reserve_tokens=reserve_tokens
@@ -91,18 +99,22 @@ def context_prepare(
         hard_threshold=hard_threshold,
     )
     compaction: dict[str, Any] | None = None
-    # On the session's own window, crossing compactThreshold compacts once, down to
-    # fitTargetRatio, instead of pruning another oldest slice on every call: what this returns
-    # then stays the previous answer plus the new events until the next crossing (a client
-    # that sends it keeps a stable prefix for the provider's cache). A client's own smaller
-    # cap (maxTokens) keeps the per-call view.
+    # Only a compacting call (POST /context, the gateway) may compact. On the session's own
+    # window, crossing compactThreshold compacts once, down to fitTargetRatio, instead of
+    # pruning another oldest slice on every call: what this returns then stays the previous
+    # answer plus the new events until the next crossing (a client that sends it keeps a
+    # stable prefix for the provider's cache). A client's own smaller cap (maxTokens) keeps
+    # the per-call view, compacting only at the hard limit.
     own_window = max_tokens is None or max_tokens >= session.context_limit
     target_ratio = None
-    if own_window and level != "ok" and events:
-        ratio = min(SessionSettings.of(session.settings).fit_target_ratio, compact_threshold)
+    if compact and own_window and level != "ok" and events:
+        ratio = min(settings.fit_target_ratio, compact_threshold)
         target = ratio * limit
         target_ratio = max(min(target / session.context_limit, 1.0), 0.01)
-    if (level == "hard" or target_ratio is not None) and events:
+    if compact and (level == "hard" or target_ratio is not None) and events:
+        # Compaction never folds the system prompt or the last user message: when those alone
+        # exceed the window, compacting would write (and fire the memory flush) for a 422.
+        _raise_if_exhausted(session, events, limit, exclude_summary=True)
         for _receiver, response in context_hard_limit.send(
             sender=Session,
             session=session,
@@ -110,6 +122,7 @@ def context_prepare(
             limit=limit,
             trigger=trigger,
             target_ratio=target_ratio,
+            respect_cooldown=respect_cooldown,
         ):
             if isinstance(response, dict):
                 compaction = response
@@ -123,6 +136,7 @@ def context_prepare(
             hard_threshold=hard_threshold,
         )
     pruned = False
+    recommended = level != "ok"
     if level != "ok" and events:
         logger.info(
             "context_window_approaching %s",
@@ -133,17 +147,8 @@ def context_prepare(
         if kept is None:
             kept = context_window.prune(_items(events), budget=limit)
         if kept is None:
-            required = set(context_window.required_keys(_items(events)))
-            needed = context_window.context_cost(
-                [event.effective_token_count for event in events if str(event.id) in required]
-            )
-            raise Unprocessable(
-                "the system prompt, summary and last message alone exceed the context window",
-                code="context_window_exhausted",
-                tokenCount=needed,
-                limit=limit,
-                model=session.model,
-            )
+            _raise_if_exhausted(session, events, limit, exclude_summary=False)
+            kept = []  # unreachable: the must-keep items exceed the budget
         keep = set(kept)
         pruned = len(keep) < len(events)
         events = [event for event in events if str(event.id) in keep]
@@ -163,4 +168,29 @@ def context_prepare(
         summary=summary,
         level=level,
         compaction=compaction,
+        compaction_recommended=recommended,
     )
+
+
+def _raise_if_exhausted(
+    session: Session, events: list[Event], limit: int, *, exclude_summary: bool
+) -> None:
+    """422 `context_window_exhausted` when the must-keep events alone exceed `limit`.
+    `exclude_summary`: count only what no compaction can shrink (before compacting)."""
+    required = set(context_window.required_keys(_items(events)))
+    needed = context_window.context_cost(
+        [
+            event.effective_token_count
+            for event in events
+            if str(event.id) in required
+            and not (exclude_summary and event.type == EventType.COMPACTION)
+        ]
+    )
+    if needed > limit:
+        raise Unprocessable(
+            "the system prompt, summary and last message alone exceed the context window",
+            code="context_window_exhausted",
+            tokenCount=needed,
+            limit=limit,
+            model=session.model,
+        )

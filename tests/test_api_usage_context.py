@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+from urllib.parse import urlencode
 
 import pytest
 from django.db import connection
@@ -86,6 +87,11 @@ def usage(api, session):
 
 def context(api, session, **params):
     return api.get(f"{SESSIONS}/{session['id']}/context", params)
+
+
+def compacting_context(api, session, **params):
+    """POST /context: the ladder that may compact at the hard limit."""
+    return api.post(f"{SESSIONS}/{session['id']}/context?{urlencode(params)}")
 
 
 def tiktoken_context_tokens(encoding: str, events: list[dict]) -> int:
@@ -496,6 +502,7 @@ def test_it_answers_an_empty_session_with_no_messages(alice_api):
         "limit": 128_000,
         "pruned": False,
         "summary": None,
+        "compactionRecommended": False,
     }
 
 
@@ -529,7 +536,7 @@ def test_it_creates_no_run_when_a_hard_limit_read_has_nothing_to_fold(alice_api)
     )
     assert usage(alice_api, session)["contextTokens"] > 500
     for _ in range(2):
-        response = context(alice_api, session, maxTokens=500)
+        response = compacting_context(alice_api, session, maxTokens=500)
         assert response.status_code == 200, response.json()
         body = response.json()
         assert body["pruned"] is True and "compaction" not in body
@@ -553,10 +560,10 @@ def test_it_creates_at_most_one_run_for_two_identical_hard_limit_reads(alice_api
             {"type": "AGENT_MESSAGE", "content": f"answer {i} " * 15},
         ]
     append(alice_api, session, turns + [{"type": "USER_MESSAGE", "content": "the last question"}])
-    first = context(alice_api, session, maxTokens=400)
+    first = compacting_context(alice_api, session, maxTokens=400)
     assert first.status_code == 200, first.json()
     assert first.json()["compaction"]["trigger"] == "hard_limit"
-    second = context(alice_api, session, maxTokens=400)
+    second = compacting_context(alice_api, session, maxTokens=400)
     assert second.status_code == 200, second.json()
     # Still over the cap after the run, but nothing is left to fold: the ladder prunes.
     assert second.json()["pruned"] is True and "compaction" not in second.json()

@@ -327,10 +327,11 @@ def test_it_compacts_once_between_the_thresholds_then_keeps_the_context_stable(w
     stored = append_events(alice_api, session_id=session_id, events=coding_turns(count=13))
     usage = _usage(alice_api, session_id)
     assert usage["nearLimit"] and not usage["atLimit"]
-    context = alice_api.get(f"/api/v1/sessions/{session_id}/context")
+    context = alice_api.post(f"/api/v1/sessions/{session_id}/context")
     assert context.status_code == 200
     body = context.json()
-    # Crossing compactThreshold on the session's own window: one compaction down to
+    # POST (the compacting ladder) crossing compactThreshold on the session's own window: one
+    # compaction down to
     # fitTargetRatio (0.5), not a pruned view that moves on every call.
     assert body["pruned"] is False and body["compaction"]["status"] == "completed"
     assert body["tokenCount"] <= 0.5 * 4000
@@ -342,7 +343,7 @@ def test_it_compacts_once_between_the_thresholds_then_keeps_the_context_stable(w
     append_events(
         alice_api, session_id=session_id, events=[{"type": "USER_MESSAGE", "content": "More?"}]
     )
-    again = alice_api.get(f"/api/v1/sessions/{session_id}/context").json()
+    again = alice_api.post(f"/api/v1/sessions/{session_id}/context").json()
     assert "compaction" not in again
     assert again["messages"][: len(body["messages"])] == body["messages"]
     assert again["messages"][-1] == {"role": "user", "content": "More?"}
@@ -357,7 +358,7 @@ def test_it_prunes_between_the_thresholds_when_no_compaction_can_run(worker, ali
     CompactionRun.objects.create(
         session_id=session_id, strategy="summarize", summarizer="local", status="running"
     )
-    body = alice_api.get(f"/api/v1/sessions/{session_id}/context").json()
+    body = alice_api.post(f"/api/v1/sessions/{session_id}/context").json()
     assert body["pruned"] is True and "compaction" not in body
     assert body["tokenCount"] <= 0.8 * 4000
     users = [m for m in body["messages"] if m["role"] == "user"]
@@ -369,7 +370,7 @@ def test_it_compacts_synchronously_at_the_hard_limit_then_answers(worker, alice_
     stored = append_events(alice_api, session_id=session_id, events=coding_turns(count=15))
     usage = _usage(alice_api, session_id)
     assert usage["atLimit"]
-    response = alice_api.get(f"/api/v1/sessions/{session_id}/context")
+    response = alice_api.post(f"/api/v1/sessions/{session_id}/context")
     assert response.status_code == 200, response.json()
     body = response.json()
     compaction = body["compaction"]
@@ -386,7 +387,7 @@ def test_it_compacts_synchronously_at_the_hard_limit_then_answers(worker, alice_
         "content"
     ]
     assert [r["id"] for r in _runs(alice_api, session_id)] == [compaction["id"]]
-    again = alice_api.get(f"/api/v1/sessions/{session_id}/context").json()
+    again = alice_api.post(f"/api/v1/sessions/{session_id}/context").json()
     assert "compaction" not in again
 
 
@@ -399,18 +400,78 @@ def test_it_answers_422_when_the_must_keep_messages_alone_do_not_fit(worker, ali
         events={"type": "USER_MESSAGE", "content": "lorem ipsum " * 600},
     )
     events_before = all_events(alice_api, session_id=session_id)
-    for _ in range(2):
-        response = alice_api.get(f"/api/v1/sessions/{session_id}/context")
-        assert response.status_code == 422, response.json()
+    flushed: list[Any] = []
+
+    def on_flush(**kwargs: Any) -> None:
+        flushed.append(kwargs)
+
+    memory_flush.connect(on_flush, weak=False)
+    try:
+        for method in (alice_api.get, alice_api.post, alice_api.post):
+            response = method(f"/api/v1/sessions/{session_id}/context")
+            assert response.status_code == 422, response.json()
+            body = response.json()
+            assert body["error"] == "context_window_exhausted"
+            assert body["limit"] == 1000 and body["model"] == "gpt-4o"
+            assert body["tokenCount"] > 1000
+    finally:
+        memory_flush.disconnect(on_flush)
+    # No compaction can make the system prompt and last message fit: nothing is written, no
+    # memory flush fires for a 422.
+    assert all_events(alice_api, session_id=session_id) == events_before
+    assert _runs(alice_api, session_id) == [] and flushed == []
+
+
+def test_it_never_writes_on_get_context_at_the_hard_limit(worker, alice_api):
+    session_id = create_session(alice_api, limit=4000)
+    append_events(alice_api, session_id=session_id, events=coding_turns(count=15))
+    usage = _usage(alice_api, session_id)
+    assert usage["atLimit"]
+    events_before = all_events(alice_api, session_id=session_id)
+    for _ in range(3):
+        response = alice_api.get(f"/api/v1/sessions/{session_id}/context", {"maxTokens": 4000})
+        assert response.status_code == 200, response.json()
         body = response.json()
-        assert body["error"] == "context_window_exhausted"
-        assert body["limit"] == 1000 and body["model"] == "gpt-4o"
-        assert body["tokenCount"] > 1000
-    # The compaction tried first folded what it could; trying again adds nothing to the ledger.
-    events = all_events(alice_api, session_id=session_id)
-    assert all(e["type"] != "COMPACTION" or e["content"] for e in events)
-    assert len(events) <= len(events_before) + 1
-    assert {r["trigger"] for r in _runs(alice_api, session_id)} == {"hard_limit"}
+        assert body["compactionRecommended"] is True and body["pruned"] is True
+        assert "compaction" not in body and body["tokenCount"] <= 4000
+    assert _runs(alice_api, session_id) == []
+    assert all_events(alice_api, session_id=session_id) == events_before
+    assert _usage(alice_api, session_id)["contextTokens"] == usage["contextTokens"]
+
+
+def test_it_says_no_compaction_is_recommended_below_the_threshold(alice_api):
+    session_id = create_session(alice_api)
+    append_events(alice_api, session_id=session_id, events=coding_turns(count=1))
+    body = alice_api.get(f"/api/v1/sessions/{session_id}/context").json()
+    assert body["compactionRecommended"] is False and body["pruned"] is False
+
+
+def test_it_respects_the_cooldown_on_post_context(worker, alice_api):
+    session_id = create_session(alice_api, limit=4000)
+    append_events(alice_api, session_id=session_id, events=coding_turns(count=15))
+    first = alice_api.post(f"/api/v1/sessions/{session_id}/context")
+    assert first.status_code == 200 and first.json()["compaction"]["trigger"] == "hard_limit"
+    append_events(alice_api, session_id=session_id, events=coding_turns(count=15))
+    assert _usage(alice_api, session_id)["atLimit"]
+    second = alice_api.post(f"/api/v1/sessions/{session_id}/context")
+    assert second.status_code == 200, second.json()
+    body = second.json()
+    # Within cooldownSeconds (60): pruned, not compacted again.
+    assert "compaction" not in body and body["pruned"] is True
+    assert body["compactionRecommended"] is True
+    assert len(_runs(alice_api, session_id)) == 1
+
+
+def test_it_refuses_a_cookie_post_context_without_csrf(worker, alice, alice_api):
+    session_id = create_session(alice_api, limit=4000)
+    append_events(alice_api, session_id=session_id, events=coding_turns(count=15))
+    browser = Client(enforce_csrf_checks=True)
+    browser.force_login(alice)
+    response = browser.post(f"/api/v1/sessions/{session_id}/context")
+    assert response.status_code == 403
+    # A top-level cross-site navigation is a GET: it answers, and writes nothing.
+    assert browser.get(f"/api/v1/sessions/{session_id}/context").status_code == 200
+    assert _runs(alice_api, session_id) == []
 
 
 # --- admin ----------------------------------------------------------------------------------

@@ -10,6 +10,7 @@ test_session_page_browser.py).
 from __future__ import annotations
 
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -157,8 +158,18 @@ def in_thread(fn, *args, **kwargs):
         return pool.submit(call).result()
 
 
+def wait_for_js(page, expression: str, *, timeout_ms: int = TIMEOUT_MS) -> None:
+    """Wait until `expression` is truthy in the page. (Playwright's wait_for_function compiles
+    its predicate with `new Function` inside the page, which the Content-Security-Policy
+    forbids; an evaluate() from the test is the browser's own, outside the policy.)"""
+    deadline = time.monotonic() + timeout_ms / 1000
+    while not page.evaluate(expression):
+        assert time.monotonic() < deadline, f"not true in time: {expression}"
+        time.sleep(0.05)
+
+
 def ws_ready(page) -> None:
-    page.wait_for_function("window.__wsOpen === true")
+    wait_for_js(page, "window.__wsOpen === true")
 
 
 def test_it_previews_runs_and_reverts_a_compaction_live_as_staff(
@@ -190,8 +201,8 @@ def test_it_previews_runs_and_reverts_a_compaction_live_as_staff(
 
     page.evaluate("window.__stayed = true")  # gone if the page reloads
     page.get_by_role("button", name="Compact now (summarize)").click()
-    page.wait_for_function(
-        "document.getElementById('notice').textContent.startsWith('Compaction complete! ')"
+    wait_for_js(
+        page, "document.getElementById('notice').textContent.startsWith('Compaction complete! ')"
     )
     frames = page.evaluate("window.__frames")
     assert any("Compacting conversation to reduce size…" in frame for frame in frames)
@@ -203,8 +214,8 @@ def test_it_previews_runs_and_reverts_a_compaction_live_as_staff(
         f"({round(100 * (run.tokens_before - run.tokens_after) / run.tokens_before)}% reduction), "
         f"{run.folded_count} events folded"
     )
-    page.wait_for_function(
-        f"document.getElementById('ctx-tokens').textContent === '{run.tokens_after:,}'"
+    wait_for_js(
+        page, f"document.getElementById('ctx-tokens').textContent === '{run.tokens_after:,}'"
     )
     assert page.evaluate("window.__stayed") is True
     assert page.locator(f"#run-{run.pk} .badge.completed").count() == 1
@@ -217,10 +228,10 @@ def test_it_previews_runs_and_reverts_a_compaction_live_as_staff(
     shot(page, "session-page.png")
 
     page.locator("#revert-btn").click()
-    page.wait_for_function(
-        "document.getElementById('notice').textContent.startsWith('Compaction reverted')"
+    wait_for_js(
+        page, "document.getElementById('notice').textContent.startsWith('Compaction reverted')"
     )
-    page.wait_for_function(f"document.getElementById('ctx-tokens').textContent === '{before:,}'")
+    wait_for_js(page, f"document.getElementById('ctx-tokens').textContent === '{before:,}'")
     assert page.locator(f"#run-{run.pk} .badge.reverted").count() == 1
     assert page.evaluate("window.__stayed") is True
     shot(page, "session-page-reverted.png")

@@ -3,6 +3,8 @@ CONTEXT_COMPRESSED notice, and gateway-created sessions pushed to the sessions l
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
 from django.test import Client
@@ -79,4 +81,7 @@ def test_it_pushes_a_gateway_created_session_to_the_sessions_list(gateway_url, u
     # The list page inserts rows it does not show yet.
     browser = Client()
     browser.force_login(alice)
-    assert "htmx:oobErrorNoTarget" in browser.get("/").content.decode()
+    # (from a static file: the Content-Security-Policy allows no inline script)
+    assert "js/sessions.js" in browser.get("/").content.decode()
+    script = Path(__file__).resolve().parent.parent / "static" / "js" / "sessions.js"
+    assert "htmx:oobErrorNoTarget" in script.read_text()

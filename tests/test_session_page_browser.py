@@ -23,6 +23,7 @@ from tests.test_dashboard_browser import (
     log_in,
     new_page,
     shot,
+    wait_for_js,
     ws_ready,
 )
 
@@ -153,14 +154,15 @@ def test_it_reads_as_a_trace_with_thresholds_and_a_runs_before_and_after(
 
     # The time axis, next to seq.
     page.locator("#axis-time").click()
-    page.wait_for_function(
-        "document.querySelector('#chart svg.chart-wide title').textContent.includes('by time')"
+    wait_for_js(
+        page,
+        "document.querySelector('#chart svg.chart-wide title').textContent.includes('by time')",
     )
 
     # Staff switch auto compaction off from the page.
     page.locator("#auto-toggle").click()
-    page.wait_for_function(
-        "document.getElementById('notice').textContent.includes('Auto compaction is off')"
+    wait_for_js(
+        page, "document.getElementById('notice').textContent.includes('Auto compaction is off')"
     )
     session.refresh_from_db()
     assert session.settings["autoCompact"] is False

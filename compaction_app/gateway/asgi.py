@@ -34,6 +34,8 @@ from django.http.response import HttpResponseBase
 from django.middleware.security import SecurityMiddleware
 from django.urls import set_script_prefix
 
+from compaction_app.gateway import guard
+
 PREFIX = "/gateway/"
 
 AsyncGetResponse = Callable[[HttpRequest], Awaitable[HttpResponseBase]]
@@ -54,7 +56,16 @@ class InlineSecurityMiddleware:
         redirect = self.security.process_request(request)
         if redirect is not None:
             return redirect
-        response = await self.get_response(request)
+        # Headers and a missing key refused before any view parses the body; a bad key
+        # refused before any refusal of the body is shown (guard.py).
+        refused = await guard.refuse_early(request.scope)  # type: ignore[attr-defined]
+        if refused is not None:
+            return self.security.process_response(request, refused)
+        guard.ledger_headers_as_utf8(request)
+        response = await guard.unless_unauthenticated(
+            request.scope,  # type: ignore[attr-defined]
+            await self.get_response(request),
+        )
         return self.security.process_response(request, response)  # type: ignore[arg-type]
 
 

@@ -120,6 +120,7 @@ def fit(
             reserve_tokens=definitions,
             fmt=wire.RENDER_FORMAT,
             trigger=Trigger.GATEWAY,
+            compact=True,  # the gateway compacts on its own POSTs (hardening, issue 22)
         )
     except Unprocessable as exc:
         needed = int(exc.extra.get("tokenCount") or 0) + definitions

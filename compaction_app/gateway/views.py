@@ -26,7 +26,16 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from django.http.response import HttpResponseBase
 from django.views.decorators.csrf import csrf_exempt
 
-from compaction_app.gateway import after, anthropic, forward, openai, responses, thread_fit, threads
+from compaction_app.gateway import (
+    after,
+    anthropic,
+    forward,
+    openai,
+    responses,
+    stream_limits,
+    thread_fit,
+    threads,
+)
 from compaction_app.gateway import wire as wire_kinds
 from compaction_app.gateway.fit import Fitted
 from compaction_app.gateway.messages import GatewayError, GatewayInputError, Reply
@@ -36,7 +45,7 @@ from compaction_app.gateway.stream import relay
 from compaction_app.gateway.wire import ParsedRequest, Wire
 from compaction_app.realtime import broadcast
 from sessions_app import tokens
-from sessions_app.api.parsers import MAX_JSON_DEPTH, check_depth
+from sessions_app.api.parsers import MAX_JSON_DEPTH, check_depth, strict_loads
 from sessions_app.errors import InvalidInput
 from sessions_app.models import ROLE_FOR_TYPE
 from sessions_app.services import model_registry
@@ -80,7 +89,7 @@ def _read_json(request: HttpRequest) -> tuple[bytes, Any]:
             "the request body is too large", status=413, code="request_too_large"
         ) from None
     try:
-        body = json.loads(raw)
+        body = strict_loads(raw)  # NaN/Infinity refused (hardening, issue 22)
     except (ValueError, UnicodeDecodeError):
         raise GatewayError("the request body is not valid JSON", code="malformed_json") from None
     except RecursionError:
@@ -291,7 +300,7 @@ async def _respond(
 
     streamed = StreamingHttpResponse(
         relay(
-            response=response,
+            response=stream_limits.bounded(response),  # size/duration bounds (issue 22)
             accumulator=accumulator,
             stream_error=wire.stream_error,
             on_end=on_end,

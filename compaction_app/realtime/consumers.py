@@ -8,6 +8,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from compaction_app.realtime.broadcast import STAFF_GROUP, session_group, user_group
+from compaction_app.realtime.revocation import RevocableConsumerMixin
 from sessions_app.errors import NotFound
 from sessions_app.selectors import session_get
 
@@ -24,7 +25,7 @@ def _may_see(user: Any, session_id: str) -> bool:
     return True
 
 
-class _LedgerConsumer(AsyncJsonWebsocketConsumer):
+class _LedgerConsumer(RevocableConsumerMixin, AsyncJsonWebsocketConsumer):
     groups_joined: list[str]
 
     async def _refuse(self, code: int) -> None:
@@ -42,6 +43,8 @@ class _LedgerConsumer(AsyncJsonWebsocketConsumer):
         return user
 
     async def _join(self, groups: list[str]) -> None:
+        # Plus the groups whose revocation closes this socket with 4401 (revocation.py).
+        groups = [*groups, *self.revocation_groups()]
         self.groups_joined = groups
         for group in groups:
             await self.channel_layer.group_add(group, self.channel_name)

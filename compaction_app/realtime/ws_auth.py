@@ -20,6 +20,7 @@ from django.conf import settings
 from django.contrib.auth.models import AnonymousUser
 
 from compaction_app.realtime.consumers import CLOSE_FORBIDDEN
+from compaction_app.realtime.revocation import SCOPE_TOKEN
 
 
 @database_sync_to_async
@@ -71,6 +72,8 @@ class TokenAuthMiddleware(BaseMiddleware):
         if keys:
             user = await _user_for_token(keys[0])
             scope = dict(scope, user=user or AnonymousUser())
+            if user is not None:
+                scope[SCOPE_TOKEN] = keys[0]  # its deletion closes the socket (revocation.py)
         else:
             user = scope.get("user")
             if user is not None and user.is_authenticated and not same_site_origin(scope):

@@ -68,7 +68,17 @@ def page_of(name: str, item: Any) -> type[serializers.Serializer]:
     )
 
 
+# The largest value a numeric query parameter may take (a database integer).
+MAX_QUERY_INTEGER = 2**63 - 1
+
+
+def integer(minimum: int, maximum: int = MAX_QUERY_INTEGER) -> dict[str, Any]:
+    """A query parameter's schema with the bounds the API enforces (so the documented range
+    is the accepted one: outside it, and empty or malformed, is a 400)."""
+    return {"type": "integer", "minimum": minimum, "maximum": maximum}
+
+
 PAGE_PARAMETERS = [
-    OpenApiParameter("page", int, description="Page number, from 1."),
-    OpenApiParameter("pageSize", int, description="Items per page (at most 500)."),
+    OpenApiParameter("page", integer(1), description="Page number, from 1."),
+    OpenApiParameter("pageSize", integer(1), description="Items per page (at most 500)."),
 ]

@@ -1,7 +1,9 @@
-"""The API's JSON parser: DRF's, with a bound on nesting depth."""
+"""The API's JSON parser: DRF's, with a bound on nesting depth; and the strict JSON loader
+the gateway shares with it."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from typing import Any
 
@@ -39,6 +41,17 @@ def check_depth(value: Any) -> None:
     """Refuse a decoded JSON value nested deeper than MAX_JSON_DEPTH."""
     if isinstance(value, dict | list) and _too_deep(value, MAX_JSON_DEPTH):
         raise nesting_error()
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def strict_loads(raw: bytes | str) -> Any:
+    """`json.loads` without Python's extensions: NaN, Infinity and -Infinity are refused
+    (ValueError) instead of becoming floats that no provider and no JSON client accepts.
+    The REST parser below is held to the same rule by DRF's STRICT_JSON (on by default)."""
+    return json.loads(raw, parse_constant=_refuse_constant)
 
 
 class LedgerJSONParser(JSONParser):

@@ -11,7 +11,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from sessions_app import recall, search, selectors
-from sessions_app.api.openapi import BODY, errors
+from sessions_app.api.openapi import BODY, errors, integer
 from sessions_app.errors import InvalidInput
 from sessions_app.services import MAX_CONTEXT_LIMIT
 
@@ -24,13 +24,24 @@ _HIT_FIELDS: dict[str, serializers.Field] = {
     "snippet": serializers.CharField(help_text="HTML: the text escaped, matches in <mark>."),
 }
 _SEARCH_PARAMETERS = [
-    OpenApiParameter("q", str, required=True, description="Words, identifiers or paths."),
-    OpenApiParameter("limit", int, description=f"1..{search.MAX_LIMIT} (default 20)."),
+    OpenApiParameter(
+        "q",
+        # Not blank, and at most MAX_QUERY_CHARS: what search.check_query enforces.
+        {"type": "string", "minLength": 1, "maxLength": search.MAX_QUERY_CHARS, "pattern": r"\S"},
+        required=True,
+        description="Words, identifiers or paths.",
+    ),
+    OpenApiParameter(
+        "limit", integer(1, search.MAX_LIMIT), description=f"1..{search.MAX_LIMIT} (default 20)."
+    ),
 ]
 
 
 def _limit(request: Request) -> int:
-    raw = request.query_params.get("limit") or str(search.DEFAULT_LIMIT)
+    raw = request.query_params.get("limit")
+    if raw is None:
+        return search.DEFAULT_LIMIT
+    # An empty `limit=` is malformed, not "the default" (as on every other endpoint).
     # ASCII digits only: int() would also take "1_0" or " 5".
     value = int(raw) if raw.isascii() and raw.isdigit() and len(raw) < 10 else 0
     if not 1 <= value <= search.MAX_LIMIT:

@@ -324,8 +324,12 @@ class ContextSerializer(serializers.Serializer):
     limit = serializers.IntegerField()
     pruned = serializers.BooleanField()
     summary = serializers.CharField(allow_null=True)
+    compactionRecommended = serializers.BooleanField(
+        help_text="The context is at or past the compact threshold: compact (POST /context "
+        "or /compact) instead of sending pruned views."
+    )
     compaction = serializers.JSONField(
-        required=False, help_text="The run /context made first, at the hard limit."
+        required=False, help_text="The run POST /context made first, at the hard limit."
     )
     tools = serializers.ListField(
         child=serializers.JSONField(),

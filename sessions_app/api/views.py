@@ -23,7 +23,7 @@ from rest_framework.views import APIView
 
 from sessions_app import recall, selectors, services, tokens
 from sessions_app.api import serializers as s
-from sessions_app.api.openapi import BODY, PAGE_PARAMETERS, errors, page_of
+from sessions_app.api.openapi import BODY, PAGE_PARAMETERS, errors, integer, page_of
 from sessions_app.context import context_prepare
 from sessions_app.errors import InvalidInput, LedgerError
 from sessions_app.models import Event, EventType
@@ -128,8 +128,12 @@ class SessionDetailView(APIView):
 class SessionEventsView(APIView):
     @extend_schema(
         parameters=[
-            OpenApiParameter("after", int, description="Return events with seq greater than this."),
-            OpenApiParameter("limit", int, description="Page size, 1..1000 (default 100)."),
+            OpenApiParameter(
+                "after", integer(0), description="Return events with seq greater than this."
+            ),
+            OpenApiParameter(
+                "limit", integer(1, 1000), description="Page size, 1..1000 (default 100)."
+            ),
             OpenApiParameter(
                 "includeCompacted", bool, description="Include events folded by compaction."
             ),
@@ -303,18 +307,37 @@ class _FormatParamIsOurs(DefaultContentNegotiation):
     settings = APISettings(user_settings={"URL_FORMAT_OVERRIDE": None})  # type: ignore[assignment,arg-type]
 
 
+_CONTEXT_PARAMETERS = [
+    OpenApiParameter("maxTokens", integer(1), description="At least 1."),
+    OpenApiParameter("reserveTokens", integer(0), description="At least 0."),
+    OpenApiParameter("format", str, enum=["openai", "anthropic"]),
+]
+
+
 class SessionContextView(APIView):
     content_negotiation_class = _FormatParamIsOurs
 
     @extend_schema(
-        parameters=[
-            OpenApiParameter("maxTokens", int),
-            OpenApiParameter("reserveTokens", int),
-            OpenApiParameter("format", str, enum=["openai", "anthropic"]),
-        ],
-        responses={200: s.ContextSerializer, **errors(400, 404, 409, 422)},
+        parameters=_CONTEXT_PARAMETERS,
+        responses={200: s.ContextSerializer, **errors(400, 404, 422)},
+        description="The messages to send next. Never writes: past the compact threshold it "
+        "answers a pruned view with compactionRecommended: true.",
     )
     def get(self, request: Request, session_id: str) -> Response:
+        return self._answer(request, session_id, compact=False)
+
+    @extend_schema(
+        operation_id="sessions_context_compact",
+        request=None,
+        parameters=_CONTEXT_PARAMETERS,
+        responses={200: s.ContextSerializer, **errors(400, 403, 404, 409, 422)},
+        description="The same answer as GET, but at the hard limit a synchronous compaction "
+        "runs first (at most one per cooldownSeconds; within it the view is pruned).",
+    )
+    def post(self, request: Request, session_id: str) -> Response:
+        return self._answer(request, session_id, compact=True)
+
+    def _answer(self, request: Request, session_id: str, *, compact: bool) -> Response:
         session = selectors.session_get(user=request.user, session_id=session_id)
         max_tokens = _int_param(request, "maxTokens", 0, minimum=1) or None
         reserve = _int_param(request, "reserveTokens", 0, minimum=0)
@@ -329,6 +352,8 @@ class SessionContextView(APIView):
             max_tokens=max_tokens,
             reserve_tokens=reserve,
             fmt=fmt,
+            compact=compact,
+            respect_cooldown=compact,
         )
         payload: dict[str, Any] = {
             "messages": prepared.messages,
@@ -336,6 +361,7 @@ class SessionContextView(APIView):
             "limit": prepared.limit,
             "pruned": prepared.pruned,
             "summary": prepared.summary,
+            "compactionRecommended": prepared.compaction_recommended,
         }
         if fmt == "anthropic":
             payload["system"] = prepared.system

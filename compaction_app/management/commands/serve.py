@@ -1,7 +1,8 @@
 """`manage.py serve`: everything a newcomer needs on one machine.
 
-Migrates, makes a demo staff user and prints its API token, starts the embedded Celery worker
-thread (unless a broker is configured), then serves HTTP and websockets with daphne.
+Migrates, makes a demo staff user and prints its API token (embedded profile only, or with
+`--demo-user`: a production deployment starts with no known credentials), starts the embedded
+Celery worker thread (unless a broker is configured), then serves HTTP and websockets with daphne.
 """
 
 from __future__ import annotations
@@ -25,15 +26,36 @@ class Command(BaseCommand):
             "--no-demo-user", action="store_true", help="Do not create the demo user."
         )
         parser.add_argument(
+            "--demo-user",
+            action="store_true",
+            help="Create the demo user (demo / demo) even on the production profile.",
+        )
+        parser.add_argument(
             "--check", action="store_true", help="Do the set-up, print it, and exit."
         )
 
     def handle(
-        self, *args: Any, host: str, port: int, no_demo_user: bool, check: bool, **options: Any
+        self,
+        *args: Any,
+        host: str,
+        port: int,
+        no_demo_user: bool,
+        demo_user: bool = False,
+        check: bool,
+        **options: Any,
     ) -> None:
         call_command("migrate", interactive=False, verbosity=0)
         self.stdout.write(self.style.SUCCESS("Database migrated."))
-        if not no_demo_user:
+        # A well-known password on a reachable server is a backdoor: only the embedded
+        # (single-machine) profile gets the demo user unless it is asked for explicitly.
+        production = bool(settings.DATABASE_URL or settings.REDIS_URL)
+        if production and not demo_user:
+            self.stdout.write(
+                "Production profile: no demo user. Create an admin with "
+                "`python manage.py createsuperuser`, then an API token in the admin "
+                "(Auth Token → Tokens) or with `python manage.py drf_create_token <username>`."
+            )
+        elif demo_user or not no_demo_user:
             user, created = get_user_model().objects.get_or_create(
                 username="demo", defaults={"is_staff": True, "is_superuser": True}
             )
