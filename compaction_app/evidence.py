@@ -1029,3 +1029,244 @@ def loss_report(
         ],
         "droppedTotal": len(dropped),
     }
+
+
+# --- salience: how much a line tells, measured against its own session ------------------------
+#
+# A line of tool output is worth keeping when it says something the rest of the session does
+# not: its *template* (the line with its variable parts masked, as a log-template miner such as
+# Drain groups lines) is rare, its *values* (identifiers, hashes, versions, paths, codes,
+# numbers with units: the parts the mask removed) are rare, it reports a failure, or it is a
+# command's outcome (exit status, summary line, first error). A line repeated hundreds of times
+# with other numbers ("Downloading x-1.2.3 (12 kB)", "GET /health 200") is routine, whatever
+# kind of evidence it carries. Nothing here knows a tool: the counts come from the session.
+#
+# Masking is Drain's: a token with a digit, a path separator, an underscore or an inner dot is a
+# parameter, and so is a quoted string; what is left (plain words, punctuation) is the template.
+# Lines are counted by template in one pass over each text (two `re.sub` calls and a split, in
+# C), so a session of a million tokens is profiled in a fraction of a second; Drain's tree and
+# similarity search would cost seconds in pure Python for the same grouping of these outputs.
+
+_PARAMETER = re.compile(r"[^\w\s]{4,}|(?<![^\s,])(?=[^\s,]*(?:[\d/_]|\w\.\w))[^\s,]+|'[^'\n]*'|\"[^\"\n]*\"")
+_BLANKS = re.compile(r"[ \t\r\f\v]+")
+# A parameter that is only a number, date or time tells little on its own (timestamps are
+# unique on every log line); one with letters in it (an identifier, a hash, a path, a version,
+# a code, a number with its unit) names a thing.
+_PLAIN_NUMBER = re.compile(r"[\d\W]*(?:[A-Za-zµ%]{1,3}|[\d\W]*)")
+# A version replaced by another (`jackson-databind:2.13.4 -> 2.17.2`): a resolved conflict.
+_REPLACED_VERSION = re.compile(r"\d[\w.]* -> \d")
+# An HTTP response that failed (`HTTP/2 409`, nginx's `"POST /x HTTP/1.1" 504`).
+_HTTP_FAILURE = re.compile(r"\bHTTP/[\d.]+\"? [45]\d\d\b")
+# Source code quoted in output (a file read, a test's listing): its lines are unique without
+# telling what happened.
+_CODE_SHAPE = re.compile(
+    r"^\s*(?:\d+\s*\|\s*|>\s*\d*\s*\|?\s*)?(?:def |class |import |from [\w.]+ import|return\b|if |for |while "
+    r"|elif |else\b|try:|except\b|with |async |await |const |let |var |function |public "
+    r"|private |func |fn |@\w|#include|\}|\)|\{|\w+ = |\w+\.\w+\()"
+)
+_SIGNAL_WORDS = (
+    "error",
+    "fail",
+    "fatal",
+    "panic",
+    "exception",
+    "denied",
+    "refused",
+    "conflict",
+    "violat",
+    "invalid",
+    "missing",
+    "not found",
+    "no such",
+    "does not exist",
+    "timed out",
+    "timeout",
+    "exceeded",
+    "insufficient",
+    "unable",
+    "cannot",
+    "could not",
+    "couldn't",
+    "not allowed",
+    "vulnerab",
+    "cve-",
+    "ghsa-",
+    "critical",
+    "severity: high",
+    "backoff",
+    "killed",
+    "oom",
+    "segfault",
+    "sigsegv",
+    "exited (",
+    "upgrade failed",
+    "rolled back",
+    "rollback",
+    "must be replaced",
+    "forces replacement",
+    "mismatch",
+    "did not match",
+    "warning",
+    "unrecognized",
+    "not recognized",
+    "lossy",
+    "deprecated",
+    "abort",
+    "crash",
+    "bad ",
+    "first bad commit",
+    "->",
+)
+# A command's outcome: its exit status or its closing summary (what the command concluded).
+_OUTCOME = re.compile(
+    r"\bexit(?:ed)?(?: with)?(?: status| code)?[:=]?\s*\(?-?\d|code=exited, status=\d|\bExited \(\d"
+    r"|\bBUILD (?:FAILED|SUCCESS(?:FUL)?|FAILURE)\b|\b\d+ (?:failed|passed|errors?|problems?"
+    r"|vulnerabilit\w+|tests? completed|warnings?)\b|\((?:\d+) rows?\)|\brows? in set\b"
+    r"|\bPlan: \d|\bDone\. PASS=|\btest result:|\bTests?:\s+\d|\bTest Suites:|\bFound \d+ errors?"
+    r"|\bTotal: \d|\bRan \d+ tests?|\b(?:OK|FAILED)(?: \(|$)|\bExecution Time:|\bis the first bad"
+    r"|\bTests run: \d|\bcompleted with\b|\bAutomatic merge failed|\bUse% ",
+    re.I,
+)
+_WORD = re.compile(r"[A-Za-z]{2}")
+_COMMAND_ECHO = re.compile(r"^\s*(?:\$|❯|>>>|\w+@[\w.-]+:[~\w/.-]*[$#])\s")
+
+
+def template_of(line: str) -> str:
+    """`line` with its parameters masked (`#`) and its blanks collapsed: its template."""
+    return " ".join(_PARAMETER.sub("#", line).split())
+
+
+def parameters_of(line: str) -> list[str]:
+    """The parameters the template of `line` masks (identifiers, numbers, paths, quotes)."""
+    return [m.group(0).strip("'\"`,;:.()[]{}") for m in _PARAMETER.finditer(line)]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A line of one output worth offering to a summary, with how much it tells."""
+
+    line: str  # whitespace-collapsed, clipped
+    information: int
+    outcome: bool  # an exit status or closing summary
+    signal: bool  # reports a failure, a warning or a conflict
+    index: int  # line number in its output
+
+
+class Salience:
+    """What is routine in one session: lines per template, occurrences per parameter.
+
+    Fed every text of the session once (`add`), then asked how much a line of it tells
+    (`information`) or which lines of one output tell the most (`candidates`). Pure and
+    deterministic; counts, not models.
+    """
+
+    def __init__(self, texts: Iterable[str] = ()) -> None:
+        self.templates: dict[str, int] = {}
+        self.parameters: dict[str, int] = {}
+        for text in texts:
+            self.add(text)
+
+    def add(self, text: str) -> None:
+        if not text:
+            return
+        templates = self.templates
+        for template in _BLANKS.sub(" ", _PARAMETER.sub("#", text)).split("\n"):
+            templates[template] = templates.get(template, 0) + 1
+        parameters = self.parameters
+        for m in _PARAMETER.finditer(text):
+            value = m.group(0)
+            parameters[value] = parameters.get(value, 0) + 1
+
+    def template_count(self, line: str) -> int:
+        return self.templates.get(_BLANKS.sub(" ", _PARAMETER.sub("#", line)), 0)
+
+    def information(self, line: str, *, template_count: int | None = None) -> tuple[int, bool, bool]:
+        """(information, outcome, signal) of `line`: points for a rare template, for each
+        rare parameter that names a thing, for reporting a failure, and for being an outcome."""
+        count = self.template_count(line) if template_count is None else template_count
+        # A template seen once is news; one seen hundreds of times is the tool's routine.
+        if count <= 1:
+            score = 4
+        elif count <= 3:
+            score = 2
+        elif count <= 10:
+            score = 0
+        elif count <= 50:
+            score = -1
+        elif count <= 200:
+            score = -2
+        else:
+            score = -3
+        named = 0
+        for m in _PARAMETER.finditer(line):
+            value = m.group(0)
+            seen = self.parameters.get(value, 0)
+            plain = _PLAIN_NUMBER.fullmatch(value) is not None
+            if seen <= 1:
+                named += 1 if plain else 4
+            elif seen <= 3:
+                named += 0 if plain else 2
+            elif seen <= 10 and not plain:
+                named += 1
+        if not _WORD.search(_PARAMETER.sub("", line)):
+            score = 0  # a line that is all parameters (`celery==5.4.0`): its values tell
+        score += min(named, 8)
+        lowered = line.lower()
+        signal = (
+            any(word in lowered for word in _SIGNAL_WORDS)
+            or _REPLACED_VERSION.search(line) is not None
+            or _HTTP_FAILURE.search(line) is not None
+        )
+        outcome = _OUTCOME.search(line) is not None
+        if _CODE_SHAPE.match(line):
+            score -= 3
+        if signal:
+            score += 3
+        if outcome:
+            score += 3
+        return score, outcome, signal
+
+    def candidates(self, text: str, *, limit: int = 24, minimum: int = 4) -> list[Candidate]:
+        """The lines of `text` that tell the most, best first, at most `limit`, none below
+        `minimum` points; a command's echo (`$ make test`) is never one: its outcome is."""
+        raw_lines = text.split("\n")
+        masked = _BLANKS.sub(" ", _PARAMETER.sub("#", text)).split("\n")
+        templates = self.templates
+        found: list[Candidate] = []
+        seen: set[str] = set()
+        for index, (raw, template) in enumerate(zip(raw_lines, masked, strict=False)):
+            if len(template) < 4 and "#" not in template:
+                continue
+            count = templates.get(template, 0)
+            # Cheap filter first: a routine template without parameters cannot reach `minimum`.
+            if count > 10 and "#" not in template and not _may_signal(raw):
+                continue
+            if _COMMAND_ECHO.match(raw):
+                continue
+            line = _clip(raw, _MAX_LINE)
+            if not line or line in seen:
+                continue
+            information, outcome, signal = self.information(raw, template_count=count)
+            if information >= minimum:
+                seen.add(line)
+                found.append(Candidate(line, information, outcome, signal, index))
+        found.sort(key=lambda c: (-c.information, c.index))
+        failures = [c for c in found if c.signal]
+        if failures and _COMMAND_ECHO.match(raw_lines[0]):
+            # The command that failed, just below its failure: its arguments (a run id, a
+            # release, a file) name what the failure is about.
+            echo = _clip(raw_lines[0], _MAX_LINE)
+            found.insert(
+                found.index(failures[0]) + 1,
+                Candidate(echo, failures[0].information - 2, False, True, 0),
+            )
+        return found[:limit]
+
+
+def _may_signal(line: str) -> bool:
+    lowered = line.lower()
+    return (
+        any(word in lowered for word in _SIGNAL_WORDS)
+        or _OUTCOME.search(line) is not None
+        or _HTTP_FAILURE.search(line) is not None
+    )
