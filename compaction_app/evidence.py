@@ -17,6 +17,8 @@ pattern — forty `ValueError: bad row N` lines — collapse into one.
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -925,8 +927,7 @@ def _misc(out: _Out, text: str) -> None:
         out.add("test_tally", value, _norm(re.sub(r" in [\d.]+s$", "", value)), m.start(), m.end())
 
 
-@lru_cache(maxsize=4096)
-def _extract_cached(text: str) -> tuple[Evidence, ...]:
+def _extract_uncached(text: str) -> tuple[Evidence, ...]:
     out = _Out(text)
     lowered = text.lower()
 
@@ -950,11 +951,21 @@ def _extract_cached(text: str) -> tuple[Evidence, ...]:
     return tuple(out.items)
 
 
+# Per-text caches: a run extracts each folded event for its summary and again for its loss
+# report, and the summary's own lines many times (subjects, novelty). Short texts (summary
+# lines, prose) come by the ten thousand in a long session and cost little to keep; long ones
+# (tool output) by the thousand. A cache that overflows within one run makes the run
+# superlinear in the session's size, so each is sized for a session of a few million tokens.
+_SHORT_TEXT = 2_000
+_extract_short = lru_cache(maxsize=65_536)(_extract_uncached)
+_extract_long = lru_cache(maxsize=16_384)(_extract_uncached)
+
+
 def extract(text: str, *, seq: int = 0) -> list[Evidence]:
     """Every evidence item in `text`, each key once, in kind order then position."""
     if not text:
         return []
-    items = _extract_cached(text)
+    items = _extract_short(text) if len(text) <= _SHORT_TEXT else _extract_long(text)
     if not seq:
         return list(items)
     # The constructor, not dataclasses.replace: this runs for every item of every event.
@@ -1047,12 +1058,12 @@ def loss_report(
 # C), so a session of a million tokens is profiled in a fraction of a second; Drain's tree and
 # similarity search would cost seconds in pure Python for the same grouping of these outputs.
 
-_PARAMETER = re.compile(r"[^\w\s]{4,}|(?<![^\s,])(?=[^\s,]*(?:[\d/_]|\w\.\w))[^\s,]+|'[^'\n]*'|\"[^\"\n]*\"")
+_PARAMETER = re.compile(r"[^\w\s]{4,}|(?<![^\s,])(?=[^\s,]*(?:[\d/_]|\w\.\w))[^\s,]+")
 _BLANKS = re.compile(r"[ \t\r\f\v]+")
 # A parameter that is only a number, date or time tells little on its own (timestamps are
 # unique on every log line); one with letters in it (an identifier, a hash, a path, a version,
 # a code, a number with its unit) names a thing.
-_PLAIN_NUMBER = re.compile(r"[\d\W]*(?:[A-Za-zµ%]{1,3}|[\d\W]*)")
+_PLAIN_NUMBER = re.compile(r"[\d\W]*(?:[TZ][\d\W]*)*(?:[A-Za-zµ%]{1,3}\W*)?")
 # A version replaced by another (`jackson-databind:2.13.4 -> 2.17.2`): a resolved conflict.
 _REPLACED_VERSION = re.compile(r"\d[\w.]* -> \d")
 # An HTTP response that failed (`HTTP/2 409`, nginx's `"POST /x HTTP/1.1" 504`).
@@ -1062,7 +1073,7 @@ _HTTP_FAILURE = re.compile(r"\bHTTP/[\d.]+\"? [45]\d\d\b")
 _CODE_SHAPE = re.compile(
     r"^\s*(?:\d+\s*\|\s*|>\s*\d*\s*\|?\s*)?(?:def |class |import |from [\w.]+ import|return\b|if |for |while "
     r"|elif |else\b|try:|except\b|with |async |await |const |let |var |function |public "
-    r"|private |func |fn |@\w|#include|\}|\)|\{|\w+ = |\w+\.\w+\()"
+    r"|private |func |fn |@\w|#include|\}|\)|\{|\w+ = |\w+\.\w+\(|raise |throw |\"\"\"|\'\'\'|// |/\* |\* )"
 )
 _SIGNAL_WORDS = (
     "error",
@@ -1093,7 +1104,9 @@ _SIGNAL_WORDS = (
     "ghsa-",
     "critical",
     "severity: high",
-    "backoff",
+    "crashloopbackoff",
+    "imagepullbackoff",
+    "back-off",
     "killed",
     "oom",
     "segfault",
@@ -1128,6 +1141,7 @@ _OUTCOME = re.compile(
     re.I,
 )
 _WORD = re.compile(r"[A-Za-z]{2}")
+_DIFF_CHANGE = re.compile(r"^[+-](?![+-])\S")
 _COMMAND_ECHO = re.compile(r"^\s*(?:\$|❯|>>>|\w+@[\w.-]+:[~\w/.-]*[$#])\s")
 
 
@@ -1150,6 +1164,7 @@ class Candidate:
     outcome: bool  # an exit status or closing summary
     signal: bool  # reports a failure, a warning or a conflict
     index: int  # line number in its output
+    repeats: int = 1  # lines of its template in the session
 
 
 class Salience:
@@ -1161,26 +1176,38 @@ class Salience:
     """
 
     def __init__(self, texts: Iterable[str] = ()) -> None:
-        self.templates: dict[str, int] = {}
-        self.parameters: dict[str, int] = {}
+        self.templates: Counter[str] = Counter()
+        self.parameters: Counter[str] = Counter()
+        self._masked: dict[str, list[str]] = {}
         for text in texts:
             self.add(text)
+
+    def _masked_lines(self, text: str) -> list[str]:
+        masked = self._masked.get(text)
+        if masked is None:
+            masked = _BLANKS.sub(" ", _PARAMETER.sub("#", text)).split("\n")
+            self._masked[text] = masked
+        return masked
 
     def add(self, text: str) -> None:
         if not text:
             return
-        templates = self.templates
-        for template in _BLANKS.sub(" ", _PARAMETER.sub("#", text)).split("\n"):
-            templates[template] = templates.get(template, 0) + 1
-        parameters = self.parameters
-        for m in _PARAMETER.finditer(text):
-            value = m.group(0)
-            parameters[value] = parameters.get(value, 0) + 1
+        # Counter.update over a list and findall both run in C: the profile of a session of
+        # a million tokens costs a few tenths of a second.
+        self.templates.update(self._masked_lines(text))
+        self.parameters.update(_PARAMETER.findall(text))
 
     def template_count(self, line: str) -> int:
         return self.templates.get(_BLANKS.sub(" ", _PARAMETER.sub("#", line)), 0)
 
-    def information(self, line: str, *, template_count: int | None = None) -> tuple[int, bool, bool]:
+    def information(
+        self,
+        line: str,
+        *,
+        template_count: int | None = None,
+        signal: bool | None = None,
+        outcome: bool | None = None,
+    ) -> tuple[int, bool, bool]:
         """(information, outcome, signal) of `line`: points for a rare template, for each
         rare parameter that names a thing, for reporting a failure, and for being an outcome."""
         count = self.template_count(line) if template_count is None else template_count
@@ -1198,58 +1225,79 @@ class Salience:
         else:
             score = -3
         named = 0
-        for m in _PARAMETER.finditer(line):
-            value = m.group(0)
-            seen = self.parameters.get(value, 0)
+        parameters = self.parameters
+        for value in _PARAMETER.findall(line):
+            seen = parameters.get(value, 0)
+            if seen > 10:
+                continue
             plain = _PLAIN_NUMBER.fullmatch(value) is not None
             if seen <= 1:
                 named += 1 if plain else 4
             elif seen <= 3:
                 named += 0 if plain else 2
-            elif seen <= 10 and not plain:
+            elif not plain:
                 named += 1
         if not _WORD.search(_PARAMETER.sub("", line)):
             score = 0  # a line that is all parameters (`celery==5.4.0`): its values tell
         score += min(named, 8)
-        lowered = line.lower()
-        signal = (
-            any(word in lowered for word in _SIGNAL_WORDS)
-            or _REPLACED_VERSION.search(line) is not None
-            or _HTTP_FAILURE.search(line) is not None
-        )
-        outcome = _OUTCOME.search(line) is not None
+        if signal is None:
+            signal = _may_fail(line)
+        if outcome is None or outcome:
+            outcome = _OUTCOME.search(line) is not None
         if _CODE_SHAPE.match(line):
             score -= 3
+        elif _DIFF_CHANGE.match(line):
+            score += 2  # a changed line of a diff: what the change was
         if signal:
             score += 3
         if outcome:
             score += 3
         return score, outcome, signal
 
-    def candidates(self, text: str, *, limit: int = 24, minimum: int = 4) -> list[Candidate]:
+    def candidates(self, text: str, *, limit: int = 16, minimum: int = 5) -> list[Candidate]:
         """The lines of `text` that tell the most, best first, at most `limit`, none below
-        `minimum` points; a command's echo (`$ make test`) is never one: its outcome is."""
+        `minimum` points; a command's echo (`$ make test`) is never one alone: its outcome is
+        (the echo joins a failure, just below it)."""
         raw_lines = text.split("\n")
-        masked = _BLANKS.sub(" ", _PARAMETER.sub("#", text)).split("\n")
+        masked = self._masked_lines(text)
+        if len(masked) != len(raw_lines):  # pragma: no cover - the mask never spans lines
+            masked = [template_of(line) for line in raw_lines]
         templates = self.templates
+        # Which lines can reach `minimum`, found without scoring every line: a template seen
+        # once (not source code), a parameter seen at most three times in the session, or a
+        # failure / outcome word (found by str.find over the whole text, in C).
+        starts = [0]
+        for line in raw_lines[:-1]:
+            starts.append(starts[-1] + len(line) + 1)
+        failing = _line_indices(text.lower(), (*_SIGNAL_WORDS, "->", "http/"), starts)
+        concluding = _line_indices(text, _OUTCOME_NEEDLES, starts)
+        maybe = failing | concluding
+        parameters = self.parameters
+        for m in _PARAMETER.finditer(text):
+            if parameters.get(m.group(0), 0) <= 3:
+                maybe.add(bisect_right(starts, m.start()) - 1)
+        for index, template in enumerate(masked):
+            if templates.get(template, 0) <= 1 and len(template) >= 4:
+                maybe.add(index)
         found: list[Candidate] = []
         seen: set[str] = set()
-        for index, (raw, template) in enumerate(zip(raw_lines, masked, strict=False)):
-            if len(template) < 4 and "#" not in template:
-                continue
-            count = templates.get(template, 0)
-            # Cheap filter first: a routine template without parameters cannot reach `minimum`.
-            if count > 10 and "#" not in template and not _may_signal(raw):
-                continue
+        for index in sorted(maybe):
+            raw = raw_lines[index]
             if _COMMAND_ECHO.match(raw):
                 continue
             line = _clip(raw, _MAX_LINE)
             if not line or line in seen:
                 continue
-            information, outcome, signal = self.information(raw, template_count=count)
+            count = templates.get(masked[index], 0)
+            information, outcome, signal = self.information(
+                raw,
+                template_count=count,
+                signal=index in failing and _may_fail(raw),
+                outcome=index in concluding,
+            )
             if information >= minimum:
                 seen.add(line)
-                found.append(Candidate(line, information, outcome, signal, index))
+                found.append(Candidate(line, information, outcome, signal, index, count))
         found.sort(key=lambda c: (-c.information, c.index))
         failures = [c for c in found if c.signal]
         if failures and _COMMAND_ECHO.match(raw_lines[0]):
@@ -1263,10 +1311,55 @@ class Salience:
         return found[:limit]
 
 
-def _may_signal(line: str) -> bool:
+_OUTCOME_NEEDLES = (
+    "xit",
+    "status=",
+    "BUILD",
+    "failed",
+    "passed",
+    "error",
+    "problem",
+    "vulnerabilit",
+    "completed",
+    "warning",
+    "row",
+    "Plan:",
+    "Done.",
+    "test result",
+    "Test",
+    "Found",
+    "Total",
+    "Ran ",
+    "OK",
+    "FAILED",
+    "Execution Time",
+    "first bad",
+    "Automatic merge",
+    "Use%",
+)
+
+
+def _line_indices(text: str, needles: Iterable[str], starts: list[int]) -> set[int]:
+    """Indices of the lines of `text` (starting at `starts`) that contain any of `needles`."""
+    found: set[int] = set()
+    for needle in needles:
+        if not needle:
+            continue
+        pos = text.find(needle)
+        while pos >= 0:
+            index = bisect_right(starts, pos) - 1
+            found.add(index)
+            end = starts[index + 1] if index + 1 < len(starts) else len(text)
+            pos = text.find(needle, end)
+    return found
+
+
+def _may_fail(line: str) -> bool:
     lowered = line.lower()
     return (
         any(word in lowered for word in _SIGNAL_WORDS)
-        or _OUTCOME.search(line) is not None
+        or _REPLACED_VERSION.search(line) is not None
         or _HTTP_FAILURE.search(line) is not None
     )
+
+

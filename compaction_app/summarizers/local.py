@@ -234,12 +234,14 @@ def _score(section: str, text: str) -> int:
     """
     score = _BASE[section] + _features(text)
     decision = _DECISION.search(text) is not None
-    if decision:
-        score += 3
-    if not _TOOL_LINE.match(text) and _STATE.search(text):
-        # A decision or a state in prose ("rolled back to revision 43", "we'll keep 30 days").
-        score += 6 if _NUMBER.search(text) else 3
+    if not _TOOL_LINE.match(text) and (decision or _STATE.search(text)):
+        # A decision or a state in prose ("rolled back to revision 43", "we'll keep 30 days",
+        # "we decided to use LedgerLock3014"), more so with the number or name it settles.
+        specific = _NUMBER.search(text) or _SPECIFIC.search(text)
+        score += 6 if specific else 3
         decision = True
+    elif decision:
+        score += 3
     strong = _STRONG_ERROR.search(text)
     if strong:
         score += 3
@@ -459,6 +461,7 @@ def _shape_penalties(ranked: Sequence[_Item]) -> list[int]:
 
 # --- the summarizer ----------------------------------------------------------------------------
 
+_COLLAPSE_AFTER = 3
 # Kinds of evidence that make a tool-output line an issue (collapsed with its repeats).
 _ISSUE_KINDS = frozenset({"exit", "signal", "error", "error_code", "http_status"})
 
@@ -529,7 +532,13 @@ def _rescore(section: str, text: str, salience: Salience) -> int:
     return _score(section, text)
 
 
+# Every subject (a setting, a version, a correction naming a setting) needs one of these.
+_MAY_HAVE_SUBJECT = re.compile(r"[=@]|\d\.\d|[A-Z]_[A-Z]")
+
+
 def _subjects(text: str) -> set[str]:
+    if not _MAY_HAVE_SUBJECT.search(text):
+        return set()
     return {item.subject for item in extract(text) if item.subject}
 
 
@@ -874,7 +883,10 @@ class LocalSummarizer(Summarizer):
                 text,
                 max(1, _BASE[section] + candidate.information - rank),
                 seq=seq,
-                collapse=section == _ISSUES,
+                # Repeats of a pattern collapse into one line with their count; two lines of
+                # a template seen twice in the session (two bisects' first bad commits) are
+                # two facts.
+                collapse=section == _ISSUES and candidate.repeats > _COLLAPSE_AFTER,
             )
 
     def _salience(self) -> Salience:
