@@ -24,14 +24,20 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 __all__ = [
+    "FILE_PATH",
     "KINDS",
+    "URL",
+    "Candidate",
+    "Salience",
     "Evidence",
     "collapsed_shapes",
     "extract",
     "extract_many",
     "held",
     "loss_report",
+    "parameters_of",
     "shape_of",
+    "template_of",
 ]
 
 KINDS: tuple[str, ...] = (
@@ -111,6 +117,14 @@ _PATH = re.compile(
     r"(?<![\w/.:@-])((?:~|\.{1,2})?/?(?:[\w@+.-]+/)+[\w@+.-]*[\w@+-])(?::(\d+))?"
     r"|(?<![\w/.:@-])((?:[\w-]+\.)+(?:" + _FILE_EXT + r")|Dockerfile|Makefile|Procfile)\b(?!\.?\w)"
 )
+# A file a text names: a path ending in a file name with an extension, or a bare file name with
+# a known extension. No groups, so `findall` returns the paths themselves. The local summarizer
+# lists these under "Files touched" and scores sentences naming one.
+FILE_PATH = re.compile(
+    r"(?<![\w/.:@-])(?:~|\.{1,2})?/?(?:[\w@+.-]+/)+[\w@+.-]*\.[A-Za-z]\w*\b"
+    r"|(?<![\w/.:@-])(?:[\w-]+\.)+(?:" + _FILE_EXT + r")\b(?!\.?\w)"
+)
+URL = _URL
 _NOT_PATH_PREFIX = (
     "application/",
     "text/",
@@ -1252,9 +1266,11 @@ class Salience:
             score += 3
         if outcome:
             score += 3
+        elif not signal and not named:
+            score -= 1  # a new sentence that names nothing and reports nothing
         return score, outcome, signal
 
-    def candidates(self, text: str, *, limit: int = 16, minimum: int = 5) -> list[Candidate]:
+    def candidates(self, text: str, *, limit: int = 16, minimum: int = 4) -> list[Candidate]:
         """The lines of `text` that tell the most, best first, at most `limit`, none below
         `minimum` points; a command's echo (`$ make test`) is never one alone: its outcome is
         (the echo joins a failure, just below it)."""
@@ -1270,6 +1286,13 @@ class Salience:
         for line in raw_lines[:-1]:
             starts.append(starts[-1] + len(line) + 1)
         failing = _line_indices(text.lower(), (*_SIGNAL_WORDS, "->", "http/"), starts)
+        # Lines the extractor finds an error, an error code, a signal or a failed exit on
+        # report a failure whatever their words.
+        failed_lines = {
+            item.line
+            for item in extract(text)
+            if item.kind in _FAILURE_KINDS and item.key not in ("exit:0", "signal:")
+        }
         concluding = _line_indices(text, _OUTCOME_NEEDLES, starts)
         maybe = failing | concluding
         parameters = self.parameters
@@ -1292,7 +1315,7 @@ class Salience:
             information, outcome, signal = self.information(
                 raw,
                 template_count=count,
-                signal=index in failing and _may_fail(raw),
+                signal=(index in failing and _may_fail(raw)) or line in failed_lines,
                 outcome=index in concluding,
             )
             if information >= minimum:
@@ -1311,6 +1334,7 @@ class Salience:
         return found[:limit]
 
 
+_FAILURE_KINDS = frozenset({"error", "error_code", "exit", "signal"})
 _OUTCOME_NEEDLES = (
     "xit",
     "status=",

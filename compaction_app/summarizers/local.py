@@ -16,7 +16,7 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from compaction_app.evidence import Salience, extract, shape_of
+from compaction_app.evidence import FILE_PATH, URL, Salience, extract, shape_of
 
 from .base import Summarizer, SummaryMessage, register
 
@@ -88,10 +88,8 @@ def truncate_to_tokens(text: str, *, max_tokens: int, count_tokens: TokenCounter
 
 # --- scoring -----------------------------------------------------------------------------------
 
-_PATH = re.compile(
-    r"(?:\b[\w.-]+/)+[\w.-]+\.[A-Za-z]\w*\b|\b[\w-]+\.(?:py|js|ts|tsx|go|rs|java|rb|sql|toml|ya?ml|json|md|cfg|ini|html|css|sh)\b"
-)
-_URL = re.compile(r"https?://\S+")
+# Paths and URLs are recognised as the evidence extractor recognises them (one definition).
+_PATH = FILE_PATH
 _IDENT = re.compile(
     r"`[^`\n]{1,80}`|\b[A-Z][a-z0-9]+(?:[A-Z][A-Za-z0-9]*)+\b|\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b"
 )
@@ -197,7 +195,7 @@ def _features(text: str) -> int:
     score = 0
     if _PATH.search(text):
         score += 3
-    if _URL.search(text):
+    if URL.search(text):
         score += 2
     if _IDENT.search(text):
         score += 2
@@ -238,7 +236,7 @@ def _score(section: str, text: str) -> int:
         # A decision or a state in prose ("rolled back to revision 43", "we'll keep 30 days",
         # "we decided to use LedgerLock3014"), more so with the number or name it settles.
         specific = _NUMBER.search(text) or _SPECIFIC.search(text)
-        score += 6 if specific else 3
+        score += 10 if specific else 5
         decision = True
     elif decision:
         score += 3
