@@ -156,10 +156,14 @@ _AGENT_ROUTINE = [
 ]
 
 
-def buried_session(fixture: Fixture, *, routine: int = 150, seed: int = 11) -> list[dict[str, Any]]:
-    """Events (REST shape) of a session whose middle tool result is `fixture`'s output, with
-    `routine` routine tool results around it and one user request at the start."""
-    rng = random.Random(f"{seed}:{fixture.name}")
+def buried_session(
+    fixture: Fixture | list[Fixture], *, routine: int = 150, seed: int = 11
+) -> list[dict[str, Any]]:
+    """Events (REST shape) of a session whose middle tool results are the outputs of
+    `fixture` (one, or several spread over the middle), with `routine` routine tool results
+    around them and one user request at the start."""
+    fixtures = fixture if isinstance(fixture, list) else [fixture]
+    rng = random.Random(f"{seed}:{':'.join(f.name for f in fixtures)}")
     events: list[dict[str, Any]] = [
         {"type": "SYSTEM_PROMPT", "content": "You are an operations agent with a shell tool."},
         {
@@ -167,10 +171,15 @@ def buried_session(fixture: Fixture, *, routine: int = 150, seed: int = 11) -> l
             "content": "Keep the shop healthy today: watch the builds, tests and the cluster.",
         },
     ]
-    middle = routine // 2
+    # Outputs at evenly spaced turns of the middle 80 %: never among the kept newest events.
+    span = routine * 8 // 10
+    planted = {
+        routine // 10 + (k + 1) * span // (len(fixtures) + 1): f for k, f in enumerate(fixtures)
+    }
     for turn in range(routine + 1):
-        if turn == middle:
-            command, output = fixture.text.split("\n", 1)[0].lstrip("$ "), fixture.text
+        if turn in planted:
+            text = planted[turn].text
+            command, output = text.split("\n", 1)[0].lstrip("$ "), text
         else:
             command, output = rng.choice(_ROUTINE)(rng)
             output = f"$ {command}\n{output}"
@@ -180,7 +189,9 @@ def buried_session(fixture: Fixture, *, routine: int = 150, seed: int = 11) -> l
                 "type": "TOOL_CALL",
                 "name": "bash",
                 "toolCallId": call_id,
-                "content": '{"command": "' + command.replace("\\", "\\\\").replace('"', '\\"') + '"}',
+                "content": '{"command": "'
+                + command.replace("\\", "\\\\").replace('"', '\\"')
+                + '"}',
             }
         )
         events.append(
