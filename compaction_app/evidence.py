@@ -1385,5 +1385,3 @@ def _may_fail(line: str) -> bool:
         or _REPLACED_VERSION.search(line) is not None
         or _HTTP_FAILURE.search(line) is not None
     )
-
-

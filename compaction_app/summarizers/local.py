@@ -731,7 +731,12 @@ class LocalSummarizer(Summarizer):
                 for section, items in _parse_summary(content[len(_REFRESH_PREFIX) :]).items():
                     for text in items:
                         if section not in replaced and section != _WORKING:
-                            collector.add(section, text, _rescore(section, text, self._salience()), seq=message.seq)
+                            collector.add(
+                                section,
+                                text,
+                                _rescore(section, text, self._salience()),
+                                seq=message.seq,
+                            )
                 continue
             if role == "user":
                 counts["user"] += 1
