@@ -1107,6 +1107,7 @@ _SIGNAL_WORDS = (
     "timed out",
     "timeout",
     "exceeded",
+    "exhausted",
     "insufficient",
     "unable",
     "cannot",
@@ -1251,6 +1252,12 @@ class Salience:
                 named += 0 if plain else 2
             elif not plain:
                 named += 1
+        # A slot of a routine template takes a new value on every line (a request id, a
+        # timestamp): there, a value seen once is the template's nature, not news.
+        if count > 50:
+            named = min(named, 2)
+        elif count > 10:
+            named = min(named, 4)
         if not _WORD.search(_PARAMETER.sub("", line)):
             score = 0  # a line that is all parameters (`celery==5.4.0`): its values tell
         score += min(named, 8)
