@@ -12,6 +12,10 @@ the same key are the same evidence; the key is what "still held by the context" 
 `subject` for values a later message may correct (a setting's name, a package's name: the newest
 value wins), and a `shape` (the key with its variable parts blanked) that lets repeats of one
 pattern — forty `ValueError: bad row N` lines — collapse into one.
+
+`Salience` measures how much a line of tool output tells against the session it came from (a
+rare template, rare named values, a failure, a command's outcome); the local summarizer keeps
+the lines it ranks highest. See docs/nothing-lost.md.
 """
 
 from __future__ import annotations
@@ -1066,8 +1070,9 @@ def loss_report(
 # with other numbers ("Downloading x-1.2.3 (12 kB)", "GET /health 200") is routine, whatever
 # kind of evidence it carries. Nothing here knows a tool: the counts come from the session.
 #
-# Masking is Drain's: a token with a digit, a path separator, an underscore or an inner dot is a
-# parameter, and so is a quoted string; what is left (plain words, punctuation) is the template.
+# Masking is Drain's: a token (split at blanks and commas) with a digit, a path separator, an
+# underscore or an inner dot is a parameter, and so is a run of four or more punctuation marks
+# (`.......`, `=====`); what is left (plain words, short punctuation) is the template.
 # Lines are counted by template in one pass over each text (two `re.sub` calls and a split, in
 # C), so a session of a million tokens is profiled in a fraction of a second; Drain's tree and
 # similarity search would cost seconds in pure Python for the same grouping of these outputs.

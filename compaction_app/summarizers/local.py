@@ -1,8 +1,10 @@
 """The offline, deterministic, extractive summarizer (`local`), and a token-bounded truncator.
 
-No model is called: sentences and lines are picked out of the folded messages by cheap regex
-scores (user constraints, decisions, errors, file paths, identifiers, numbers, URLs beat
-filler), sorted into fixed Markdown sections, merged with the previous summary's sections
+No model is called: sentences are picked out of the folded messages by cheap regex scores
+(user constraints, decisions and stated state with their numbers, errors, file paths,
+identifiers, URLs beat filler), and lines of tool output by how much they tell against the
+whole session (`evidence.Salience`: a rare template, rare values, a failure, a command's
+outcome; never a bare `$ command` echo), sorted into fixed Markdown sections, merged with the previous summary's sections
 (deduplicated), and the highest-priority items are kept within `max_tokens`. Repeats of one
 sentence template (same words once paths, identifiers and numbers are removed) lose priority
 with each repeat, so boilerplate cannot crowd out one-off facts. Whole items are dropped,
