@@ -1148,6 +1148,9 @@ _SIGNAL_WORDS = (
     "crash",
     "bad ",
     "first bad commit",
+    "●",  # jest's failing test
+    "✕",
+    "✖",
     "->",
 )
 # A command's outcome: its exit status or its closing summary (what the command concluded).
