@@ -1082,7 +1082,9 @@ _BLANKS = re.compile(r"[ \t\r\f\v]+")
 # A parameter that is only a number, date or time tells little on its own (timestamps are
 # unique on every log line); one with letters in it (an identifier, a hash, a path, a version,
 # a code, a number with its unit) names a thing.
-_PLAIN_NUMBER = re.compile(r"[\d\W]*(?:[TZ][\d\W]*)*(?:[A-Za-zµ%]{1,3}\W*)?")
+_PLAIN_NUMBER = re.compile(
+    r"(?:[A-Za-z]+\()?[\d\W]*(?:[TZ][\d\W]*)*(?:[A-Za-zµ%]{1,3}\W*)?"  # Decimal('0.10') too
+)
 # A version replaced by another (`jackson-databind:2.13.4 -> 2.17.2`): a resolved conflict.
 _REPLACED_VERSION = re.compile(r"\d[\w.]* -> \d")
 # An HTTP response that failed (`HTTP/2 409`, nginx's `"POST /x HTTP/1.1" 504`).
@@ -1274,7 +1276,7 @@ class Salience:
         if outcome is None or outcome:
             outcome = _OUTCOME.search(line) is not None
         if _CODE_SHAPE.match(line):
-            score -= 3
+            score -= 6
         elif _DIFF_CHANGE.match(line):
             score += 2  # a changed line of a diff: what the change was
         if signal:

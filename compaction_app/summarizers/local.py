@@ -238,7 +238,7 @@ def _score(section: str, text: str) -> int:
         # A decision or a state in prose ("rolled back to revision 43", "we'll keep 30 days",
         # "we decided to use LedgerLock3014"), more so with the number or name it settles.
         specific = _NUMBER.search(text) or _SPECIFIC.search(text)
-        score += 10 if specific else 5
+        score += 7 if specific else 3
         decision = True
     elif decision:
         score += 3
@@ -462,6 +462,8 @@ def _shape_penalties(ranked: Sequence[_Item]) -> list[int]:
 # --- the summarizer ----------------------------------------------------------------------------
 
 _COLLAPSE_AFTER = 3
+# A long line costs more of the budget for what it tells: a point per this many characters.
+_CHARS_PER_POINT = 60
 # Kinds of evidence that make a tool-output line an issue (collapsed with its repeats).
 _ISSUE_KINDS = frozenset({"exit", "signal", "error", "error_code", "http_status"})
 
@@ -888,7 +890,9 @@ class LocalSummarizer(Summarizer):
             collector.add(
                 section,
                 text,
-                max(1, _BASE[section] + candidate.information - rank),
+                max(
+                    1, _BASE[section] + candidate.information - rank - len(line) // _CHARS_PER_POINT
+                ),
                 seq=seq,
                 # Repeats of a pattern collapse into one line with their count; two lines of
                 # a template seen twice in the session (two bisects' first bad commits) are
