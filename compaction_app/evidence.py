@@ -12,24 +12,36 @@ the same key are the same evidence; the key is what "still held by the context" 
 `subject` for values a later message may correct (a setting's name, a package's name: the newest
 value wins), and a `shape` (the key with its variable parts blanked) that lets repeats of one
 pattern — forty `ValueError: bad row N` lines — collapse into one.
+
+`Salience` measures how much a line of tool output tells against the session it came from (a
+rare template, rare named values, a failure, a command's outcome); the local summarizer keeps
+the lines it ranks highest. See docs/nothing-lost.md.
 """
 
 from __future__ import annotations
 
 import re
+from bisect import bisect_right
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import lru_cache
 
 __all__ = [
+    "FILE_PATH",
     "KINDS",
+    "URL",
+    "Candidate",
+    "Salience",
     "Evidence",
     "collapsed_shapes",
     "extract",
     "extract_many",
     "held",
     "loss_report",
+    "parameters_of",
     "shape_of",
+    "template_of",
 ]
 
 KINDS: tuple[str, ...] = (
@@ -109,6 +121,14 @@ _PATH = re.compile(
     r"(?<![\w/.:@-])((?:~|\.{1,2})?/?(?:[\w@+.-]+/)+[\w@+.-]*[\w@+-])(?::(\d+))?"
     r"|(?<![\w/.:@-])((?:[\w-]+\.)+(?:" + _FILE_EXT + r")|Dockerfile|Makefile|Procfile)\b(?!\.?\w)"
 )
+# A file a text names: a path ending in a file name with an extension, or a bare file name with
+# a known extension. No groups, so `findall` returns the paths themselves. The local summarizer
+# lists these under "Files touched" and scores sentences naming one.
+FILE_PATH = re.compile(
+    r"(?<![\w/.:@-])(?:~|\.{1,2})?/?(?:[\w@+.-]+/)+[\w@+.-]*\.[A-Za-z]\w*\b"
+    r"|(?<![\w/.:@-])(?:[\w-]+\.)+(?:" + _FILE_EXT + r")\b(?!\.?\w)"
+)
+URL = _URL
 _NOT_PATH_PREFIX = (
     "application/",
     "text/",
@@ -925,8 +945,7 @@ def _misc(out: _Out, text: str) -> None:
         out.add("test_tally", value, _norm(re.sub(r" in [\d.]+s$", "", value)), m.start(), m.end())
 
 
-@lru_cache(maxsize=4096)
-def _extract_cached(text: str) -> tuple[Evidence, ...]:
+def _extract_uncached(text: str) -> tuple[Evidence, ...]:
     out = _Out(text)
     lowered = text.lower()
 
@@ -950,11 +969,21 @@ def _extract_cached(text: str) -> tuple[Evidence, ...]:
     return tuple(out.items)
 
 
+# Per-text caches: a run extracts each folded event for its summary and again for its loss
+# report, and the summary's own lines many times (subjects, novelty). Short texts (summary
+# lines, prose) come by the ten thousand in a long session and cost little to keep; long ones
+# (tool output) by the thousand. A cache that overflows within one run makes the run
+# superlinear in the session's size, so each is sized for a session of a few million tokens.
+_SHORT_TEXT = 2_000
+_extract_short = lru_cache(maxsize=65_536)(_extract_uncached)
+_extract_long = lru_cache(maxsize=16_384)(_extract_uncached)
+
+
 def extract(text: str, *, seq: int = 0) -> list[Evidence]:
     """Every evidence item in `text`, each key once, in kind order then position."""
     if not text:
         return []
-    items = _extract_cached(text)
+    items = _extract_short(text) if len(text) <= _SHORT_TEXT else _extract_long(text)
     if not seq:
         return list(items)
     # The constructor, not dataclasses.replace: this runs for every item of every event.
@@ -1029,3 +1058,347 @@ def loss_report(
         ],
         "droppedTotal": len(dropped),
     }
+
+
+# --- salience: how much a line tells, measured against its own session ------------------------
+#
+# A line of tool output is worth keeping when it says something the rest of the session does
+# not: its *template* (the line with its variable parts masked, as a log-template miner such as
+# Drain groups lines) is rare, its *values* (identifiers, hashes, versions, paths, codes,
+# numbers with units: the parts the mask removed) are rare, it reports a failure, or it is a
+# command's outcome (exit status, summary line, first error). A line repeated hundreds of times
+# with other numbers ("Downloading x-1.2.3 (12 kB)", "GET /health 200") is routine, whatever
+# kind of evidence it carries. Nothing here knows a tool: the counts come from the session.
+#
+# Masking is Drain's: a token (split at blanks and commas) with a digit, a path separator, an
+# underscore or an inner dot is a parameter, and so is a run of four or more punctuation marks
+# (`.......`, `=====`); what is left (plain words, short punctuation) is the template.
+# Lines are counted by template in one pass over each text (two `re.sub` calls and a split, in
+# C), so a session of a million tokens is profiled in a fraction of a second; Drain's tree and
+# similarity search would cost seconds in pure Python for the same grouping of these outputs.
+
+_PARAMETER = re.compile(r"[^\w\s]{4,}|(?<![^\s,])(?=[^\s,]*(?:[\d/_]|\w\.\w))[^\s,]+")
+_BLANKS = re.compile(r"[ \t\r\f\v]+")
+# A parameter that is only a number, date or time tells little on its own (timestamps are
+# unique on every log line); one with letters in it (an identifier, a hash, a path, a version,
+# a code, a number with its unit) names a thing.
+_PLAIN_NUMBER = re.compile(
+    r"(?:[A-Za-z]+\()?[\d\W]*(?:[TZ][\d\W]*)*(?:[A-Za-zµ%]{1,3}\W*)?"  # Decimal('0.10') too
+)
+# A version replaced by another (`jackson-databind:2.13.4 -> 2.17.2`): a resolved conflict.
+_REPLACED_VERSION = re.compile(r"\d[\w.]* -> \d")
+# An HTTP response that failed (`HTTP/2 409`, nginx's `"POST /x HTTP/1.1" 504`).
+_HTTP_FAILURE = re.compile(r"\bHTTP/[\d.]+\"? [45]\d\d\b")
+# Source code quoted in output (a file read, a test's listing): its lines are unique without
+# telling what happened.
+_CODE_SHAPE = re.compile(
+    r"^\s*(?:\d+\s*\|\s*|>\s*\d*\s*\|?\s*)?(?:def |class |import |from [\w.]+ import|return\b|if |for |while "
+    r"|elif |else\b|try:|except\b|with |async |await |const |let |var |function |public "
+    r"|private |func |fn |@\w|#include|\}|\)|\{|\w+ = |\w+\.\w+\(|raise |throw |\"\"\"|\'\'\'|// |/\* |\* )"
+)
+_SIGNAL_WORDS = (
+    "error",
+    "fail",
+    "fatal",
+    "panic",
+    "exception",
+    "denied",
+    "refused",
+    "conflict",
+    "violat",
+    "invalid",
+    "missing",
+    "not found",
+    "no such",
+    "does not exist",
+    "timed out",
+    "timeout",
+    "exceeded",
+    "exhausted",
+    "insufficient",
+    "unable",
+    "cannot",
+    "could not",
+    "couldn't",
+    "not allowed",
+    "vulnerab",
+    "cve-",
+    "ghsa-",
+    "critical",
+    "severity: high",
+    "crashloopbackoff",
+    "imagepullbackoff",
+    "back-off",
+    "killed",
+    "oom",
+    "segfault",
+    "sigsegv",
+    "exited (",
+    "upgrade failed",
+    "rolled back",
+    "rollback",
+    "must be replaced",
+    "forces replacement",
+    "mismatch",
+    "did not match",
+    "warning",
+    "unrecognized",
+    "not recognized",
+    "lossy",
+    "deprecated",
+    "abort",
+    "crash",
+    "bad ",
+    "first bad commit",
+    "●",  # jest's failing test
+    "✕",
+    "✖",
+    "->",
+)
+# A command's outcome: its exit status or its closing summary (what the command concluded).
+_OUTCOME = re.compile(
+    r"\bexit(?:ed)?(?: with)?(?: status| code)?[:=]?\s*\(?-?\d|code=exited, status=\d|\bExited \(\d"
+    r"|\bBUILD (?:FAILED|SUCCESS(?:FUL)?|FAILURE)\b|\b\d+ (?:failed|passed|errors?|problems?"
+    r"|vulnerabilit\w+|tests? completed|warnings?)\b|\((?:\d+) rows?\)|\brows? in set\b"
+    r"|\bPlan: \d|\bDone\. PASS=|\btest result:|\bTests?:\s+\d|\bTest Suites:|\bFound \d+ errors?"
+    r"|\bTotal: \d|\bRan \d+ tests?|\b(?:OK|FAILED)(?: \(|$)|\bExecution Time:|\bis the first bad"
+    r"|\bTests run: \d|\bcompleted with\b|\bAutomatic merge failed|\bUse% ",
+    re.I,
+)
+_WORD = re.compile(r"[A-Za-z]{2}")
+_DIFF_CHANGE = re.compile(r"^[+-](?![+-])\S")
+_COMMAND_ECHO = re.compile(r"^\s*(?:\$|❯|>>>|\w+@[\w.-]+:[~\w/.-]*[$#])\s")
+
+
+def template_of(line: str) -> str:
+    """`line` with its parameters masked (`#`) and its blanks collapsed: its template."""
+    return " ".join(_PARAMETER.sub("#", line).split())
+
+
+def parameters_of(line: str) -> list[str]:
+    """The parameters the template of `line` masks (identifiers, numbers, paths, quotes)."""
+    return [m.group(0).strip("'\"`,;:.()[]{}") for m in _PARAMETER.finditer(line)]
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A line of one output worth offering to a summary, with how much it tells."""
+
+    line: str  # whitespace-collapsed, clipped
+    information: int
+    outcome: bool  # an exit status or closing summary
+    signal: bool  # reports a failure, a warning or a conflict
+    index: int  # line number in its output
+    repeats: int = 1  # lines of its template in the session
+
+
+class Salience:
+    """What is routine in one session: lines per template, occurrences per parameter.
+
+    Fed every text of the session once (`add`), then asked how much a line of it tells
+    (`information`) or which lines of one output tell the most (`candidates`). Pure and
+    deterministic; counts, not models.
+    """
+
+    def __init__(self, texts: Iterable[str] = ()) -> None:
+        self.templates: Counter[str] = Counter()
+        self.parameters: Counter[str] = Counter()
+        self._masked: dict[str, list[str]] = {}
+        for text in texts:
+            self.add(text)
+
+    def _masked_lines(self, text: str) -> list[str]:
+        masked = self._masked.get(text)
+        if masked is None:
+            masked = _BLANKS.sub(" ", _PARAMETER.sub("#", text)).split("\n")
+            self._masked[text] = masked
+        return masked
+
+    def add(self, text: str) -> None:
+        if not text:
+            return
+        # Counter.update over a list and findall both run in C: the profile of a session of
+        # a million tokens costs a few tenths of a second.
+        self.templates.update(self._masked_lines(text))
+        self.parameters.update(_PARAMETER.findall(text))
+
+    def template_count(self, line: str) -> int:
+        return self.templates.get(_BLANKS.sub(" ", _PARAMETER.sub("#", line)), 0)
+
+    def information(
+        self,
+        line: str,
+        *,
+        template_count: int | None = None,
+        signal: bool | None = None,
+        outcome: bool | None = None,
+    ) -> tuple[int, bool, bool]:
+        """(information, outcome, signal) of `line`: points for a rare template, for each
+        rare parameter that names a thing, for reporting a failure, and for being an outcome."""
+        count = self.template_count(line) if template_count is None else template_count
+        # A template seen once is news; one seen hundreds of times is the tool's routine.
+        if count <= 1:
+            score = 4
+        elif count <= 3:
+            score = 2
+        elif count <= 10:
+            score = 0
+        elif count <= 50:
+            score = -1
+        elif count <= 200:
+            score = -2
+        else:
+            score = -3
+        named = 0
+        parameters = self.parameters
+        for value in _PARAMETER.findall(line):
+            seen = parameters.get(value, 0)
+            if seen > 10:
+                continue
+            plain = _PLAIN_NUMBER.fullmatch(value) is not None
+            if seen <= 1:
+                named += 1 if plain else 4
+            elif seen <= 3:
+                named += 0 if plain else 2
+            elif not plain:
+                named += 1
+        # A slot of a routine template takes a new value on every line (a request id, a
+        # timestamp): there, a value seen once is the template's nature, not news.
+        if count > 50:
+            named = min(named, 2)
+        elif count > 10:
+            named = min(named, 4)
+        if not _WORD.search(_PARAMETER.sub("", line)):
+            score = 0  # a line that is all parameters (`celery==5.4.0`): its values tell
+        score += min(named, 8)
+        if signal is None:
+            signal = _may_fail(line)
+        if outcome is None or outcome:
+            outcome = _OUTCOME.search(line) is not None
+        if _CODE_SHAPE.match(line):
+            score -= 6
+        elif _DIFF_CHANGE.match(line):
+            score += 2  # a changed line of a diff: what the change was
+        if signal:
+            score += 3
+        if outcome:
+            score += 3
+        elif not signal and not named:
+            score -= 1  # a new sentence that names nothing and reports nothing
+        return score, outcome, signal
+
+    def candidates(self, text: str, *, limit: int = 16, minimum: int = 4) -> list[Candidate]:
+        """The lines of `text` that tell the most, best first, at most `limit`, none below
+        `minimum` points; a command's echo (`$ make test`) is never one alone: its outcome is
+        (the echo joins a failure, just below it)."""
+        raw_lines = text.split("\n")
+        masked = self._masked_lines(text)
+        if len(masked) != len(raw_lines):  # pragma: no cover - the mask never spans lines
+            masked = [template_of(line) for line in raw_lines]
+        templates = self.templates
+        # Which lines can reach `minimum`, found without scoring every line: a template seen
+        # once (not source code), a parameter seen at most three times in the session, or a
+        # failure / outcome word (found by str.find over the whole text, in C).
+        starts = [0]
+        for line in raw_lines[:-1]:
+            starts.append(starts[-1] + len(line) + 1)
+        failing = _line_indices(text.lower(), (*_SIGNAL_WORDS, "->", "http/"), starts)
+        # Lines the extractor finds an error, an error code, a signal or a failed exit on
+        # report a failure whatever their words.
+        failed_lines = {
+            item.line
+            for item in extract(text)
+            if item.kind in _FAILURE_KINDS and item.key not in ("exit:0", "signal:")
+        }
+        concluding = _line_indices(text, _OUTCOME_NEEDLES, starts)
+        maybe = failing | concluding
+        parameters = self.parameters
+        for m in _PARAMETER.finditer(text):
+            if parameters.get(m.group(0), 0) <= 3:
+                maybe.add(bisect_right(starts, m.start()) - 1)
+        for index, template in enumerate(masked):
+            if templates.get(template, 0) <= 1 and len(template) >= 4:
+                maybe.add(index)
+        found: list[Candidate] = []
+        seen: set[str] = set()
+        for index in sorted(maybe):
+            raw = raw_lines[index]
+            if _COMMAND_ECHO.match(raw):
+                continue
+            line = _clip(raw, _MAX_LINE)
+            if not line or line in seen:
+                continue
+            count = templates.get(masked[index], 0)
+            information, outcome, signal = self.information(
+                raw,
+                template_count=count,
+                signal=(index in failing and _may_fail(raw)) or line in failed_lines,
+                outcome=index in concluding,
+            )
+            if information >= minimum:
+                seen.add(line)
+                found.append(Candidate(line, information, outcome, signal, index, count))
+        found.sort(key=lambda c: (-c.information, c.index))
+        failures = [c for c in found if c.signal]
+        if failures and _COMMAND_ECHO.match(raw_lines[0]):
+            # The command that failed, just below its failure: its arguments (a run id, a
+            # release, a file) name what the failure is about.
+            echo = _clip(raw_lines[0], _MAX_LINE)
+            found.insert(
+                found.index(failures[0]) + 1,
+                Candidate(echo, failures[0].information - 2, False, True, 0),
+            )
+        return found[:limit]
+
+
+_FAILURE_KINDS = frozenset({"error", "error_code", "exit", "signal"})
+_OUTCOME_NEEDLES = (
+    "xit",
+    "status=",
+    "BUILD",
+    "failed",
+    "passed",
+    "error",
+    "problem",
+    "vulnerabilit",
+    "completed",
+    "warning",
+    "row",
+    "Plan:",
+    "Done.",
+    "test result",
+    "Test",
+    "Found",
+    "Total",
+    "Ran ",
+    "OK",
+    "FAILED",
+    "Execution Time",
+    "first bad",
+    "Automatic merge",
+    "Use%",
+)
+
+
+def _line_indices(text: str, needles: Iterable[str], starts: list[int]) -> set[int]:
+    """Indices of the lines of `text` (starting at `starts`) that contain any of `needles`."""
+    found: set[int] = set()
+    for needle in needles:
+        if not needle:
+            continue
+        pos = text.find(needle)
+        while pos >= 0:
+            index = bisect_right(starts, pos) - 1
+            found.add(index)
+            end = starts[index + 1] if index + 1 < len(starts) else len(text)
+            pos = text.find(needle, end)
+    return found
+
+
+def _may_fail(line: str) -> bool:
+    lowered = line.lower()
+    return (
+        any(word in lowered for word in _SIGNAL_WORDS)
+        or _REPLACED_VERSION.search(line) is not None
+        or _HTTP_FAILURE.search(line) is not None
+    )

@@ -196,3 +196,57 @@ def test_it_extracts_a_megabyte_of_tool_output() -> None:
     )
     items = extract(text)
     assert sum(item.kind == "path" for item in items) == 15_000
+
+
+# --- salience (issue 24) ------------------------------------------------------------------------
+
+
+def routine_log(n: int) -> str:
+    return "\n".join(
+        f"2026-11-20T10:{k % 60:02d}:{k % 59:02d}.{k:03d}Z INFO request_id=req_{k:06d} "
+        f"method=GET path=/api/cart status=200 duration_ms={k % 90}"
+        for k in range(n)
+    )
+
+
+def test_it_ranks_a_one_off_line_above_a_template_repeated_hundreds_of_times() -> None:
+    from compaction_app.evidence import Salience, template_of
+
+    odd = "2026-11-20T10:31:07.118Z WARN pool exhausted: 64/64 connections in use (db-primary)"
+    text = routine_log(300) + "\n" + odd
+    salience = Salience([text])
+    # Timestamps, ids, numbers and paths are masked: the routine lines share one template.
+    assert template_of(text.splitlines()[0]) == template_of(text.splitlines()[1])
+    candidates = salience.candidates(text)
+    assert candidates[0].line == odd
+    assert all(candidates[0].information >= c.information + 4 for c in candidates[1:])
+    routine, *_ = salience.information(text.splitlines()[5])
+    rare, *_ = salience.information(odd)
+    assert rare > routine
+
+
+def test_it_weighs_a_value_by_its_rarity_in_the_session() -> None:
+    from compaction_app.evidence import Salience
+
+    lines = [f"deployed build of checkout-api at revision {n}" for n in range(50)]
+    seen_everywhere = "deployed build of shop-web-3.2.0 at revision 7"
+    once = "deployed build of shop-web-9f2c41d0a7be at revision 7"
+    salience = Salience(["\n".join([*lines, *[seen_everywhere] * 20, once])])
+    assert salience.information(once)[0] > salience.information(seen_everywhere)[0]
+
+
+def test_it_offers_the_outcome_of_a_command_not_its_echo() -> None:
+    from compaction_app.evidence import Salience
+
+    ok = "$ make build\ncompiling 12 modules\nbuild ok"
+    failed = (
+        "$ make deploy RELEASE=r-2026-11-20\nuploading\nerror: quota exceeded for project acme-prod"
+    )
+    salience = Salience([ok, failed])
+    assert not any(c.line.startswith("$ ") for c in salience.candidates(ok))
+    lines = [c.line for c in salience.candidates(failed)]
+    # The failing command comes just after its failure: its arguments name what failed.
+    assert lines[:2] == [
+        "error: quota exceeded for project acme-prod",
+        "$ make deploy RELEASE=r-2026-11-20",
+    ]

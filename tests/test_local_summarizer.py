@@ -628,3 +628,70 @@ def test_it_finds_every_error_line_its_pattern_matches() -> None:
     )
     assert found == expected
     assert len(found) == 7
+
+
+# --- salience and decisions (issue 24) ---------------------------------------------------------
+
+
+def test_it_takes_its_path_and_url_patterns_from_the_evidence_extractor() -> None:
+    from compaction_app import evidence
+
+    assert local_summarizer._PATH is evidence.FILE_PATH
+    assert not hasattr(local_summarizer, "_URL")
+
+
+def routine_results(start: int, count: int) -> list[SummaryMessage]:
+    messages = []
+    for k in range(count):
+        messages.append(
+            seq_msg(
+                start + k,
+                "TOOL_RESULT",
+                f"$ pytest tests/unit -q\n{'.' * (40 + k % 30)} [100%]\n{40 + k % 30} passed in "
+                f"{1 + k % 7}.{k % 10}2s\nwrote coverage to htmlcov/index_{k}.html",
+                "bash",
+            )
+        )
+    return messages
+
+
+DECISIONS = [
+    "I chose a retention of 14 days for the audit snapshots.",
+    "We rolled back to revision 43 of the checkout release.",
+    "We'll keep the rate limit at 120 requests per minute for partners.",
+]
+
+
+@pytest.mark.parametrize("budget", [160, 2000])
+def test_it_keeps_decisions_in_prose_ahead_of_routine_tool_lines(budget: int) -> None:
+    messages = [seq_msg(1, "USER_MESSAGE", "Stabilise the checkout release.")]
+    messages += routine_results(2, 60)
+    messages += [seq_msg(100 + k, "AGENT_MESSAGE", text) for k, text in enumerate(DECISIONS)]
+    messages += routine_results(200, 60)
+    counter = real_counter()
+    summary = LocalSummarizer(count_tokens=counter).summarize(
+        previous_summary="", messages=messages, max_tokens=budget
+    )
+    assert counter(summary) <= budget
+    for decision in DECISIONS:
+        assert decision in summary, summary
+
+
+def test_it_keeps_every_row_of_one_output_that_names_another_release() -> None:
+    history = (
+        "$ helm history checkout\n"
+        "REVISION\tSTATUS    \tCHART          \tDESCRIPTION\n"
+        "43      \tsuperseded\tcheckout-4.18.0\tUpgrade complete\n"
+        "44      \tfailed    \tcheckout-4.18.2\tUpgrade failed: timed out waiting for the condition\n"
+        "45      \tdeployed  \tcheckout-4.18.0\tRollback to 43\n"
+    )
+    messages = [seq_msg(1, "USER_MESSAGE", "Why did the release fail?")]
+    messages += routine_results(2, 30)
+    messages.append(seq_msg(50, "TOOL_RESULT", history, "bash"))
+    messages += routine_results(60, 30)
+    summary = LocalSummarizer(count_tokens=real_counter()).summarize(
+        previous_summary="", messages=messages, max_tokens=2000
+    )
+    # Rows of one output do not supersede each other as a later message's value would.
+    assert "checkout-4.18.2" in summary
+    assert "Rollback to 43" in summary

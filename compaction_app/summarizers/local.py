@@ -1,8 +1,10 @@
 """The offline, deterministic, extractive summarizer (`local`).
 
-No model is called: sentences and lines are picked out of the folded messages by cheap regex
-scores (user constraints, decisions, errors, file paths, identifiers, numbers, URLs beat
-filler), sorted into fixed Markdown sections, merged with the previous summary's sections
+No model is called: sentences are picked out of the folded messages by cheap regex scores
+(user constraints, decisions and stated state with their numbers, errors, file paths,
+identifiers, URLs beat filler), and lines of tool output by how much they tell against the
+whole session (`evidence.Salience`: a rare template, rare values, a failure, a command's
+outcome; never a bare `$ command` echo), sorted into fixed Markdown sections, merged with the previous summary's sections
 (deduplicated), and the highest-priority items are kept within `max_tokens`. Repeats of one
 sentence template (same words once paths, identifiers and numbers are removed) lose priority
 with each repeat, so boilerplate cannot crowd out one-off facts. Whole items are dropped,
@@ -16,7 +18,7 @@ import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from compaction_app.evidence import extract, shape_of
+from compaction_app.evidence import FILE_PATH, URL, Salience, extract, shape_of
 from sessions_app.event_types import EventType
 from sessions_app.tokens import truncate_to_tokens
 
@@ -40,10 +42,8 @@ _EMPTY = "None."
 
 # --- scoring -----------------------------------------------------------------------------------
 
-_PATH = re.compile(
-    r"(?:\b[\w.-]+/)+[\w.-]+\.[A-Za-z]\w*\b|\b[\w-]+\.(?:py|js|ts|tsx|go|rs|java|rb|sql|toml|ya?ml|json|md|cfg|ini|html|css|sh)\b"
-)
-_URL = re.compile(r"https?://\S+")
+# Paths and URLs are recognised as the evidence extractor recognises them (one definition).
+_PATH = FILE_PATH
 _IDENT = re.compile(
     r"`[^`\n]{1,80}`|\b[A-Z][a-z0-9]+(?:[A-Z][A-Za-z0-9]*)+\b|\b[a-z][a-z0-9]*(?:_[a-z0-9]+)+\b"
 )
@@ -62,6 +62,15 @@ _CONSTRAINT = re.compile(
 _DECISION = re.compile(
     r"\b(?:decided|decision|we will|we'll|going with|go with|instead of|chose|opted|switch(?:ed)? to"
     r"|settled on|agreed|confirm(?:ed)?|correction|actually|I was wrong|scratch that|turns out)\b",
+    re.IGNORECASE,
+)
+# Statements of state a continuation must honour: what was chosen, kept, rolled back, pinned,
+# retained or limited, and the plan. With their numbers they outrank any routine tool line.
+_STATE = re.compile(
+    r"\b(?:I (?:chose|picked|decided|went with|settled on)|we(?:'ll| will) (?:keep|use|stay|pin|go)"
+    r"|roll(?:ed|ing)? ?back(?: to)?|revert(?:ed|ing)? to|pinn?(?:ed|ing)? (?:to|at)"
+    r"|retention|retain(?:ed|ing)?|keep(?:ing)? (?:it|them|only|the last|\d)|limit(?:ed)? (?:to|at)"
+    r"|cap(?:ped)? at|the plan(?: is)?|plan:|freeze|budget of|quota of|threshold of)",
     re.IGNORECASE,
 )
 _CHANGE = re.compile(
@@ -140,7 +149,7 @@ def _features(text: str) -> int:
     score = 0
     if _PATH.search(text):
         score += 3
-    if _URL.search(text):
+    if URL.search(text):
         score += 2
     if _IDENT.search(text):
         score += 2
@@ -177,7 +186,13 @@ def _score(section: str, text: str) -> int:
     """
     score = _BASE[section] + _features(text)
     decision = _DECISION.search(text) is not None
-    if decision:
+    if not _TOOL_LINE.match(text) and (decision or _STATE.search(text)):
+        # A decision or a state in prose ("rolled back to revision 43", "we'll keep 30 days",
+        # "we decided to use LedgerLock3014"), more so with the number or name it settles.
+        specific = _NUMBER.search(text) or _SPECIFIC.search(text)
+        score += 7 if specific else 3
+        decision = True
+    elif decision:
         score += 3
     strong = _STRONG_ERROR.search(text)
     if strong:
@@ -398,55 +413,23 @@ def _shape_penalties(ranked: Sequence[_Item]) -> list[int]:
 
 # --- the summarizer ----------------------------------------------------------------------------
 
-# Where the evidence found in tool output goes, and how much it outranks a plain output line.
-_EVIDENCE_SECTIONS = {
-    "exit": "Issues and solutions",
-    "signal": "Issues and solutions",
-    "error": "Issues and solutions",
-    "error_code": "Issues and solutions",
-    "http_status": "Issues and solutions",
-    "test_tally": "Status",
-    "commit": "Key technical context",
-    "migration": "Key technical context",
-    "table": "Key technical context",
-    "constraint": "Key technical context",
-    "index": "Key technical context",
-    "setting": "Key technical context",
-    "version": "Key technical context",
-    "url": "Key technical context",
-    "host": "Key technical context",
-    "ticket": "Key technical context",
-    "flag": "Key technical context",
-    "tag": "Key technical context",
-    "command": "Working state",
-}
-_EVIDENCE_BONUS = {
-    "exit": 6,
-    "signal": 6,
-    "error_code": 6,
-    "http_status": 5,
-    "test_tally": 4,
-    "commit": 6,
-    "migration": 6,
-    "table": 5,
-    "constraint": 6,
-    "index": 6,
-    "setting": 7,
-    "version": 5,
-    "url": 4,
-    "host": 5,
-    "ticket": 6,
-    "flag": 6,
-    "tag": 5,
-    "command": 4,
-}
-_MAX_LINES_PER_KIND = 3
-_SALIENT = re.compile(
-    r"\b(?:fail(?:ed|s|ure)?|error|bad|broken|denied|refused|violat\w*|invalid|missing"
-    r"|does not exist|not found|crash\w*|killed|regression|changed|installed|upgraded)\b"
-    r"|^[+-](?![+-])",
-    re.IGNORECASE,
-)
+_COLLAPSE_AFTER = 3
+# A long line costs more of the budget for what it tells: a point per this many characters.
+_CHARS_PER_POINT = 60
+# Kinds of evidence that make a tool-output line an issue (collapsed with its repeats).
+_ISSUE_KINDS = frozenset({"exit", "signal", "error", "error_code", "http_status"})
+
+
+def _tool_line_section(signal: bool, outcome: bool, kinds: Sequence[str]) -> str:
+    """Where a salient tool-output line goes: failures and error evidence under issues, a
+    command's closing summary under status, anything else under key technical context."""
+    if signal or any(kind in _ISSUE_KINDS for kind in kinds if kind != "http_status"):
+        return _ISSUES
+    if outcome or "test_tally" in kinds:
+        return _STATUS
+    return _TECH
+
+
 _PROSE_KINDS = frozenset({"decision", "plan", "cause", "todo", "correction"})
 
 
@@ -494,28 +477,35 @@ def _call_summary(message: SummaryMessage) -> tuple[str, list[str]]:
     return label, _PATH.findall(content)
 
 
-def _evidence_score(section: str, line: str, kinds: Sequence[str]) -> int:
-    bonus = max((_EVIDENCE_BONUS.get(kind, 0) for kind in kinds), default=0)
-    return _BASE[section] + bonus + (4 if _SALIENT.search(line) else 0)
-
-
-def _rescore(section: str, text: str) -> int:
-    """`_score`, except that a quoted tool-output line carrying evidence is scored as the
-    evidence it is (so a previous summary's evidence lines survive the next run)."""
+def _rescore(section: str, text: str, salience: Salience) -> int:
+    """`_score`, except that a quoted tool-output line is scored by what it tells (so a
+    previous summary's evidence lines keep their rank in the next run)."""
     if _TOOL_LINE.match(text):
-        kinds = [e.kind for e in extract(text) if e.kind in _EVIDENCE_BONUS]
-        if kinds:
-            return _evidence_score(section, _TOOL_LINE.sub("", text), kinds)
+        information, _outcome, _signal = salience.information(_TOOL_LINE.sub("", text))
+        return _BASE[section] + information
     return _score(section, text)
 
 
+# Every subject (a setting, a version, a correction naming a setting) needs one of these.
+_MAY_HAVE_SUBJECT = re.compile(r"[=@]|\d\.\d|[A-Z]_[A-Z]")
+
+
 def _subjects(text: str) -> set[str]:
+    if not _MAY_HAVE_SUBJECT.search(text):
+        return set()
     return {item.subject for item in extract(text) if item.subject}
 
 
 def _latest_statements(items: list[_Item]) -> list[_Item]:
     """Drop an item when a later one states another value for the same subject (a setting's
-    name, a package's version, a correction naming a setting): the newest statement wins."""
+    name, a package's version, a correction naming a setting): the newest statement wins.
+    "Later" is a later event when the items are cited (lines of one output, such as a table
+    of releases, do not supersede each other), else a later position."""
+    cited = any(item.last for item in items)
+
+    def when(item: _Item) -> int:
+        return item.last if cited else item.order
+
     latest: dict[str, int] = {}
     subjects: dict[int, set[str]] = {}
     for item in items:
@@ -525,11 +515,11 @@ def _latest_statements(items: list[_Item]) -> list[_Item]:
         if found:
             subjects[id(item)] = found
             for subject in found:
-                latest[subject] = max(latest.get(subject, 0), item.order)
+                latest[subject] = max(latest.get(subject, 0), when(item))
     return [
         item
         for item in items
-        if all(latest[subject] == item.order for subject in subjects.get(id(item), ()))
+        if all(latest[subject] == when(item) for subject in subjects.get(id(item), ()))
     ]
 
 
@@ -580,7 +570,9 @@ def _novel(items: list[_Item], kept_text: str) -> list[_Item]:
             for e in extract(item.text)
             if e.kind not in _PROSE_KINDS and e.kind != "path"
         ]
-        if literals and all(len(x) >= 4 and x in kept for x in literals):
+        # Only literals specific enough to be the same fact: "100%" in a kept test run's
+        # `[100%]` does not make a full disk's `/dev/nvme1n1 … 100%` line old news.
+        if literals and all(len(x) >= 5 and x in kept for x in literals):
             continue
         result.append(item)
     return result
@@ -616,6 +608,29 @@ class LocalSummarizer(Summarizer):
     """
 
     name = "local"
+    # What is routine in the session being summarized (set per `summarize` call).
+    salience: Salience | None = None
+
+    def summarize(
+        self,
+        *,
+        previous_summary: str,
+        messages: Sequence[SummaryMessage],
+        max_tokens: int,
+        kept_text: str = "",
+    ) -> str:
+        # Rarity is judged against everything folded in this run, not one input piece: a line
+        # routine across the session stays routine in the piece that happens to hold it once.
+        self.salience = Salience(message.content for message in messages)
+        try:
+            return super().summarize(
+                previous_summary=previous_summary,
+                messages=messages,
+                max_tokens=max_tokens,
+                kept_text=kept_text,
+            )
+        finally:
+            self.salience = None
 
     def _summarize_piece(
         self, *, previous_summary: str, messages: Sequence[SummaryMessage], max_tokens: int
@@ -654,7 +669,7 @@ class LocalSummarizer(Summarizer):
                 # The first request of the session is its intent: keep it above later ones.
                 bonus = 4 if section == _REQUEST and not previous_first_seen else 1
                 previous_first_seen = previous_first_seen or section == _REQUEST
-                collector.add(section, text, _rescore(section, text) + bonus)
+                collector.add(section, text, _rescore(section, text, self._salience()) + bonus)
 
         for index, message in enumerate(messages):
             role = message.role
@@ -674,7 +689,12 @@ class LocalSummarizer(Summarizer):
                 for section, items in _parse_summary(content[len(_REFRESH_PREFIX) :]).items():
                     for text in items:
                         if section not in replaced and section != _WORKING:
-                            collector.add(section, text, _rescore(section, text), seq=message.seq)
+                            collector.add(
+                                section,
+                                text,
+                                _rescore(section, text, self._salience()),
+                                seq=message.seq,
+                            )
                 continue
             if role == "user":
                 counts["user"] += 1
@@ -751,7 +771,7 @@ class LocalSummarizer(Summarizer):
                 section = _PREFS
             elif _STRONG_ERROR.search(sentence):
                 section = _ISSUES
-            elif _DECISION.search(sentence):
+            elif _DECISION.search(sentence) or _STATE.search(sentence):
                 section = _TECH
             elif position == 0 or _features(sentence):
                 # The opening sentence states the request; the very first one the intent.
@@ -766,7 +786,7 @@ class LocalSummarizer(Summarizer):
         for sentence in sentences:
             if _STRONG_ERROR.search(sentence) or _CAUSE.search(sentence):
                 section = _ISSUES
-            elif _DECISION.search(sentence):
+            elif _DECISION.search(sentence) or _STATE.search(sentence):
                 section = _TECH
             elif _CHANGE.search(sentence):
                 section = _CHANGES
@@ -776,58 +796,66 @@ class LocalSummarizer(Summarizer):
                 continue
             collector.add(section, sentence, _score(section, sentence), seq=seq)
 
-    @staticmethod
-    def _tool_result(collector: _Collector, content: str, name: str, *, seq: int) -> None:
+    def _tool_result(self, collector: _Collector, content: str, name: str, *, seq: int) -> None:
         # Only the lines an error pattern matches, found by literal search: tool output can be
         # megabytes of code, so it is never split into sentences.
         added: set[str] = set()  # lines of this output already added
+        salience = self._salience()
         label = re.sub(r"[^\w.-]", "_", name) or "tool"
         lines = _lines_matching(content, _TOOL_ERROR_NEEDLES, _TOOL_ERROR)
-        for seen_lines, raw in enumerate(lines, start=1):
+        shapes: set[str] = set()
+        for raw in lines:
             line = raw.strip()
             if line.startswith("E "):
                 line = line[1:].strip()
             item = f"{label} output: {line}"
+            if len(shapes) >= _MAX_TOOL_ERRORS:
+                # Past the first few error lines, only repeats of one of them are counted
+                # (into its collapsed line); new shapes would crowd the output's other facts.
+                if shape_of(_clip(item)) in shapes:
+                    collector.add(_ISSUES, item, 1, seq=seq, collapse=True)
+                continue
+            shapes.add(shape_of(_clip(item)))
             added.add(_key(_clip(item)))
-            collector.add(_ISSUES, item, _score(_ISSUES, item), seq=seq, collapse=True)
-            if seen_lines >= _MAX_TOOL_ERRORS:
-                break
-        # The evidence a continuation needs verbatim: exit codes, statuses, tallies, hashes,
-        # schema names, settings, versions, addresses. Repeats of one shape collapse.
-        # At most a few lines per kind of evidence from one output (a `git log` of fifty
-        # commits is one fact, not fifty), the salient ones first: a line that also says
-        # something failed or went wrong ("is the first bad commit") beats its neighbours.
-        per_kind: dict[str, int] = {}
-        found_items = sorted(
-            (f for f in extract(content, seq=seq) if f.kind in _EVIDENCE_SECTIONS),
-            key=lambda f: not _SALIENT.search(f.line),
-        )
-        for found in found_items:
-            section = _EVIDENCE_SECTIONS.get(found.kind)
-            if section is None:
-                continue
-            # Repeats of an issue collapse into one line (their count is the point); other
-            # kinds are capped per output.
-            if section != _ISSUES and per_kind.get(found.kind, 0) >= _MAX_LINES_PER_KIND:
-                continue
-            if found.kind == "exit" and found.key == "exit:0":
-                continue
-            if found.kind == "http_status" and found.key < "http_status:400":
-                continue
-            text = f"{label} output: {found.line}"
+            # An error line ranks by what it tells in this session: one of a kind outranks
+            # the eightieth repeat of `bad row N` (which collapses into one line anyway).
+            information, _outcome, _signal = salience.information(raw)
+            score = max(_score(_ISSUES, item), _BASE[_ISSUES] + information)
+            collector.add(_ISSUES, item, score, seq=seq, collapse=True)
+        # The lines that tell the most, ranked against the whole session (`Salience`): a rare
+        # template, rare named values, a failure, a command's outcome. The room an output gets
+        # follows what it tells: each further line of one output costs a point, so a long
+        # output of routine lines adds nothing and one with five one-off facts keeps five.
+        on_line: dict[str, list[str]] = {}
+        for found in extract(content, seq=seq):
+            on_line.setdefault(found.line, []).append(found.kind)
+        for rank, candidate in enumerate(salience.candidates(content)):
+            line = candidate.line
+            if line.startswith("E "):
+                line = line[1:].strip()
+            text = f"{label} output: {line}"
             if _key(_clip(text)) in added:
                 continue
             added.add(_key(_clip(text)))
-            per_kind[found.kind] = per_kind.get(found.kind, 0) + 1
+            kinds = on_line.get(candidate.line, ())
+            section = _tool_line_section(candidate.signal, candidate.outcome, kinds)
             collector.add(
                 section,
                 text,
-                # Not `_score`: quoted output is penalised there, but these lines are the
-                # evidence itself.
-                _evidence_score(section, found.line, [found.kind]),
+                max(
+                    1, _BASE[section] + candidate.information - rank - len(line) // _CHARS_PER_POINT
+                ),
                 seq=seq,
-                collapse=section == _ISSUES,
+                # Repeats of a pattern collapse into one line with their count; two lines of
+                # a template seen twice in the session (two bisects' first bad commits) are
+                # two facts.
+                collapse=section == _ISSUES and candidate.repeats > _COLLAPSE_AFTER,
             )
+
+    def _salience(self) -> Salience:
+        if self.salience is None:
+            self.salience = Salience()
+        return self.salience
 
     # --- assembly ------------------------------------------------------------------------------
 
