@@ -29,6 +29,7 @@ __all__ = [
     "chart_geometry",
     "context_series",
     "downsample",
+    "stitched_series",
 ]
 
 
@@ -54,6 +55,8 @@ class ChartCompaction:
     tokens_after: int
     covers_through: int | None = None
     label: str = ""
+    # When its COMPACTION event was stored (seconds since the epoch), for the time axis.
+    at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -119,6 +122,40 @@ def context_series(
             continue
         total += event.tokens
         count += 1
+        points.append(Point(event.seq, total + REPLY_PRIMER, event.at))
+    return Series(
+        points=tuple(downsample(points, max_points=max_points, keep=anchors)), marks=tuple(marks)
+    )
+
+
+def stitched_series(
+    *,
+    compactions: Sequence[ChartCompaction],
+    tail: Sequence[ChartEvent],
+    tail_base: int,
+    start: Point | None = None,
+    max_points: int = 300,
+) -> Series:
+    """The context history from stored per-run aggregates instead of every event: a point
+    before and after each compaction (its tokens_before / tokens_after), then the events
+    since the last one replayed exactly on top of `tail_base` (the active tokens before the
+    first of them). Between two compactions the line runs straight from one run's "after" to
+    the next run's "before"; the drawing costs O(runs + tail), not O(events)."""
+    points: list[Point] = [start] if start is not None else []
+    anchors: set[int] = set()
+    marks: list[Mark] = []
+    for run in sorted(compactions, key=lambda c: c.seq):
+        anchors.add(len(points))
+        points.append(Point(run.seq, run.tokens_before, run.at))
+        anchors.add(len(points))
+        points.append(Point(run.seq, run.tokens_after, run.at))
+        marks.append(Mark(run.seq, run.tokens_before, run.tokens_after, run.label))
+    skip_until = max((c.covers_through or c.seq for c in compactions), default=0)
+    total = tail_base
+    for event in sorted(tail, key=lambda e: e.seq):
+        if event.seq <= skip_until or not event.visible:
+            continue
+        total += event.tokens
         points.append(Point(event.seq, total + REPLY_PRIMER, event.at))
     return Series(
         points=tuple(downsample(points, max_points=max_points, keep=anchors)), marks=tuple(marks)

@@ -21,8 +21,15 @@ from django.db.models.fields.json import KT
 from django.db.models.functions import Cast, Coalesce
 from django.utils import timezone
 
-from compaction_app.dashboard.chart import ChartCompaction, ChartEvent, Series, context_series
-from compaction_app.dashboard.trace import Item, build_trace
+from compaction_app.dashboard.chart import (
+    ChartCompaction,
+    ChartEvent,
+    Point,
+    Series,
+    context_series,
+    stitched_series,
+)
+from compaction_app.dashboard.trace import EXPANDED_TAIL, Item, build_trace
 from compaction_app.models import ACTIVE_STATUSES, CompactionRun, RunningSummary, RunStatus
 from compaction_app.selectors import latest_revertible_run, runs_for_session
 from sessions_app.model_registry import estimate_cost_usd
@@ -34,7 +41,8 @@ from sessions_app.session_settings import STRATEGY_NAMES, SessionSettings
 from sessions_app.tokens import REPLY_PRIMER
 
 PAGE_SIZE = 25
-TIMELINE_LIMIT = 200
+# The session page renders this many of the newest events; "earlier" loads the next window.
+TIMELINE_WINDOW = 60
 # Bar colours of the issue: amber from 80 %, red from 95 % of the window.
 AMBER_PERCENT = 80.0
 RED_PERCENT = 95.0
@@ -209,26 +217,45 @@ def models_in_use(*, user: AbstractBaseUser | AnonymousUser) -> list[str]:
 
 @dataclass
 class Timeline:
-    """The trace of the session page: the newest TIMELINE_LIMIT events (or all of them)."""
+    """A window of the session page's trace: the newest TIMELINE_WINDOW events before `before`
+    (or all of them with show_all), and where the next "earlier" window starts."""
 
     items: list[Item]
     total: int
     shown: int
     shown_all: bool
+    # The first seq this window holds; None when nothing earlier is left to load.
+    earlier_before: int | None = None
 
 
-def timeline(*, session: Session, show_all: bool = False) -> Timeline:
-    """The conversation as a trace (see trace.build_trace): every event in `seq` order, the
-    ones a compaction folded kept in place and grouped, not moved under their summary."""
+def timeline(*, session: Session, show_all: bool = False, before: int | None = None) -> Timeline:
+    """The conversation as a trace (see trace.build_trace), newest TIMELINE_WINDOW events first
+    loaded, older ones by the page's "earlier" link: the ones a compaction folded kept in place
+    and grouped, not moved under their summary. The page's cost stays flat as the session
+    grows; `show_all` (the citations' target) still lists everything."""
     events_qs = Event.objects.filter(session=session)
     total = session.event_count
-    if show_all or total <= TIMELINE_LIMIT:
+    if before is not None:
+        events_qs = events_qs.filter(seq__lt=before)
+    if show_all:
         events = list(events_qs.order_by("seq"))
     else:
-        events = list(reversed(events_qs.order_by("-seq")[:TIMELINE_LIMIT]))
+        events = list(reversed(events_qs.order_by("-seq")[:TIMELINE_WINDOW]))
+    first_seq = events[0].seq if events else None
+    earlier = (
+        first_seq
+        if not show_all
+        and first_seq is not None
+        and len(events) == TIMELINE_WINDOW
+        and events_qs.filter(seq__lt=first_seq).exists()
+        else None
+    )
+    marker_ids = {event.compacted_by_id for event in events if event.compacted_by_id} | {
+        event.pk for event in events if event.type == EventType.COMPACTION
+    }
     runs = list(
         CompactionRun.objects.filter(
-            session=session, compaction_event__isnull=False
+            session=session, compaction_event_id__in=marker_ids
         ).select_related("compaction_event")
     )
     runs_by_marker = {run.compaction_event_id: run for run in runs}
@@ -240,41 +267,43 @@ def timeline(*, session: Session, show_all: bool = False) -> Timeline:
         return _cost(session.model, event.prompt_tokens or 0, event.completion_tokens or 0)
 
     items = build_trace(
-        events, runs_by_marker=runs_by_marker, marker_seqs=marker_seqs, cost_of=cost_of
+        events,
+        runs_by_marker=runs_by_marker,
+        marker_seqs=marker_seqs,
+        cost_of=cost_of,
+        expanded_tail=EXPANDED_TAIL if before is None else 0,
     )
     return Timeline(
         items=items,
         total=total,
         shown=len(events),
-        shown_all=show_all or total <= TIMELINE_LIMIT,
+        shown_all=show_all or (before is None and earlier is None),
+        earlier_before=earlier,
     )
+
+
+# Events after the last compaction that the chart replays one by one (older ones are drawn
+# from the runs' stored before/after figures).
+CHART_TAIL = 400
+
+
+def _chart_event(seq: int, tokens: int, kind: str, reverted: bool, created: datetime) -> ChartEvent:
+    visible = kind not in MODEL_INVISIBLE_TYPES and kind != EventType.COMPACTION and not reverted
+    return ChartEvent(seq=seq, tokens=tokens, visible=visible, at=created.timestamp())
 
 
 def chart_series(*, session: Session) -> Series:
-    """The context-size history of the session (see chart.context_series)."""
-    rows = (
-        Event.objects.filter(session=session)
-        .order_by("seq")
-        .values_list("seq", "token_count", "type", "reverted", "created_at")
-    )
-    events = [
-        ChartEvent(
-            seq=seq,
-            tokens=tokens,
-            visible=kind not in MODEL_INVISIBLE_TYPES
-            and kind != EventType.COMPACTION
-            and not reverted,
-            at=created.timestamp(),
-        )
-        for seq, tokens, kind, reverted, created in rows
-    ]
-    compactions = []
+    """The context-size history of the session, read from stored per-run aggregates (each
+    completed run's tokens before / after at its marker) and the newest CHART_TAIL events
+    since the last run, so drawing it costs the same at 3k events as at 12k (see
+    chart.stitched_series). A short session without runs is replayed exactly."""
     runs = CompactionRun.objects.filter(
         session=session,
         status=RunStatus.COMPLETED,
         reverted_at__isnull=True,
         compaction_event__isnull=False,
     ).select_related("compaction_event")
+    compactions = []
     for run in runs:
         assert run.compaction_event is not None  # filtered above
         seq = run.compaction_event.seq
@@ -286,9 +315,25 @@ def chart_series(*, session: Session) -> Series:
                 # A refresh run appends its CONTEXT_REFRESH right after its marker.
                 covers_through=seq + 1 if run.trigger == "refresh" else seq,
                 label=run_label(run),
+                at=run.compaction_event.created_at.timestamp(),
             )
         )
-    return context_series(events=events, compactions=compactions)
+    after = max((c.covers_through or c.seq for c in compactions), default=0)
+    rows = list(
+        Event.objects.filter(session=session, seq__gt=after)
+        .order_by("-seq")
+        .values_list("seq", "token_count", "type", "reverted", "created_at")[:CHART_TAIL]
+    )
+    tail = [_chart_event(*row) for row in reversed(rows)]
+    if not compactions and (not tail or tail[0].seq <= 1):
+        return context_series(events=tail)  # the whole (short) session, exactly
+    # The active tokens before the tail's first event: today's, less what the tail added.
+    tail_tokens = sum(e.tokens for e in tail if e.visible and e.seq > after)
+    base = max(session.active_tokens - tail_tokens, 0)
+    start = None
+    if not compactions:
+        start = Point(0, 0, session.created_at.timestamp())
+    return stitched_series(compactions=compactions, tail=tail, tail_base=base, start=start)
 
 
 @dataclass

@@ -58,9 +58,26 @@ def chart_context(*, session: Session, schedule: queries.Schedule, axis: str) ->
 
 
 def session_context(
-    *, session: Session, user: Any, show_all: bool = False, axis: str = "seq", **extra: Any
+    *,
+    session: Session,
+    user: Any,
+    show_all: bool = False,
+    axis: str = "seq",
+    before: int | None = None,
+    **extra: Any,
 ) -> dict[str, Any]:
-    """The context every session-page partial renders from."""
+    """The context every session-page partial renders from (`before`: an "earlier" window of
+    the timeline alone, which needs nothing else)."""
+    if before is not None:
+        timeline = queries.timeline(session=session, before=before)
+        return {
+            "session": session,
+            "timeline": timeline,
+            "cite_base": "?all=1",
+            "is_staff": bool(getattr(user, "is_staff", False)),
+            "user": user,
+            **extra,
+        }
     view = queries.session_view(session=session)
     timeline = queries.timeline(session=session, show_all=show_all)
     return {

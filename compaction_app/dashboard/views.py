@@ -120,6 +120,14 @@ def _session_page(
     return render(request, SESSION_TEMPLATE, context, status=status)
 
 
+def _positive_int(value: str | None) -> int | None:
+    try:
+        number = int(value) if value else None
+    except ValueError:
+        return None
+    return number if number is not None and number > 0 else None
+
+
 # htmx targets the session page may ask for by themselves.
 PAGE_PARTS = {"timeline": "timeline", "chart": "chart", "run-detail": "run_detail"}
 
@@ -128,6 +136,16 @@ PAGE_PARTS = {"timeline": "timeline", "chart": "chart", "run-detail": "run_detai
 @require_GET
 def session_detail(request: HtmxHttpRequest, session_id: Any) -> HttpResponse:
     session = _session_or_404(request, session_id)
+    before = _positive_int(request.GET.get("before"))
+    if before is not None:
+        # The "earlier" link: the window of the trace before `before`, as the one fragment
+        # the page itself renders its latest window with (a plain request gets it too).
+        context = session_context(
+            session=session, user=request.user, before=before, **_page_options(request)
+        )
+        return HttpResponse(
+            render_parts(SESSION_TEMPLATE, ["timeline_items"], context, request=request, oob=False)
+        )
     part = PAGE_PARTS.get(request.htmx.target or "") if request.htmx else None
     if part is not None:
         context = session_context(session=session, user=request.user, **_page_options(request))
