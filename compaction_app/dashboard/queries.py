@@ -16,9 +16,19 @@ from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.core.paginator import Page, Paginator
-from django.db.models import Case, F, FloatField, Q, QuerySet, Value, When
+from django.db.models import (
+    Case,
+    F,
+    FloatField,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    Value,
+    When,
+)
 from django.db.models.fields.json import KT
-from django.db.models.functions import Cast, Coalesce
+from django.db.models.functions import Cast, Coalesce, Substr
 from django.utils import timezone
 
 from compaction_app.dashboard.chart import (
@@ -75,6 +85,41 @@ def _cost(model: str, prompt: int, completion: int) -> Decimal | None:
     return estimate_cost_usd(model, input_tokens=prompt, output_tokens=completion)
 
 
+TITLE_CHARS = 80
+
+
+def display_title(*, session: Session) -> str:
+    """What the dashboard calls a session: its title; else (a session a client created) the
+    gateway's client key; else the first line of its first user message. Display only: the
+    stored title stays empty until someone sets one."""
+    if session.title:
+        return session.title
+    if session.client_key:
+        return session.client_key
+    text = getattr(session, "first_user_text", None)
+    if text is None:
+        text = (
+            Event.objects.filter(session=session, type=EventType.USER_MESSAGE)
+            .order_by("seq")
+            .values_list("content", flat=True)
+            .first()
+        )
+    line = next((part.strip() for part in (text or "").splitlines() if part.strip()), "")
+    if not line:
+        return "(untitled)"
+    return line if len(line) <= TITLE_CHARS else line[: TITLE_CHARS - 1] + "…"
+
+
+def _with_first_user_text(queryset: QuerySet[Session]) -> QuerySet[Session]:
+    """One subquery for the list's untitled rows, instead of one query per row."""
+    first = (
+        Event.objects.filter(session=OuterRef("pk"), type=EventType.USER_MESSAGE)
+        .order_by("seq")
+        .values("content")[:1]
+    )
+    return queryset.annotate(first_user_text=Substr(Subquery(first), 1, 400))
+
+
 @dataclass
 class SessionRow:
     """One session as the list (and its websocket push) shows it."""
@@ -86,6 +131,7 @@ class SessionRow:
     cost: Decimal | None
     active_run: CompactionRun | None
     last_compaction: Mapping[str, Any] | None
+    title: str = ""
 
     @property
     def id(self) -> uuid.UUID:
@@ -114,6 +160,7 @@ def session_row(*, session: Session, active_run: CompactionRun | None = None) ->
         ),
         active_run=active_run,
         last_compaction=session.last_compaction,
+        title=display_title(session=session),
     )
 
 
@@ -187,6 +234,7 @@ def sessions_page(
     *, user: AbstractBaseUser | AnonymousUser, filters: ListFilters
 ) -> tuple[Page, list[SessionRow]]:
     queryset = _with_usage(sessions_visible_to(user=user))
+    queryset = _with_first_user_text(queryset)
     if filters.q:
         text = Q(title__icontains=filters.q) | Q(model__icontains=filters.q)
         content = sessions_matching_content(text=filters.q)  # any event's text, folded too
@@ -204,6 +252,15 @@ def sessions_page(
     active = active_runs_by_session(s.pk for s in sessions)
     rows = [session_row(session=s, active_run=active.get(s.pk)) for s in sessions]
     return page, rows
+
+
+def api_token_of(*, user: AbstractBaseUser | AnonymousUser) -> str | None:
+    """The user's own REST/gateway token, shown to them alone on the get-started panel."""
+    from rest_framework.authtoken.models import Token
+
+    if not user.is_authenticated:
+        return None
+    return Token.objects.filter(user_id=user.pk).values_list("key", flat=True).first()
 
 
 def models_in_use(*, user: AbstractBaseUser | AnonymousUser) -> list[str]:
@@ -349,10 +406,18 @@ class SessionView:
     summary: RunningSummary | None
     schedule: Schedule
     strategies: tuple[str, ...] = STRATEGY_NAMES
+    # What the summary costs in the context: its COMPACTION event's count (the message, as the
+    # timeline and the run's before / after show it), not the bare text's.
+    summary_tokens: int | None = None
+    runs_total: int = 0
+
+
+# Compaction history rows on the page (the API lists every run).
+HISTORY_ROWS = 10
 
 
 def session_view(*, session: Session) -> SessionView:
-    runs = list(runs_for_session(session=session).select_related("compaction_event")[:50])
+    runs = list(runs_for_session(session=session).select_related("compaction_event")[:HISTORY_ROWS])
     for run in runs:
         # Read by the history table; a plain attribute keeps the model free of view code.
         run.duration_seconds = (  # type: ignore[attr-defined]
@@ -362,6 +427,18 @@ def session_view(*, session: Session) -> SessionView:
         )
     active = next((run for run in runs if run.status in ACTIVE_STATUSES), None)
     latest = latest_revertible_run(session=session)
+    summary = RunningSummary.objects.filter(session=session).exclude(summary="").first()
+    marker = next(
+        (
+            run.compaction_event
+            for run in runs
+            if run.status == RunStatus.COMPLETED
+            and not run.reverted_at
+            and run.compaction_event is not None
+            and run.compaction_event.content
+        ),
+        None,
+    )
     return SessionView(
         session=session,
         usage=usage_for_session(session=session),
@@ -369,8 +446,16 @@ def session_view(*, session: Session) -> SessionView:
         runs=runs,
         revertible_id=latest.pk if latest is not None else None,
         active_run=active,
-        summary=RunningSummary.objects.filter(session=session).exclude(summary="").first(),
+        summary=summary,
         schedule=schedule_for(session=session),
+        runs_total=(
+            len(runs) if len(runs) < HISTORY_ROWS else runs_for_session(session=session).count()
+        ),
+        summary_tokens=(
+            marker.token_count
+            if marker is not None
+            else (summary.token_count if summary is not None else None)
+        ),
     )
 
 

@@ -101,9 +101,11 @@ def session_context(
 
 
 def latest_loss_run(runs: Iterable[CompactionRun]) -> CompactionRun | None:
-    """The newest completed, not reverted run that has a loss report."""
+    """The newest completed, not reverted run that has a loss report with anything in it (a
+    run that folded nothing has nothing to report)."""
     for run in runs:
-        if run.status == "completed" and run.loss_report and not run.reverted_at:
+        report = run.loss_report or {}
+        if run.status == "completed" and report.get("evidenceBefore") and not run.reverted_at:
             return run
     return None
 

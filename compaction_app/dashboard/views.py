@@ -101,7 +101,27 @@ def sessions_list(request: HtmxHttpRequest) -> HttpResponse:
     }
     if request.htmx and request.htmx.target == "sessions-table":
         return render(request, f"{SESSIONS_TEMPLATE}#table", context)
+    if not page.paginator.count and not (filters.q or filters.model or filters.near):
+        context.update(get_started_context(request))
     return render(request, SESSIONS_TEMPLATE, context)
+
+
+def get_started_context(request: HtmxHttpRequest) -> dict[str, Any]:
+    """What the get-started panel shows: the user's own API token and this server's URLs."""
+    return {
+        "get_started": True,
+        "api_token": queries.api_token_of(user=request.user),
+        "gateway_openai": request.build_absolute_uri("/gateway/openai/v1"),
+        "gateway_anthropic": request.build_absolute_uri("/gateway/anthropic"),
+        "api_root": request.build_absolute_uri("/api/v1/"),
+    }
+
+
+@login_required
+@require_GET
+def get_started(request: HtmxHttpRequest) -> HttpResponse:
+    """The get-started panel on its own page (the empty sessions list shows it too)."""
+    return render(request, "dashboard/get_started.html", get_started_context(request))
 
 
 def _page_options(request: HtmxHttpRequest) -> dict[str, Any]:
