@@ -82,6 +82,12 @@ class Mark:
 class Series:
     points: tuple[Point, ...]
     marks: tuple[Mark, ...]
+    # How many runs the marks stand for (a long session's marks are buckets of runs).
+    run_count: int | None = None
+
+    @property
+    def runs(self) -> int:
+        return self.run_count if self.run_count is not None else len(self.marks)
 
     @property
     def max_tokens(self) -> int:
@@ -251,6 +257,7 @@ def chart_geometry(
     axis: str = "seq",
     y_tick_count: int = 4,
     x_tick_count: int = 3,
+    max_marks: int = 40,
 ) -> ChartGeometry:
     """Scale a series into an SVG viewBox: a step-free polyline, the limit line, a dashed
     line per threshold (ratio, label) and a vertical marker per compaction.
@@ -282,9 +289,15 @@ def chart_geometry(
     path = " ".join(f"{'M' if i == 0 else 'L'}{cx},{cy}" for i, (cx, cy) in enumerate(coords))
     area = f"{path} L{coords[-1][0]},{bottom} L{coords[0][0]},{bottom} Z" if coords else ""
     at_by_seq = {p.seq: p.at for p in points}
+    # A long session has thousands of runs: draw at most `max_marks` of them (evenly spread,
+    # the newest always), so the SVG's size does not grow with the session.
+    drawn = list(series.marks)
+    if len(drawn) > max_marks:
+        step = len(drawn) / max_marks
+        drawn = [drawn[int(k * step)] for k in range(max_marks - 1)] + [drawn[-1]]
     marks = tuple(
         (x_of(coord(m.seq, at_by_seq.get(m.seq))), y(m.tokens_before), y(m.tokens_after), m)
-        for m in series.marks
+        for m in drawn
     )
     step = _nice_step(y_max / max(y_tick_count, 1))
     y_ticks = tuple((y(value), value) for value in range(0, y_max + 1, step))

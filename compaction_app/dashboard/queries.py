@@ -349,32 +349,49 @@ def _chart_event(seq: int, tokens: int, kind: str, reverted: bool, created: date
     return ChartEvent(seq=seq, tokens=tokens, visible=visible, at=created.timestamp())
 
 
+# The chart draws the latest CHART_RUNS runs (a bounded window, read through the runs'
+# (session, -created_at) index like the timeline's latest events); older ones are counted.
+CHART_RUNS = 150
+
+
+def _each_run(completed: QuerySet[CompactionRun]) -> list[ChartCompaction]:
+    # One narrow row per run (no summary text), the aggregates the chart needs.
+    runs = completed.values_list(
+        "compaction_event__seq",
+        "compaction_event__created_at",
+        "tokens_before",
+        "tokens_after",
+        "strategy",
+        "trigger",
+    )
+    return [
+        ChartCompaction(
+            seq=seq,
+            tokens_before=before or 0,
+            tokens_after=after or 0,
+            # A refresh run appends its CONTEXT_REFRESH right after its marker.
+            covers_through=seq + 1 if trigger == "refresh" else seq,
+            label=f"{strategy} · {trigger}",
+            at=created.timestamp(),
+        )
+        for seq, created, before, after, strategy, trigger in runs
+    ]
+
+
 def chart_series(*, session: Session) -> Series:
     """The context-size history of the session, read from stored per-run aggregates (each
-    completed run's tokens before / after at its marker) and the newest CHART_TAIL events
-    since the last run, so drawing it costs the same at 3k events as at 12k (see
-    chart.stitched_series). A short session without runs is replayed exactly."""
-    runs = CompactionRun.objects.filter(
+    completed run's tokens before / after at its marker; the latest CHART_RUNS of them) and
+    the newest CHART_TAIL events since the last run, so drawing it costs the same at 3k
+    events as at 12k (see chart.stitched_series). A short session without runs is replayed
+    exactly."""
+    completed = CompactionRun.objects.filter(
         session=session,
         status=RunStatus.COMPLETED,
         reverted_at__isnull=True,
         compaction_event__isnull=False,
-    ).select_related("compaction_event")
-    compactions = []
-    for run in runs:
-        assert run.compaction_event is not None  # filtered above
-        seq = run.compaction_event.seq
-        compactions.append(
-            ChartCompaction(
-                seq=seq,
-                tokens_before=run.tokens_before or 0,
-                tokens_after=run.tokens_after or 0,
-                # A refresh run appends its CONTEXT_REFRESH right after its marker.
-                covers_through=seq + 1 if run.trigger == "refresh" else seq,
-                label=run_label(run),
-                at=run.compaction_event.created_at.timestamp(),
-            )
-        )
+    )
+    run_count = completed.count()
+    compactions = _each_run(completed.order_by("-created_at")[:CHART_RUNS])
     after = max((c.covers_through or c.seq for c in compactions), default=0)
     rows = list(
         Event.objects.filter(session=session, seq__gt=after)
@@ -388,9 +405,10 @@ def chart_series(*, session: Session) -> Series:
     tail_tokens = sum(e.tokens for e in tail if e.visible and e.seq > after)
     base = max(session.active_tokens - tail_tokens, 0)
     start = None
-    if not compactions:
+    if not compactions or run_count <= CHART_RUNS:
         start = Point(0, 0, session.created_at.timestamp())
-    return stitched_series(compactions=compactions, tail=tail, tail_base=base, start=start)
+    series = stitched_series(compactions=compactions, tail=tail, tail_base=base, start=start)
+    return Series(points=series.points, marks=series.marks, run_count=run_count)
 
 
 @dataclass
