@@ -431,7 +431,7 @@ class SessionView:
 
 
 # Compaction history rows on the page (the API lists every run).
-HISTORY_ROWS = 10
+HISTORY_ROWS = 5
 
 
 def session_view(*, session: Session) -> SessionView:
