@@ -142,6 +142,12 @@ class Entry:
     def folded(self) -> bool:
         return self.event.compacted_by_id is not None
 
+    @property
+    def superseded(self) -> bool:
+        """An older summary a later compaction folded: the newer summary carries its content,
+        so the page shows its first lines only (the API and "show all" have the text)."""
+        return self.folded and self.kind == "summary"
+
 
 @dataclass
 class FoldGroup:
