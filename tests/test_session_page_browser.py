@@ -260,3 +260,24 @@ def test_it_keeps_a_60_turn_summarized_session_within_two_screens(
     )
     assert dialogs.alerts == []
     page.context.close()
+
+
+@pytest.mark.parametrize("width,height", [(1280, 800), (390, 844)], ids=["desktop", "phone"])
+def test_it_shows_a_new_user_how_to_start(worker, alice, live_url, browser, width, height):
+    from rest_framework.authtoken.models import Token
+
+    token = in_thread(lambda: Token.objects.get_or_create(user=alice)[0].key)
+    page, dialogs = new_page(browser, width=width, height=height)
+    log_in(page, live_url, "alice")
+    panel = page.locator("#get-started")
+    assert panel.is_visible()
+    assert f"{live_url}/gateway/openai/v1" in panel.inner_text()
+    panel.locator("details summary").click()
+    assert page.locator("#api-token").inner_text() == token
+    assert page.evaluate("document.documentElement.scrollWidth") <= width
+    shot(page, f"get-started-{width}.png")
+    page.get_by_role("link", name="Get started").click()
+    page.wait_for_url(f"{live_url}/get-started/")
+    assert page.locator("#get-started").is_visible()
+    assert dialogs.alerts == []
+    page.context.close()
