@@ -1,5 +1,6 @@
 """Dashboard benchmark (issue 4): the sessions list with 1,000 sessions must render in under
-1 s of server time. Prints one markdown table.
+1 s of server time; (issue 25) the session page of a summarized session costs the same at
+12,000 events as at 3,000 (time ratio ≤ 1.2) and weighs ≤ 150 KiB. Prints one markdown table.
 
     .venv/bin/python bench/bench_dashboard.py [--sessions 1000] [--runs 7]
 
@@ -23,6 +24,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET_SECONDS = 1.0
+FLAT_RATIO = 1.2
+FIRST_PAINT_BYTES = 150 * 1024
 MODELS = [
     ("gpt-4o", 128_000, "o200k_base"),
     ("claude-3.5-sonnet", 200_000, "cl100k_base"),
@@ -124,6 +127,97 @@ def _populate(count: int) -> tuple[object, uuid.UUID]:
     return staff, big.pk
 
 
+def _summarized(owner: object, *, events: int) -> uuid.UUID:
+    """A long summarized session, the shape issue 25 measured: per turn a user message (kept),
+    a tool call, its result and an agent reply, then a summarize compaction whose marker
+    folds them and the previous summary. Written with bulk_create (the page reads what the
+    services would have stored)."""
+    from django.db import transaction
+    from django.utils import timezone
+
+    from compaction_app.models import CompactionRun, RunningSummary, RunStatus
+    from sessions_app.models import Event, Session
+    from sessions_app.session_settings import DEFAULTS
+
+    session = Session.objects.create(
+        owner=owner,
+        title=f"Summarized, {events:,} events",
+        model="gpt-4o",
+        encoding="o200k_base",
+        context_limit=128_000,
+        settings=dict(DEFAULTS),
+    )
+    now = timezone.now()
+    rows: list[Event] = []
+    runs: list[CompactionRun] = []
+    previous: Event | None = None
+    summary = "## Status\n" + "\n".join(f"- fixed src/mod_{n}.py [#{n}]" for n in range(40))
+    seq = 0
+    kept_tokens = 0
+    while seq + 5 <= events:
+        turn = seq // 5
+        batch = []
+        for kind, content, tokens in (
+            ("USER_MESSAGE", f"Step {turn}: fix src/mod_{turn}.py.", 15),
+            ("TOOL_CALL", f'{{"path": "tests/test_mod_{turn}.py"}}', 17),
+            ("TOOL_RESULT", f"tests/test_mod_{turn}.py: 1 failed (E{turn}), 11 passed", 23),
+            ("AGENT_MESSAGE", f"Fixed src/mod_{turn}.py: error E{turn} is gone.", 20),
+        ):
+            seq += 1
+            batch.append(
+                Event(
+                    session=session,
+                    seq=seq,
+                    type=kind,
+                    content=content,
+                    token_count=tokens,
+                    name="run_tests" if kind.startswith("TOOL") else "",
+                    tool_call_id=f"call-{turn}" if kind.startswith("TOOL") else "",
+                )
+            )
+        seq += 1
+        marker = Event(
+            session=session, seq=seq, type="COMPACTION", content=summary, token_count=900
+        )
+        for event in batch[1:]:
+            event.compacted_by_id = marker.pk
+        if previous is not None:
+            previous.compacted_by_id = marker.pk
+        kept_tokens += 15
+        rows += [*batch, marker]
+        runs.append(
+            CompactionRun(
+                session=session,
+                strategy="summarize",
+                summarizer="local",
+                trigger="auto",
+                status=RunStatus.COMPLETED,
+                tokens_before=kept_tokens + 960,
+                tokens_after=kept_tokens + 903,
+                events_before=turn + 5,
+                events_after=turn + 2,
+                summary_tokens=900,
+                folded_count=4,
+                compaction_event_id=marker.pk,
+                started_at=now,
+                finished_at=now,
+            )
+        )
+        previous = marker
+    with transaction.atomic():
+        Event.objects.bulk_create(rows, batch_size=1000)
+        CompactionRun.objects.bulk_create(runs, batch_size=1000)
+        RunningSummary.objects.create(session=session, summary=summary, token_count=896)
+        Session.objects.filter(pk=session.pk).update(
+            last_seq=seq,
+            event_count=seq,
+            active_event_count=seq // 5 + 1,
+            active_tokens=kept_tokens + 900,
+            reported_event_count=0,
+        )
+    return session.pk
+
+
 def _median_ms(client: object, url: str, runs: int) -> tuple[float, int, int]:
     response = client.get(url)  # warm-up: template compilation, genai-prices snapshot
     assert response.status_code == 200, (url, response.status_code)
@@ -148,6 +242,8 @@ def main() -> None:
         from django.test import Client
 
         staff, big_id = _populate(args.sessions)
+        small_id = _summarized(staff, events=3_000)
+        large_id = _summarized(staff, events=12_000)
         client = Client()
         client.force_login(staff)
         pages = [
@@ -159,8 +255,10 @@ def main() -> None:
             ),
             ("sessions list, one model, page 3", "/?model=claude-3.5-sonnet&page=3", True),
             ("sessions list, htmx table partial", "/?near=1", True),
-            ("session page, 2,000 events, latest 200 shown", f"/sessions/{big_id}/", False),
+            ("session page, 2,000 events, latest window shown", f"/sessions/{big_id}/", False),
             ("session page, 2,000 events, all shown", f"/sessions/{big_id}/?all=1", False),
+            ("session page, summarized, 3,000 events", f"/sessions/{small_id}/", False),
+            ("session page, summarized, 12,000 events", f"/sessions/{large_id}/", False),
         ]
         print(
             f"Dashboard, embedded profile (SQLite), {args.sessions:,} sessions, median of {args.runs} runs"
@@ -168,6 +266,7 @@ def main() -> None:
         print()
         print("| page | median server time | response size | target | ok |")
         print("|---|---:|---:|---|---|")
+        summarized: dict[str, tuple[float, int]] = {}
         for label, url, gated in pages:
             headers = (
                 {"HTTP_HX_REQUEST": "true", "HTTP_HX_TARGET": "sessions-table"}
@@ -179,9 +278,20 @@ def main() -> None:
             ms, size, _ = _median_ms(client, url, args.runs)
             for key in headers:
                 client.defaults.pop(key)
+            if "summarized" in label:
+                summarized[label] = (ms, size)
             target = f"< {TARGET_SECONDS * 1000:.0f} ms" if gated else "—"
             ok = ("yes" if ms < TARGET_SECONDS * 1000 else "NO") if gated else "—"
             print(f"| {label} (`{url}`) | {ms:.1f} ms | {size / 1024:.0f} KiB | {target} | {ok} |")
+        # Issue 25: the session page's cost stays flat as the session grows.
+        (small_ms, small_size), (large_ms, large_size) = summarized.values()
+        ratio = large_ms / small_ms
+        flat = ratio <= FLAT_RATIO and max(small_size, large_size) <= FIRST_PAINT_BYTES
+        print(
+            f"| session page, 12,000 vs 3,000 events (time ratio; first paint) | {ratio:.2f} × "
+            f"| {large_size / 1024:.0f} KiB | ≤ {FLAT_RATIO} ×, ≤ {FIRST_PAINT_BYTES // 1024} KiB "
+            f"| {'yes' if flat else 'NO'} |"
+        )
 
 
 if __name__ == "__main__":

@@ -25,11 +25,13 @@ from compaction_app.enqueue import enqueue_memory_flush, enqueue_run_on_commit
 from compaction_app.heartbeat import beating
 from compaction_app.models import ACTIVE_STATUSES, CompactionRun, RunningSummary, RunStatus, Trigger
 from compaction_app.realtime import broadcast
+from compaction_app.run_documents import complete_message, run_snapshot
 from compaction_app.selectors import latest_revertible_run
 from compaction_app.signals import memory_flush
 from compaction_app.strategies import SUMMARY_MESSAGE_OVERHEAD, plan_compaction
 from compaction_app.summarizers.base import SummarizerError, SummaryMessage
 from compaction_app.summarizers.factory import build_summarizer
+from compaction_app.sweeper import recover_stale_run
 from compaction_app.types import Budget, Plan, PlanEvent
 from sessions_app import tokens
 from sessions_app.errors import Conflict, InvalidInput, ServiceUnavailable
@@ -155,8 +157,6 @@ def compaction_request(
                 target_ratio=target_ratio,
             )
     except IntegrityError:
-        from compaction_app.sweeper import recover_stale_run  # the sweeper imports services
-
         if recover_stale_run(session_id=session.pk):
             # The active run had lost its worker and is failed now: the session is free.
             return compaction_request(
@@ -542,53 +542,6 @@ def _announce_complete(run_id: uuid.UUID) -> None:
     broadcast_usage(run.session)
 
 
-def complete_message(run: CompactionRun) -> dict[str, Any]:
-    success = run.status == RunStatus.COMPLETED
-    text = completion_text(run) if success else f"Compaction failed: {run.error}"
-    return {
-        "type": "COMPACTION_COMPLETE",
-        "sessionId": str(run.session_id),
-        "compactionId": str(run.pk),
-        "success": success,
-        "tokensBefore": run.tokens_before,
-        "tokensAfter": run.tokens_after,
-        "eventsBefore": run.events_before,
-        "eventsAfter": run.events_after,
-        "reductionPercent": run.reduction_percent,
-        "error": run.error or None,
-        "keptPercent": (run.loss_report or {}).get("keptPercent") if success else None,
-        "message": text,
-    }
-
-
-def completion_text(run: CompactionRun) -> str:
-    """The human line for a completed run, tokens first (what a run is for), e.g.
-    "Compaction complete! 11,319 → 3,495 tokens (69% reduction), 21 events folded"."""
-    before, after = run.tokens_before or 0, run.tokens_after or 0
-    change = round(100 * (before - after) / before) if before else 0
-    effect = f"{change}% reduction" if change >= 0 else f"{-change}% increase"
-    count = run.folded_count
-    # clear_tool_results folds nothing: what it counts are the results it cleared.
-    if run.strategy == "clear_tool_results":
-        what = "tool result cleared" if count == 1 else "tool results cleared"
-    else:
-        what = "event folded" if count == 1 else "events folded"
-    return f"Compaction complete! {before:,} → {after:,} tokens ({effect}), {count:,} {what}"
-
-
-def run_snapshot(run: CompactionRun) -> dict[str, Any]:
-    return {
-        "id": str(run.pk),
-        "strategy": run.strategy,
-        "trigger": run.trigger,
-        "status": run.status,
-        "tokensBefore": run.tokens_before,
-        "tokensAfter": run.tokens_after,
-        "reductionPercent": run.reduction_percent,
-        "finishedAt": run.finished_at.isoformat() if run.finished_at else None,
-    }
-
-
 def compaction_revert(*, run: CompactionRun) -> CompactionRun:
     """Undo the session's latest completed run: its folded events become active again, cleared
     tool results get their content back, and the running summary returns to what it was."""
@@ -730,15 +683,13 @@ def maybe_auto_compact(
 
 
 def _recovered(session: Session) -> bool:
-    from compaction_app.sweeper import recover_stale_run  # the sweeper imports services
-
     return recover_stale_run(session_id=session.pk)
 
 
 def hard_limit_cooling_down(*, session: Session) -> bool:
     """Whether the session had a hard-limit run within its `cooldownSeconds`: POST /context
     then prunes instead of compacting again, so a client polling it cannot compact per call."""
-    cooldown = int(session.settings.get("cooldownSeconds", 60))
+    cooldown = SessionSettings.of(session.settings).cooldown_seconds
     since = timezone.now() - timedelta(seconds=cooldown)
     return CompactionRun.objects.filter(
         session=session, trigger=Trigger.HARD_LIMIT, created_at__gte=since

@@ -35,7 +35,7 @@ from kombu.exceptions import KombuError
 from compaction_app.enqueue import send_run
 from compaction_app.models import ACTIVE_STATUSES, CompactionRun, RunStatus
 from compaction_app.realtime import broadcast
-from compaction_app.services import complete_message, run_snapshot
+from compaction_app.run_documents import complete_message, run_snapshot
 from sessions_app.models import Session
 from sessions_app.services import session_record_compaction
 

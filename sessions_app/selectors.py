@@ -52,7 +52,7 @@ def usage_for_session(*, session: Session) -> dict[str, Any]:
         "totalPromptTokens": session.reported_prompt_tokens,
         "totalCompletionTokens": session.reported_completion_tokens,
         "totalTokens": session.reported_total_tokens,
-        "eventCount": session.reported_event_count,
+        "reportedEventCount": session.reported_event_count,
         "contextTokens": session.context_tokens,
         "contextLimit": session.context_limit,
         "percentUsed": session.percent_used,

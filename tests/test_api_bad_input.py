@@ -426,7 +426,7 @@ def test_it_keeps_a_session_usable_after_a_maximal_token_usage(alice_api, sessio
     assert later.status_code == 201, later.content
     usage = alice_api.get(f"{SESSIONS}/{session['id']}/usage").json()
     assert usage["totalTokens"] == 10**12 + 4 + 5
-    assert usage["eventCount"] == 3
+    assert usage["reportedEventCount"] == 3
 
 
 def test_it_refuses_an_append_that_would_push_a_running_total_past_the_bound(

@@ -21,7 +21,7 @@ def test_it_creates_a_session_and_appends_events(alice_api):
     assert [e["seq"] for e in response.json()] == [2, 3]
     usage = alice_api.get(f"/api/v1/sessions/{session['id']}/usage").json()
     assert usage["totalTokens"] == 12
-    assert usage["eventCount"] == 1
+    assert usage["reportedEventCount"] == 1
     context = alice_api.get(f"/api/v1/sessions/{session['id']}/context").json()
     assert context["tokenCount"] == usage["contextTokens"]
     assert [m["role"] for m in context["messages"]] == ["system", "user", "assistant"]

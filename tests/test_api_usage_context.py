@@ -18,7 +18,7 @@ USAGE_KEYS = {
     "totalPromptTokens",
     "totalCompletionTokens",
     "totalTokens",
-    "eventCount",
+    "reportedEventCount",
     "contextTokens",
     "contextLimit",
     "percentUsed",
@@ -117,7 +117,7 @@ def test_it_returns_exactly_the_design_fields(alice_api):
         "totalPromptTokens": 0,
         "totalCompletionTokens": 0,
         "totalTokens": 0,
-        "eventCount": 0,
+        "reportedEventCount": 0,
         "contextTokens": 0,
         "contextLimit": 128_000,
         "percentUsed": 0.0,
@@ -153,7 +153,7 @@ def test_it_aggregates_provider_reported_usage(alice_api):
     assert body["totalPromptTokens"] == 120 + 180 + 7
     assert body["totalCompletionTokens"] == 5 + 14
     assert body["totalTokens"] == 125 + 194
-    assert body["eventCount"] == 3
+    assert body["reportedEventCount"] == 3
 
 
 @pytest.mark.parametrize(

@@ -138,6 +138,27 @@ def test_it_keeps_a_55_turn_graph_within_max_tokens_with_an_incremental_summary(
         assert len(state["messages"]) == 110  # the full history stays in the state
 
 
+def test_it_revives_its_running_summary_from_a_default_checkpointer_without_a_warning(
+    monkeypatch, caplog
+):
+    """The README's graph: a plain InMemorySaver(), no serializer argument."""
+    from langgraph.checkpoint.serde import jsonplus
+
+    monkeypatch.setattr(jsonplus, "_warned_unregistered_types", set())
+    graph = StateGraph(State)
+    graph.add_node("summarize", node_for(False))
+    graph.add_node("call_model", lambda state: {"messages": [agent_turn(0)]})
+    graph.add_edge(START, "summarize")
+    graph.add_edge("summarize", "call_model")
+    app = graph.compile(checkpointer=InMemorySaver())
+    config = {"configurable": {"thread_id": "default-serde"}}
+    with caplog.at_level("WARNING"):
+        for i in range(30):
+            app.invoke({"messages": [user_turn(i)]}, config)
+    assert isinstance(app.get_state(config).values["context"]["running_summary"], RunningSummary)
+    assert not [r for r in caplog.records if "unregistered" in r.getMessage()]
+
+
 def test_it_starts_a_same_key_update_with_remove_all_messages():
     node = node_for(True)
     update = node.invoke({"messages": conversation(30)})

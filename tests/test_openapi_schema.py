@@ -178,6 +178,9 @@ def test_it_documents_every_response_of_every_operation(api_schema, alice, setti
     V = "/api/v1"
     S = V + "/sessions/{session_id}"
 
+    # The API root (public: links only).
+    walk("GET", V + "/", 200, headers={})
+
     # Sessions.
     session = walk(
         "POST", V + "/sessions", 201, body={"model": "gpt-4o", "systemPrompt": "Be terse."}

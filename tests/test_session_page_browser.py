@@ -208,3 +208,78 @@ def test_it_fits_a_phone(worker, alice, live_url, browser, width, height):
         )
     shot(page, "session-trace-phone.png")
     page.context.close()
+
+
+@pytest.mark.parametrize("width,height", [(1280, 800), (390, 844)], ids=["desktop", "phone"])
+def test_it_keeps_a_60_turn_summarized_session_within_two_screens(
+    worker, alice, live_url, browser, width, height
+):
+    """Issue 25: one row for the folded stretch, the latest window only, and on a phone a
+    search box whose placeholder fits and no empty "Error" labels."""
+    from tests.long_session import summarized_session
+
+    session = in_thread(summarized_session, alice, turns=60, title="Sixty summarized turns")
+    page, dialogs = new_page(browser, width=width, height=height)
+    log_in(page, live_url, "alice")
+    page.goto(f"{live_url}/sessions/{session.pk}/")
+    ws_ready(page)
+    timeline = page.locator("#timeline").bounding_box()
+    name = f"session-60-turns-{width}.png"
+    shot(page, name)
+    assert timeline["height"] <= 2 * height, (timeline["height"], name)
+    assert page.locator("#timeline li.fold-run").count() == 1
+    total = page.evaluate("document.documentElement.scrollHeight")
+    assert total <= 5 * height, total
+    assert page.evaluate("document.documentElement.scrollWidth") <= width
+    # The whole placeholder shows.
+    cut = page.evaluate(
+        """() => {
+            const input = document.getElementById('event-search');
+            const style = getComputedStyle(input);
+            const ctx = document.createElement('canvas').getContext('2d');
+            ctx.font = style.font;
+            const room = input.clientWidth - parseFloat(style.paddingLeft)
+                - parseFloat(style.paddingRight);
+            return ctx.measureText(input.placeholder).width > room;
+        }"""
+    )
+    assert not cut
+    # No label without a value (the history's error column of runs that did not fail).
+    empty_labels = page.evaluate(
+        """() => [...document.querySelectorAll('table.history td')]
+                 .filter(td => td.offsetParent !== null && td.textContent.trim() === ''
+                         && getComputedStyle(td, '::before').content.includes('Error'))
+                 .length"""
+    )
+    assert empty_labels == 0
+    # "Earlier" loads the previous window in place.
+    earlier = page.locator("#timeline li.earlier a")
+    assert earlier.count() == 1
+    before = page.locator("#timeline li.entry, #timeline li.fold-group").count()
+    earlier.click()
+    page.wait_for_function(
+        f"document.querySelectorAll('#timeline li.entry, #timeline li.fold-group').length > {before}"
+    )
+    assert dialogs.alerts == []
+    page.context.close()
+
+
+@pytest.mark.parametrize("width,height", [(1280, 800), (390, 844)], ids=["desktop", "phone"])
+def test_it_shows_a_new_user_how_to_start(worker, alice, live_url, browser, width, height):
+    from rest_framework.authtoken.models import Token
+
+    token = in_thread(lambda: Token.objects.get_or_create(user=alice)[0].key)
+    page, dialogs = new_page(browser, width=width, height=height)
+    log_in(page, live_url, "alice")
+    panel = page.locator("#get-started")
+    assert panel.is_visible()
+    assert f"{live_url}/gateway/openai/v1" in panel.inner_text()
+    panel.locator("details summary").click()
+    assert page.locator("#api-token").inner_text() == token
+    assert page.evaluate("document.documentElement.scrollWidth") <= width
+    shot(page, f"get-started-{width}.png")
+    page.get_by_role("link", name="Get started").click()
+    page.wait_for_url(f"{live_url}/get-started/")
+    assert page.locator("#get-started").is_visible()
+    assert dialogs.alerts == []
+    page.context.close()

@@ -32,6 +32,7 @@ __all__ = [
     "chart_geometry",
     "context_series",
     "downsample",
+    "stitched_series",
 ]
 
 
@@ -57,6 +58,8 @@ class ChartCompaction:
     tokens_after: int
     covers_through: int | None = None
     label: str = ""
+    # When its COMPACTION event was stored (seconds since the epoch), for the time axis.
+    at: float | None = None
 
 
 @dataclass(frozen=True)
@@ -82,6 +85,12 @@ class Mark:
 class Series:
     points: tuple[Point, ...]
     marks: tuple[Mark, ...]
+    # How many runs the marks stand for (a long session's marks are buckets of runs).
+    run_count: int | None = None
+
+    @property
+    def runs(self) -> int:
+        return self.run_count if self.run_count is not None else len(self.marks)
 
     @property
     def max_tokens(self) -> int:
@@ -122,6 +131,40 @@ def context_series(
             continue
         total += event.tokens
         count += 1
+        points.append(Point(event.seq, total + REPLY_PRIMER, event.at))
+    return Series(
+        points=tuple(downsample(points, max_points=max_points, keep=anchors)), marks=tuple(marks)
+    )
+
+
+def stitched_series(
+    *,
+    compactions: Sequence[ChartCompaction],
+    tail: Sequence[ChartEvent],
+    tail_base: int,
+    start: Point | None = None,
+    max_points: int = 300,
+) -> Series:
+    """The context history from stored per-run aggregates instead of every event: a point
+    before and after each compaction (its tokens_before / tokens_after), then the events
+    since the last one replayed exactly on top of `tail_base` (the active tokens before the
+    first of them). Between two compactions the line runs straight from one run's "after" to
+    the next run's "before"; the drawing costs O(runs + tail), not O(events)."""
+    points: list[Point] = [start] if start is not None else []
+    anchors: set[int] = set()
+    marks: list[Mark] = []
+    for run in sorted(compactions, key=lambda c: c.seq):
+        anchors.add(len(points))
+        points.append(Point(run.seq, run.tokens_before, run.at))
+        anchors.add(len(points))
+        points.append(Point(run.seq, run.tokens_after, run.at))
+        marks.append(Mark(run.seq, run.tokens_before, run.tokens_after, run.label))
+    skip_until = max((c.covers_through or c.seq for c in compactions), default=0)
+    total = tail_base
+    for event in sorted(tail, key=lambda e: e.seq):
+        if event.seq <= skip_until or not event.visible:
+            continue
+        total += event.tokens
         points.append(Point(event.seq, total + REPLY_PRIMER, event.at))
     return Series(
         points=tuple(downsample(points, max_points=max_points, keep=anchors)), marks=tuple(marks)
@@ -217,6 +260,7 @@ def chart_geometry(
     axis: str = "seq",
     y_tick_count: int = 4,
     x_tick_count: int = 3,
+    max_marks: int = 40,
 ) -> ChartGeometry:
     """Scale a series into an SVG viewBox: a step-free polyline, the limit line, a dashed
     line per threshold (ratio, label) and a vertical marker per compaction.
@@ -248,9 +292,15 @@ def chart_geometry(
     path = " ".join(f"{'M' if i == 0 else 'L'}{cx},{cy}" for i, (cx, cy) in enumerate(coords))
     area = f"{path} L{coords[-1][0]},{bottom} L{coords[0][0]},{bottom} Z" if coords else ""
     at_by_seq = {p.seq: p.at for p in points}
+    # A long session has thousands of runs: draw at most `max_marks` of them (evenly spread,
+    # the newest always), so the SVG's size does not grow with the session.
+    drawn = list(series.marks)
+    if len(drawn) > max_marks:
+        step = len(drawn) / max_marks
+        drawn = [drawn[int(k * step)] for k in range(max_marks - 1)] + [drawn[-1]]
     marks = tuple(
         (x_of(coord(m.seq, at_by_seq.get(m.seq))), y(m.tokens_before), y(m.tokens_after), m)
-        for m in series.marks
+        for m in drawn
     )
     step = _nice_step(y_max / max(y_tick_count, 1))
     y_ticks = tuple((y(value), value) for value in range(0, y_max + 1, step))

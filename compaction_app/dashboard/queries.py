@@ -16,19 +16,31 @@ from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.core.paginator import Page, Paginator
-from django.db.models import Case, F, FloatField, Q, QuerySet, Value, When
+from django.db.models import (
+    Case,
+    F,
+    FloatField,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    Value,
+    When,
+)
 from django.db.models.fields.json import KT
-from django.db.models.functions import Cast, Coalesce
+from django.db.models.functions import Cast, Coalesce, Substr
 from django.utils import timezone
 
 from compaction_app.dashboard.chart import (
     CallInput,
     ChartCompaction,
     ChartEvent,
+    Point,
     Series,
     context_series,
+    stitched_series,
 )
-from compaction_app.dashboard.trace import Item, build_trace
+from compaction_app.dashboard.trace import EXPANDED_TAIL, Item, build_trace
 from compaction_app.models import ACTIVE_STATUSES, CompactionRun, RunningSummary, RunStatus
 from compaction_app.selectors import latest_revertible_run, runs_for_session
 from sessions_app import pricing
@@ -40,7 +52,8 @@ from sessions_app.session_settings import STRATEGY_NAMES, SessionSettings
 from sessions_app.tokens import REPLY_PRIMER
 
 PAGE_SIZE = 25
-TIMELINE_LIMIT = 200
+# The session page renders this many of the newest events; "earlier" loads the next window.
+TIMELINE_WINDOW = 60
 # Bar colours of the issue: amber from 80 %, red from 95 % of the window.
 AMBER_PERCENT = 80.0
 RED_PERCENT = 95.0
@@ -93,6 +106,41 @@ def _session_cost(session: Session) -> Decimal | None:
     return Decimal(session.cost_nano_usd) / pricing.NANO_PER_USD
 
 
+TITLE_CHARS = 80
+
+
+def display_title(*, session: Session) -> str:
+    """What the dashboard calls a session: its title; else (a session a client created) the
+    gateway's client key; else the first line of its first user message. Display only: the
+    stored title stays empty until someone sets one."""
+    if session.title:
+        return session.title
+    if session.client_key:
+        return session.client_key
+    text = getattr(session, "first_user_text", None)
+    if text is None:
+        text = (
+            Event.objects.filter(session=session, type=EventType.USER_MESSAGE)
+            .order_by("seq")
+            .values_list("content", flat=True)
+            .first()
+        )
+    line = next((part.strip() for part in (text or "").splitlines() if part.strip()), "")
+    if not line:
+        return "(untitled)"
+    return line if len(line) <= TITLE_CHARS else line[: TITLE_CHARS - 1] + "…"
+
+
+def _with_first_user_text(queryset: QuerySet[Session]) -> QuerySet[Session]:
+    """One subquery for the list's untitled rows, instead of one query per row."""
+    first = (
+        Event.objects.filter(session=OuterRef("pk"), type=EventType.USER_MESSAGE)
+        .order_by("seq")
+        .values("content")[:1]
+    )
+    return queryset.annotate(first_user_text=Substr(Subquery(first), 1, 400))
+
+
 @dataclass
 class SessionRow:
     """One session as the list (and its websocket push) shows it."""
@@ -112,6 +160,8 @@ class SessionRow:
     @property
     def hit_percent(self) -> float | None:
         return None if self.hit_rate is None else round(100 * self.hit_rate, 1)
+
+    title: str = ""
 
     @property
     def id(self) -> uuid.UUID:
@@ -146,6 +196,7 @@ def session_row(*, session: Session, active_run: CompactionRun | None = None) ->
         saved_usd=None
         if session.unpriced_calls
         else Decimal(session.saved_nano_usd) / pricing.NANO_PER_USD,
+        title=display_title(session=session),
     )
 
 
@@ -219,6 +270,7 @@ def sessions_page(
     *, user: AbstractBaseUser | AnonymousUser, filters: ListFilters
 ) -> tuple[Page, list[SessionRow]]:
     queryset = _with_usage(sessions_visible_to(user=user))
+    queryset = _with_first_user_text(queryset)
     if filters.q:
         text = Q(title__icontains=filters.q) | Q(model__icontains=filters.q)
         content = sessions_matching_content(text=filters.q)  # any event's text, folded too
@@ -238,6 +290,15 @@ def sessions_page(
     return page, rows
 
 
+def api_token_of(*, user: AbstractBaseUser | AnonymousUser) -> str | None:
+    """The user's own REST/gateway token, shown to them alone on the get-started panel."""
+    from rest_framework.authtoken.models import Token
+
+    if not user.is_authenticated:
+        return None
+    return Token.objects.filter(user_id=user.pk).values_list("key", flat=True).first()
+
+
 def models_in_use(*, user: AbstractBaseUser | AnonymousUser) -> list[str]:
     return list(
         sessions_visible_to(user=user).order_by("model").values_list("model", flat=True).distinct()
@@ -249,26 +310,45 @@ def models_in_use(*, user: AbstractBaseUser | AnonymousUser) -> list[str]:
 
 @dataclass
 class Timeline:
-    """The trace of the session page: the newest TIMELINE_LIMIT events (or all of them)."""
+    """A window of the session page's trace: the newest TIMELINE_WINDOW events before `before`
+    (or all of them with show_all), and where the next "earlier" window starts."""
 
     items: list[Item]
     total: int
     shown: int
     shown_all: bool
+    # The first seq this window holds; None when nothing earlier is left to load.
+    earlier_before: int | None = None
 
 
-def timeline(*, session: Session, show_all: bool = False) -> Timeline:
-    """The conversation as a trace (see trace.build_trace): every event in `seq` order, the
-    ones a compaction folded kept in place and grouped, not moved under their summary."""
+def timeline(*, session: Session, show_all: bool = False, before: int | None = None) -> Timeline:
+    """The conversation as a trace (see trace.build_trace), newest TIMELINE_WINDOW events first
+    loaded, older ones by the page's "earlier" link: the ones a compaction folded kept in place
+    and grouped, not moved under their summary. The page's cost stays flat as the session
+    grows; `show_all` (the citations' target) still lists everything."""
     events_qs = Event.objects.filter(session=session)
     total = session.event_count
-    if show_all or total <= TIMELINE_LIMIT:
+    if before is not None:
+        events_qs = events_qs.filter(seq__lt=before)
+    if show_all:
         events = list(events_qs.order_by("seq"))
     else:
-        events = list(reversed(events_qs.order_by("-seq")[:TIMELINE_LIMIT]))
+        events = list(reversed(events_qs.order_by("-seq")[:TIMELINE_WINDOW]))
+    first_seq = events[0].seq if events else None
+    earlier = (
+        first_seq
+        if not show_all
+        and first_seq is not None
+        and len(events) == TIMELINE_WINDOW
+        and events_qs.filter(seq__lt=first_seq).exists()
+        else None
+    )
+    marker_ids = {event.compacted_by_id for event in events if event.compacted_by_id} | {
+        event.pk for event in events if event.type == EventType.COMPACTION
+    }
     runs = list(
         CompactionRun.objects.filter(
-            session=session, compaction_event__isnull=False
+            session=session, compaction_event_id__in=marker_ids
         ).select_related("compaction_event")
     )
     runs_by_marker = {run.compaction_event_id: run for run in runs}
@@ -280,55 +360,91 @@ def timeline(*, session: Session, show_all: bool = False) -> Timeline:
         return _event_cost(session.model, event)
 
     items = build_trace(
-        events, runs_by_marker=runs_by_marker, marker_seqs=marker_seqs, cost_of=cost_of
+        events,
+        runs_by_marker=runs_by_marker,
+        marker_seqs=marker_seqs,
+        cost_of=cost_of,
+        expanded_tail=EXPANDED_TAIL if before is None else 0,
     )
     return Timeline(
         items=items,
         total=total,
         shown=len(events),
-        shown_all=show_all or total <= TIMELINE_LIMIT,
+        shown_all=show_all or (before is None and earlier is None),
+        earlier_before=earlier,
     )
+
+
+# Events after the last compaction that the chart replays one by one (older ones are drawn
+# from the runs' stored before/after figures).
+CHART_TAIL = 400
+
+
+def _chart_event(seq: int, tokens: int, kind: str, reverted: bool, created: datetime) -> ChartEvent:
+    visible = kind not in MODEL_INVISIBLE_TYPES and kind != EventType.COMPACTION and not reverted
+    return ChartEvent(seq=seq, tokens=tokens, visible=visible, at=created.timestamp())
+
+
+# The chart draws the latest CHART_RUNS runs (a bounded window, read through the runs'
+# (session, -created_at) index like the timeline's latest events); older ones are counted.
+CHART_RUNS = 150
+
+
+def _each_run(completed: QuerySet[CompactionRun]) -> list[ChartCompaction]:
+    # One narrow row per run (no summary text), the aggregates the chart needs.
+    runs = completed.values_list(
+        "compaction_event__seq",
+        "compaction_event__created_at",
+        "tokens_before",
+        "tokens_after",
+        "strategy",
+        "trigger",
+    )
+    return [
+        ChartCompaction(
+            seq=seq,
+            tokens_before=before or 0,
+            tokens_after=after or 0,
+            # A refresh run appends its CONTEXT_REFRESH right after its marker.
+            covers_through=seq + 1 if trigger == "refresh" else seq,
+            label=f"{strategy} · {trigger}",
+            at=created.timestamp(),
+        )
+        for seq, created, before, after, strategy, trigger in runs
+    ]
 
 
 def chart_series(*, session: Session) -> Series:
-    """The context-size history of the session (see chart.context_series)."""
-    rows = (
-        Event.objects.filter(session=session)
-        .order_by("seq")
-        .values_list("seq", "token_count", "type", "reverted", "created_at")
-    )
-    events = [
-        ChartEvent(
-            seq=seq,
-            tokens=tokens,
-            visible=kind not in MODEL_INVISIBLE_TYPES
-            and kind != EventType.COMPACTION
-            and not reverted,
-            at=created.timestamp(),
-        )
-        for seq, tokens, kind, reverted, created in rows
-    ]
-    compactions = []
-    runs = CompactionRun.objects.filter(
+    """The context-size history of the session, read from stored per-run aggregates (each
+    completed run's tokens before / after at its marker; the latest CHART_RUNS of them) and
+    the newest CHART_TAIL events since the last run, so drawing it costs the same at 3k
+    events as at 12k (see chart.stitched_series). A short session without runs is replayed
+    exactly."""
+    completed = CompactionRun.objects.filter(
         session=session,
         status=RunStatus.COMPLETED,
         reverted_at__isnull=True,
         compaction_event__isnull=False,
-    ).select_related("compaction_event")
-    for run in runs:
-        assert run.compaction_event is not None  # filtered above
-        seq = run.compaction_event.seq
-        compactions.append(
-            ChartCompaction(
-                seq=seq,
-                tokens_before=run.tokens_before or 0,
-                tokens_after=run.tokens_after or 0,
-                # A refresh run appends its CONTEXT_REFRESH right after its marker.
-                covers_through=seq + 1 if run.trigger == "refresh" else seq,
-                label=run_label(run),
-            )
-        )
-    return context_series(events=events, compactions=compactions)
+    )
+    run_count = completed.count()
+    compactions = _each_run(completed.order_by("-created_at")[:CHART_RUNS])
+    after = max((c.covers_through or c.seq for c in compactions), default=0)
+    rows = list(
+        Event.objects.filter(session=session, seq__gt=after)
+        .order_by("-seq")
+        .values_list("seq", "token_count", "type", "reverted", "created_at")[:CHART_TAIL]
+    )
+    tail = [_chart_event(*row) for row in reversed(rows)]
+    if not compactions and (not tail or tail[0].seq <= 1):
+        return context_series(events=tail)  # the whole (short) session, exactly
+    # The active tokens before the tail's first event: today's, less what the tail added.
+    tail_tokens = sum(e.tokens for e in tail if e.visible and e.seq > after)
+    base = max(session.active_tokens - tail_tokens, 0)
+    start = None
+    if not compactions or run_count <= CHART_RUNS:
+        start = Point(0, 0, session.created_at.timestamp())
+    series = stitched_series(compactions=compactions, tail=tail, tail_base=base, start=start)
+    return Series(points=series.points, marks=series.marks, run_count=run_count)
 
 
 def call_inputs(*, session: Session) -> list[CallInput]:
@@ -354,10 +470,18 @@ class SessionView:
     summary: RunningSummary | None
     schedule: Schedule
     strategies: tuple[str, ...] = STRATEGY_NAMES
+    # What the summary costs in the context: its COMPACTION event's count (the message, as the
+    # timeline and the run's before / after show it), not the bare text's.
+    summary_tokens: int | None = None
+    runs_total: int = 0
+
+
+# Compaction history rows on the page (the API lists every run).
+HISTORY_ROWS = 5
 
 
 def session_view(*, session: Session) -> SessionView:
-    runs = list(runs_for_session(session=session).select_related("compaction_event")[:50])
+    runs = list(runs_for_session(session=session).select_related("compaction_event")[:HISTORY_ROWS])
     for run in runs:
         # Read by the history table; a plain attribute keeps the model free of view code.
         run.duration_seconds = (  # type: ignore[attr-defined]
@@ -367,6 +491,18 @@ def session_view(*, session: Session) -> SessionView:
         )
     active = next((run for run in runs if run.status in ACTIVE_STATUSES), None)
     latest = latest_revertible_run(session=session)
+    summary = RunningSummary.objects.filter(session=session).exclude(summary="").first()
+    marker = next(
+        (
+            run.compaction_event
+            for run in runs
+            if run.status == RunStatus.COMPLETED
+            and not run.reverted_at
+            and run.compaction_event is not None
+            and run.compaction_event.content
+        ),
+        None,
+    )
     return SessionView(
         session=session,
         usage=usage_for_session(session=session),
@@ -374,8 +510,16 @@ def session_view(*, session: Session) -> SessionView:
         runs=runs,
         revertible_id=latest.pk if latest is not None else None,
         active_run=active,
-        summary=RunningSummary.objects.filter(session=session).exclude(summary="").first(),
+        summary=summary,
         schedule=schedule_for(session=session),
+        runs_total=(
+            len(runs) if len(runs) < HISTORY_ROWS else runs_for_session(session=session).count()
+        ),
+        summary_tokens=(
+            marker.token_count
+            if marker is not None
+            else (summary.token_count if summary is not None else None)
+        ),
     )
 
 

@@ -63,9 +63,26 @@ def chart_context(*, session: Session, schedule: queries.Schedule, axis: str) ->
 
 
 def session_context(
-    *, session: Session, user: Any, show_all: bool = False, axis: str = "seq", **extra: Any
+    *,
+    session: Session,
+    user: Any,
+    show_all: bool = False,
+    axis: str = "seq",
+    before: int | None = None,
+    **extra: Any,
 ) -> dict[str, Any]:
-    """The context every session-page partial renders from."""
+    """The context every session-page partial renders from (`before`: an "earlier" window of
+    the timeline alone, which needs nothing else)."""
+    if before is not None:
+        timeline = queries.timeline(session=session, before=before)
+        return {
+            "session": session,
+            "timeline": timeline,
+            "cite_base": "?all=1",
+            "is_staff": bool(getattr(user, "is_staff", False)),
+            "user": user,
+            **extra,
+        }
     view = queries.session_view(session=session)
     timeline = queries.timeline(session=session, show_all=show_all)
     return {
@@ -89,9 +106,11 @@ def session_context(
 
 
 def latest_loss_run(runs: Iterable[CompactionRun]) -> CompactionRun | None:
-    """The newest completed, not reverted run that has a loss report."""
+    """The newest completed, not reverted run that has a loss report with anything in it (a
+    run that folded nothing has nothing to report)."""
     for run in runs:
-        if run.status == "completed" and run.loss_report and not run.reverted_at:
+        report = run.loss_report or {}
+        if run.status == "completed" and report.get("evidenceBefore") and not run.reverted_at:
             return run
     return None
 

@@ -99,6 +99,10 @@ class Entry:
         return False
 
     @property
+    def is_run(self) -> bool:
+        return False
+
+    @property
     def seq(self) -> int:
         return int(self.event.seq)
 
@@ -138,6 +142,12 @@ class Entry:
     def folded(self) -> bool:
         return self.event.compacted_by_id is not None
 
+    @property
+    def superseded(self) -> bool:
+        """An older summary a later compaction folded: the newer summary carries its content,
+        so the page shows its first lines only (the API and "show all" have the text)."""
+        return self.folded and self.kind == "summary"
+
 
 @dataclass
 class FoldGroup:
@@ -151,6 +161,10 @@ class FoldGroup:
     @property
     def is_group(self) -> bool:
         return True
+
+    @property
+    def is_run(self) -> bool:
+        return False
 
     @property
     def seq(self) -> int:
@@ -174,7 +188,90 @@ class FoldGroup:
         return max([last.seq, *(int(r.seq) for r in last.results)])
 
 
-Item = Entry | FoldGroup
+@dataclass
+class FoldRun:
+    """A stretch of the timeline that several compactions folded in turn: their fold groups
+    and the few messages kept in context between them (a summarized session keeps the user's
+    turns), shown as one expandable row instead of one "folded" row per compaction."""
+
+    items: list[Entry | FoldGroup]
+
+    @property
+    def is_group(self) -> bool:
+        return False
+
+    @property
+    def is_run(self) -> bool:
+        return True
+
+    @property
+    def groups(self) -> list[FoldGroup]:
+        return [item for item in self.items if isinstance(item, FoldGroup)]
+
+    @property
+    def compactions(self) -> int:
+        return len({group.marker_id for group in self.groups})
+
+    @property
+    def event_count(self) -> int:
+        return sum(group.event_count for group in self.groups)
+
+    @property
+    def kept_count(self) -> int:
+        return sum(1 for item in self.items if isinstance(item, Entry))
+
+    @property
+    def tokens(self) -> int:
+        return sum(group.tokens for group in self.groups)
+
+    @property
+    def seq(self) -> int:
+        return self.items[0].seq
+
+    @property
+    def first_seq(self) -> int:
+        return self.items[0].seq
+
+    @property
+    def last_seq(self) -> int:
+        last = self.items[-1]
+        return last.last_seq if isinstance(last, FoldGroup) else last.seq
+
+    @property
+    def summarized(self) -> bool:
+        return any(group.summarized for group in self.groups)
+
+
+Item = Entry | FoldGroup | FoldRun
+
+
+def collapse_fold_runs(items: Sequence[Item], *, min_groups: int = 2) -> list[Item]:
+    """Join each stretch that starts and ends with a fold group, holding only fold groups and
+    plain turns in between, into one FoldRun when it spans `min_groups` groups or more."""
+    out: list[Item] = []
+    index = 0
+    while index < len(items):
+        item = items[index]
+        if not isinstance(item, FoldGroup):
+            out.append(item)
+            index += 1
+            continue
+        end = index
+        probe = index + 1
+        while probe < len(items):
+            nxt = items[probe]
+            if isinstance(nxt, FoldGroup):
+                end = probe
+            elif not (isinstance(nxt, Entry) and nxt.kind == "turn" and not nxt.open):
+                break
+            probe += 1
+        stretch = [x for x in items[index : end + 1] if isinstance(x, Entry | FoldGroup)]
+        if sum(isinstance(x, FoldGroup) for x in stretch) >= min_groups:
+            out.append(FoldRun(items=stretch))
+        else:
+            out.extend(items[index : end + 1])
+        index = end + 1
+    return out
 
 
 def _entry(event: Any, *, cost_of: Callable[[Any], Decimal | None]) -> Entry:
@@ -252,4 +349,4 @@ def build_trace(
         if isinstance(item, FoldGroup):
             for entry in item.entries:
                 entry.open = False
-    return items
+    return collapse_fold_runs(items)

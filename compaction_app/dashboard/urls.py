@@ -6,6 +6,7 @@ app_name = "dashboard"
 
 urlpatterns = [
     path("", views.sessions_list, name="sessions"),
+    path("get-started/", views.get_started, name="get-started"),
     path("sessions/<uuid:session_id>/", views.session_detail, name="session"),
     path(
         "sessions/<uuid:session_id>/compact/preview/",

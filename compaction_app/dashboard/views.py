@@ -102,7 +102,27 @@ def sessions_list(request: HtmxHttpRequest) -> HttpResponse:
     }
     if request.htmx and request.htmx.target == "sessions-table":
         return render(request, f"{SESSIONS_TEMPLATE}#table", context)
+    if not page.paginator.count and not (filters.q or filters.model or filters.near):
+        context.update(get_started_context(request))
     return render(request, SESSIONS_TEMPLATE, context)
+
+
+def get_started_context(request: HtmxHttpRequest) -> dict[str, Any]:
+    """What the get-started panel shows: the user's own API token and this server's URLs."""
+    return {
+        "get_started": True,
+        "api_token": queries.api_token_of(user=request.user),
+        "gateway_openai": request.build_absolute_uri("/gateway/openai/v1"),
+        "gateway_anthropic": request.build_absolute_uri("/gateway/anthropic"),
+        "api_root": request.build_absolute_uri("/api/v1/"),
+    }
+
+
+@login_required
+@require_GET
+def get_started(request: HtmxHttpRequest) -> HttpResponse:
+    """The get-started panel on its own page (the empty sessions list shows it too)."""
+    return render(request, "dashboard/get_started.html", get_started_context(request))
 
 
 def _page_options(request: HtmxHttpRequest) -> dict[str, Any]:
@@ -122,6 +142,14 @@ def _session_page(
     return render(request, SESSION_TEMPLATE, context, status=status)
 
 
+def _positive_int(value: str | None) -> int | None:
+    try:
+        number = int(value) if value else None
+    except ValueError:
+        return None
+    return number if number is not None and number > 0 else None
+
+
 # htmx targets the session page may ask for by themselves.
 PAGE_PARTS = {"timeline": "timeline", "chart": "chart", "run-detail": "run_detail"}
 
@@ -130,6 +158,16 @@ PAGE_PARTS = {"timeline": "timeline", "chart": "chart", "run-detail": "run_detai
 @require_GET
 def session_detail(request: HtmxHttpRequest, session_id: Any) -> HttpResponse:
     session = _session_or_404(request, session_id)
+    before = _positive_int(request.GET.get("before"))
+    if before is not None:
+        # The "earlier" link: the window of the trace before `before`, as the one fragment
+        # the page itself renders its latest window with (a plain request gets it too).
+        context = session_context(
+            session=session, user=request.user, before=before, **_page_options(request)
+        )
+        return HttpResponse(
+            render_parts(SESSION_TEMPLATE, ["timeline_items"], context, request=request, oob=False)
+        )
     part = PAGE_PARTS.get(request.htmx.target or "") if request.htmx else None
     if part is not None:
         context = session_context(session=session, user=request.user, **_page_options(request))

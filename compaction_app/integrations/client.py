@@ -147,7 +147,8 @@ class Usage:
     total_prompt_tokens: int
     total_completion_tokens: int
     total_tokens: int
-    event_count: int
+    # Events that carried provider usage (the API's reportedEventCount), not all events.
+    reported_event_count: int
     context_tokens: int
     context_limit: int
     percent_used: float
@@ -167,7 +168,7 @@ class Usage:
             total_prompt_tokens=data["totalPromptTokens"],
             total_completion_tokens=data["totalCompletionTokens"],
             total_tokens=data["totalTokens"],
-            event_count=data["eventCount"],
+            reported_event_count=data["reportedEventCount"],
             context_tokens=data["contextTokens"],
             context_limit=data["contextLimit"],
             percent_used=data["percentUsed"],

@@ -94,8 +94,9 @@ DEFAULT_FINAL_SUMMARY_PROMPT = ChatPromptTemplate.from_messages(
 _ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool"}
 
 
-# For LangGraph's checkpoint serializer, which logs a warning for (and will block) unlisted
-# types: `InMemorySaver(serde=JsonPlusSerializer(allowed_msgpack_modules=MSGPACK_ALLOWLIST))`.
+# For a LangGraph checkpoint serializer built with an explicit allowlist:
+# `JsonPlusSerializer(allowed_msgpack_modules=MSGPACK_ALLOWLIST)` (the default serializer needs
+# nothing: see _register_checkpoint_type).
 MSGPACK_ALLOWLIST = [("compaction_app.integrations.langgraph", "RunningSummary")]
 
 
@@ -106,6 +107,28 @@ class RunningSummary:
     summary: str
     summarized_message_ids: set[str]
     last_summarized_message_id: str | None
+
+
+def _register_checkpoint_type() -> None:
+    """Put RunningSummary among the types LangGraph's checkpoint serializer revives silently.
+
+    The node returns a RunningSummary in the graph state, so every checkpointer stores it and
+    revives it on the next step; LangGraph's default serializer warns about (and in strict
+    mode blocks) any type outside its built-in SAFE_MSGPACK_TYPES, and a saver's own
+    allowlist only applies in strict mode. A plain dataclass of strings and a set is as safe
+    to revive as the built-ins, so it joins them once, here, where the type is defined —
+    users need no serializer argument (MSGPACK_ALLOWLIST stays for those who pass one)."""
+    try:
+        from langgraph.checkpoint.serde import _msgpack
+    except ImportError:  # pragma: no cover - a langgraph without the allowlist
+        return
+    key = (RunningSummary.__module__, RunningSummary.__name__)
+    safe = getattr(_msgpack, "SAFE_MSGPACK_TYPES", None)
+    if isinstance(safe, frozenset) and key not in safe:
+        _msgpack.SAFE_MSGPACK_TYPES = safe | {key}
+
+
+_register_checkpoint_type()
 
 
 @dataclass

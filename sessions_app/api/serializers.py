@@ -276,7 +276,9 @@ class UsageSerializer(serializers.Serializer):
     totalPromptTokens = serializers.IntegerField()
     totalCompletionTokens = serializers.IntegerField()
     totalTokens = serializers.IntegerField()
-    eventCount = serializers.IntegerField()
+    # Events that carried provider usage (prompt/completion tokens), not all stored events:
+    # that is the session's eventCount.
+    reportedEventCount = serializers.IntegerField()
     contextTokens = serializers.IntegerField()
     contextLimit = serializers.IntegerField()
     percentUsed = serializers.FloatField()
