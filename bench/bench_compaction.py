@@ -79,9 +79,9 @@ def _child(turns: int, seed: int, summary_tokens: list[int]) -> tuple[list[Row],
     django.setup()
     from celery.contrib.testing.worker import start_worker
     from django.core.management import call_command
-    from realistic_gen import generate_realistic_session
-    from session_gen import generate_session
 
+    from compaction_app.testkit.realistic_gen import generate_realistic_session
+    from compaction_app.testkit.session_gen import generate_session
     from config.celery import app
 
     call_command("migrate", verbosity=0, interactive=False)

@@ -57,9 +57,9 @@ def _child(repeats: int) -> dict[str, Any]:
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
     from rest_framework.authtoken.models import Token
-    from session_gen import generate_session
-    from tool_output_session import buried_session, facts_kept, load_corpus
 
+    from compaction_app.testkit.session_gen import generate_session
+    from compaction_app.testkit.tool_output_session import buried_session, facts_kept, load_corpus
     from config.celery import app
 
     call_command("migrate", verbosity=0, interactive=False)
@@ -150,7 +150,7 @@ def _report(result: dict[str, Any]) -> tuple[str, bool]:
         "|---|---:|---:|---:|",
     ]
     totals = {label: [0, 0] for label in labels}
-    from tool_output_session import load_corpus
+    from compaction_app.testkit.tool_output_session import load_corpus
 
     outputs: dict[str, int] = defaultdict(int)
     for fixture in load_corpus():

@@ -93,7 +93,7 @@ def _child(profile: str, calls: int) -> list[Row]:
     from django.core.management import call_command
     from rest_framework.authtoken.models import Token
 
-    from tests.provider_standin import ECHO, ProviderStandIn, Step
+    from compaction_app.testkit.provider_standin import ECHO, ProviderStandIn, Step
 
     call_command("migrate", verbosity=0, interactive=False)
     user = get_user_model().objects.create_user(username="bench", password="bench-password")

@@ -107,8 +107,8 @@ def _new_session(client: Any, title: str) -> str:
 
 def _bench_ingest(profile: str, user: Any, token: str, runs: int) -> list[Row]:
     from django.db.models import Sum
-    from session_gen import generate_session
 
+    from compaction_app.testkit.session_gen import generate_session
     from sessions_app import tokens
     from sessions_app.models import Event, Session
 

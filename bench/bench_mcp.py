@@ -91,8 +91,8 @@ def _child(profile: str, rounds: int) -> list[Row]:
     from bench_search import fact_key
     from django.contrib.auth import get_user_model
     from rest_framework.authtoken.models import Token
-    from session_gen import generate_session
 
+    from compaction_app.testkit.session_gen import generate_session
     from sessions_app.models import Session
     from sessions_app.search import search_session
 

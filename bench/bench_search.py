@@ -68,8 +68,8 @@ def _child(profile: str, rounds: int) -> list[Row]:
     call_command("migrate", verbosity=0, interactive=False)
     from django.contrib.auth import get_user_model
     from rest_framework.authtoken.models import Token
-    from session_gen import generate_session
 
+    from compaction_app.testkit.session_gen import generate_session
     from sessions_app.search_index import search_index_pending
 
     user = get_user_model().objects.create_user(username="bench", password="bench-password")

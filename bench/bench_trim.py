@@ -38,8 +38,8 @@ from langchain_core.messages import (  # noqa: E402
     trim_messages,
 )
 
-from bench.session_gen import generate_session  # noqa: E402
 from compaction_app.strategies import plan_compaction  # noqa: E402
+from compaction_app.testkit.session_gen import generate_session  # noqa: E402
 from compaction_app.types import Budget, PlanEvent  # noqa: E402
 
 WINDOW = 1_000_000

@@ -94,11 +94,11 @@ def _child(stale: float, sweep: float, tmp: Path) -> dict[str, Any]:
 
     from compaction_app.models import CompactionRun
     from compaction_app.services import compaction_request
+    from compaction_app.testkit.provider_standin import ProviderStandIn, slow
     from sessions_app import services
     from sessions_app.errors import Conflict
     from sessions_app.models import Event, EventType, Session
     from sessions_app.services import EventInput
-    from tests.provider_standin import ProviderStandIn, slow
 
     owner = get_user_model().objects.create_user(username=f"bench-{os.getpid()}")
     session = services.session_create(

@@ -60,7 +60,7 @@ def _fresh_cache_and_fast_hashing(request):
     settings = request.getfixturevalue("settings")
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
     # A search-index pass per append, at once: a delayed pass would outlive the worker's
-    # drain (tests/test_search_coalescing.py covers the coalescing itself).
+    # drain (tests/search/test_search_coalescing.py covers the coalescing itself).
     monkeypatch = request.getfixturevalue("monkeypatch")
     monkeypatch.setattr("sessions_app.receivers.INDEX_DELAY_SECONDS", 0)
     cache.clear()
@@ -129,7 +129,7 @@ def staff_api(staff):
 @pytest.fixture
 def fake():
     """A running ProviderStandIn (local OpenAI and Anthropic wire-format server), closed after."""
-    from tests.provider_standin import ProviderStandIn
+    from compaction_app.testkit.provider_standin import ProviderStandIn
 
     with ProviderStandIn() as server:
         yield server
@@ -271,7 +271,7 @@ def browser():
 @pytest.fixture
 def upstream(settings):
     """The provider stand-in (tests/provider_standin.py), set as both gateway upstreams."""
-    from tests.provider_standin import ProviderStandIn
+    from compaction_app.testkit.provider_standin import ProviderStandIn
 
     with ProviderStandIn() as standin:
         settings.LEDGER_OPENAI_UPSTREAM = standin.openai_url

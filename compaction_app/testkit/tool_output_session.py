@@ -1,0 +1,204 @@
+"""Sessions that bury one real tool output in a long run of routine output, for the evidence
+tests and `bench_evidence.py`.
+
+The outputs and the facts each must keep live in `tests/fixtures/tool_outputs/` (`name.txt`
+as the tool prints it, `name.facts` one fact a line; the family is the name up to its first
+`_`). The routine around them is written here: the same few tools succeeding again and again
+with other timestamps, request ids, hashes and durations, as a long agent session looks. A
+fact counts as kept when its text, blanks collapsed, appears in the context after compaction.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["CORPUS", "Fixture", "buried_session", "facts_kept", "load_corpus"]
+
+CORPUS = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "tool_outputs"
+
+
+@dataclass(frozen=True)
+class Fixture:
+    name: str
+    family: str
+    text: str
+    facts: tuple[str, ...]
+
+
+def load_corpus(directory: Path = CORPUS) -> list[Fixture]:
+    fixtures = []
+    for path in sorted(directory.glob("*.txt")):
+        facts = path.with_suffix(".facts").read_text().splitlines()
+        fixtures.append(
+            Fixture(
+                name=path.stem,
+                family=path.stem.split("_", 1)[0],
+                text=path.read_text(),
+                facts=tuple(f for f in facts if f.strip()),
+            )
+        )
+    return fixtures
+
+
+def _blanks(text: str) -> str:
+    return " ".join(text.split())
+
+
+def facts_kept(context_text: str, facts: tuple[str, ...] | list[str]) -> list[str]:
+    haystack = _blanks(context_text)
+    return [fact for fact in facts if _blanks(fact) in haystack]
+
+
+# --- routine output ------------------------------------------------------------------------------
+
+_ROUTES = ["/api/cart", "/api/cart/items", "/api/orders", "/api/health", "/api/catalog"]
+_MODULES = ["cart", "orders", "catalog", "search", "accounts", "shipping"]
+
+
+def _hex(rng: random.Random, n: int) -> str:
+    return "".join(rng.choice("0123456789abcdef") for _ in range(n))
+
+
+def _app_log(rng: random.Random) -> tuple[str, str]:
+    lines = []
+    minute = rng.randrange(60)
+    for _ in range(rng.randrange(12, 30)):
+        lines.append(
+            f"2026-11-20T10:{minute:02d}:{rng.randrange(60):02d}.{rng.randrange(1000):03d}Z INFO  "
+            f"request_id=req_{_hex(rng, 12)} method=GET path={rng.choice(_ROUTES)} status=200 "
+            f"duration_ms={rng.randrange(3, 80)}"
+        )
+    return "tail -n 30 /var/log/app/app.log", "\n".join(lines)
+
+
+def _unit_tests(rng: random.Random) -> tuple[str, str]:
+    module = rng.choice(_MODULES)
+    count = rng.randrange(20, 90)
+    dots = "." * count
+    return (
+        f"pytest tests/{module} -q",
+        f"{dots:<72} [100%]\n{count} passed in {rng.uniform(0.8, 9.5):.2f}s",
+    )
+
+
+def _git_status(rng: random.Random) -> tuple[str, str]:
+    return (
+        "git status",
+        "On branch main\nYour branch is up to date with 'origin/main'.\n\n"
+        "nothing to commit, working tree clean",
+    )
+
+
+def _build(rng: random.Random) -> tuple[str, str]:
+    return (
+        "npm run build",
+        "> shop-web@3.2.0 build\n> vite build\n\nvite v5.4.8 building for production...\n"
+        f"✓ {rng.randrange(400, 420)} modules transformed.\n"
+        f"dist/index.html                   0.{rng.randrange(40, 60)} kB │ gzip: 0.31 kB\n"
+        f"dist/assets/index-{_hex(rng, 8)}.css   {rng.randrange(10, 20)}.{rng.randrange(99)} kB │ gzip: 3.90 kB\n"
+        f"dist/assets/index-{_hex(rng, 8)}.js   {rng.randrange(140, 150)}.{rng.randrange(99)} kB │ gzip: 45.12 kB\n"
+        f"✓ built in {rng.uniform(2, 5):.2f}s",
+    )
+
+
+def _pods(rng: random.Random) -> tuple[str, str]:
+    rows = ["NAME                              READY   STATUS    RESTARTS   AGE"]
+    for name in ("cart-api", "orders-api", "catalog-api", "search-indexer"):
+        for _ in range(2):
+            rows.append(
+                f"{name}-{_hex(rng, 9)}-{_hex(rng, 5)}   1/1     Running   0          "
+                f"{rng.randrange(1, 9)}d"
+            )
+    return "kubectl get pods -n shop", "\n".join(rows)
+
+
+def _pip_ok(rng: random.Random) -> tuple[str, str]:
+    packages = ["requests", "urllib3", "idna", "certifi", "charset-normalizer", "attrs"]
+    return (
+        "pip install -r requirements-dev.txt",
+        "\n".join(
+            f"Requirement already satisfied: {p} in ./.venv/lib/python3.12/site-packages "
+            f"(from -r requirements-dev.txt (line {i + 1})) ({rng.randrange(1, 3)}.{rng.randrange(30)}.{rng.randrange(9)})"
+            for i, p in enumerate(packages)
+        ),
+    )
+
+
+def _read_source(rng: random.Random) -> tuple[str, str]:
+    module = rng.choice(_MODULES)
+    body = "\n".join(
+        [
+            "from decimal import Decimal",
+            "",
+            f"from shop.{module}.models import Line",
+            "",
+            "",
+            f"def total_{module}(lines: list[Line]) -> Decimal:",
+            '    """Sum of the lines, rounded per line."""',
+            "    total = Decimal(0)",
+            "    for line in lines:",
+            "        total += line.unit_price * line.quantity",
+            "    return total",
+        ]
+    )
+    return f"cat src/shop/{module}/totals.py", body
+
+
+_ROUTINE = [_app_log, _unit_tests, _git_status, _build, _pods, _pip_ok, _read_source]
+_AGENT_ROUTINE = [
+    "The build is green; moving on to the next module.",
+    "Tests pass locally. Checking the logs next.",
+    "All pods are running. Nothing unusual in the output.",
+    "Dependencies are already installed.",
+]
+
+
+def buried_session(
+    fixture: Fixture | list[Fixture], *, routine: int = 150, seed: int = 11
+) -> list[dict[str, Any]]:
+    """Events (REST shape) of a session whose middle tool results are the outputs of
+    `fixture` (one, or several spread over the middle), with `routine` routine tool results
+    around them and one user request at the start."""
+    fixtures = fixture if isinstance(fixture, list) else [fixture]
+    rng = random.Random(f"{seed}:{':'.join(f.name for f in fixtures)}")
+    events: list[dict[str, Any]] = [
+        {"type": "SYSTEM_PROMPT", "content": "You are an operations agent with a shell tool."},
+        {
+            "type": "USER_MESSAGE",
+            "content": "Keep the shop healthy today: watch the builds, tests and the cluster.",
+        },
+    ]
+    # Outputs at evenly spaced turns of the middle 80 %: never among the kept newest events.
+    span = routine * 8 // 10
+    planted = {
+        routine // 10 + (k + 1) * span // (len(fixtures) + 1): f for k, f in enumerate(fixtures)
+    }
+    for turn in range(routine + 1):
+        if turn in planted:
+            text = planted[turn].text
+            command, output = text.split("\n", 1)[0].lstrip("$ "), text
+        else:
+            command, output = rng.choice(_ROUTINE)(rng)
+            output = f"$ {command}\n{output}"
+        call_id = f"call_{turn}"
+        events.append(
+            {
+                "type": "TOOL_CALL",
+                "name": "bash",
+                "toolCallId": call_id,
+                "content": '{"command": "'
+                + command.replace("\\", "\\\\").replace('"', '\\"')
+                + '"}',
+            }
+        )
+        events.append(
+            {"type": "TOOL_RESULT", "name": "bash", "toolCallId": call_id, "content": output}
+        )
+        if turn % 5 == 4:
+            events.append({"type": "AGENT_MESSAGE", "content": rng.choice(_AGENT_ROUTINE)})
+    events.append({"type": "USER_MESSAGE", "content": "What is the state now?"})
+    events.append({"type": "AGENT_MESSAGE", "content": "Summarizing the day so far."})
+    return events

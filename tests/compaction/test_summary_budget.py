@@ -1,0 +1,104 @@
+"""maxSummaryTokens: null means auto (2 % of the context limit within 256 … 8,192); a number is
+obeyed exactly."""
+
+from __future__ import annotations
+
+import pytest
+
+from sessions_app.session_settings import resolve_max_summary_tokens
+from tests.search.test_loss_report import evidence_turns
+from tests.support.helpers import append_events, compact_and_wait, create_session
+
+
+@pytest.mark.parametrize(
+    ("setting", "limit", "expected"),
+    [
+        (None, 4_000, 256),
+        (None, 128_000, 2_560),
+        (None, 200_000, 4_000),
+        (None, 1_000_000, 8_192),
+        (300, 1_000_000, 300),
+        (16, 128_000, 16),
+        (20_000, 128_000, 20_000),
+    ],
+)
+def test_it_resolves_the_summary_budget(setting, limit, expected) -> None:
+    assert resolve_max_summary_tokens(setting, limit) == expected
+
+
+@pytest.mark.django_db
+def test_it_shows_auto_as_null_and_accepts_a_number_or_null_back(alice_api):
+    session_id = create_session(alice_api)
+    url = f"/api/v1/sessions/{session_id}"
+    assert alice_api.get(url).json()["settings"]["maxSummaryTokens"] is None
+    response = alice_api.patch(url, {"settings": {"maxSummaryTokens": 300}}, format="json")
+    assert response.status_code == 200
+    assert response.json()["settings"]["maxSummaryTokens"] == 300
+    response = alice_api.patch(url, {"settings": {"maxSummaryTokens": None}}, format="json")
+    assert response.json()["settings"]["maxSummaryTokens"] is None
+    for bad in (8, "auto", 2.5, True):
+        response = alice_api.patch(url, {"settings": {"maxSummaryTokens": bad}}, format="json")
+        assert response.status_code == 400, bad
+        assert response.json()["error"] == "invalid_settings"
+    assert alice_api.get(url).json()["settings"]["maxSummaryTokens"] is None
+
+
+def dry_run_tokens_after(api, **settings) -> int:
+    session_id = create_session(api, limit=60_000, **settings)
+    append_events(api, session_id=session_id, events=evidence_turns(12))
+    response = api.post(
+        f"/api/v1/sessions/{session_id}/compactions",
+        {"strategy": "summarize", "dryRun": True},
+        format="json",
+    )
+    assert response.status_code == 200
+    return response.json()["tokensAfter"]
+
+
+@pytest.mark.django_db
+def test_it_reserves_the_auto_budget_in_the_plan(alice_api):
+    # 2 % of 60,000 = 1,200.
+    auto = dry_run_tokens_after(alice_api)
+    assert dry_run_tokens_after(alice_api, maxSummaryTokens=1200) == auto
+    assert dry_run_tokens_after(alice_api, maxSummaryTokens=256) == auto - (1200 - 256)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_summarizes_within_the_auto_budget_and_uses_it(worker, alice_api):
+    session_id = create_session(alice_api, limit=30_000)  # auto: 600 tokens
+    append_events(alice_api, session_id=session_id, events=evidence_turns(30))
+    run = compact_and_wait(alice_api, session_id=session_id, strategy="summarize")
+    assert run["status"] == "completed"
+    summary = alice_api.get(f"/api/v1/sessions/{session_id}/summary").json()
+    assert 256 < summary["tokenCount"] <= 600
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_obeys_an_explicit_budget_exactly(worker, alice_api):
+    session_id = create_session(alice_api, limit=30_000, maxSummaryTokens=300)
+    append_events(alice_api, session_id=session_id, events=evidence_turns(30))
+    run = compact_and_wait(alice_api, session_id=session_id, strategy="summarize")
+    assert run["status"] == "completed"
+    summary = alice_api.get(f"/api/v1/sessions/{session_id}/summary").json()
+    assert 200 < summary["tokenCount"] <= 300
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_never_writes_a_summary_larger_than_what_it_folds(worker, alice_api):
+    """A large budget over a small fold: the summary is held to the folded events' tokens, so
+    the run cannot leave the context bigger than it found it."""
+    session_id = create_session(
+        alice_api, limit=100_000, keepRecentEvents=0, maxSummaryTokens=2_000, autoCompact=False
+    )
+    append_events(
+        alice_api,
+        session_id=session_id,
+        events=[
+            {"type": "USER_MESSAGE", "content": "Deploy the billing service to staging."},
+            {"type": "AGENT_MESSAGE", "content": "Done: deployed billing 2.4.1, exit status 0."},
+            {"type": "USER_MESSAGE", "content": "Thanks."},
+        ],
+    )
+    run = compact_and_wait(alice_api, session_id=session_id, strategy="summarize")
+    assert run["status"] == "completed"
+    assert run["tokensAfter"] <= run["tokensBefore"], run

@@ -1,0 +1,266 @@
+"""Real agent CLIs through the gateway: Claude Code (`@anthropic-ai/claude-code`) and Codex
+(`@openai/codex`), the versions pinned in tests/clients/package.json (installed by `npm ci`
+there; see docs/gateway.md), each run non-interactively against daphne serving the app, with
+the provider stand-in scripting a tool call, then a final answer.
+
+Also the captures of what each CLI sends (tests/fixtures/clients/, taken with the stand-in as
+the upstream): the gateway accepts them as they are.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+
+from compaction_app.testkit.provider_standin import Step
+from sessions_app.models import Event, Session
+from tests.support.gateway_live import token_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+CLIENTS = Path(__file__).parent.parent / "clients" / "node_modules" / ".bin"
+CAPTURES = Path(__file__).parent.parent / "fixtures" / "clients"
+CLAUDE = CLIENTS / "claude"
+CODEX = CLIENTS / "codex"
+FAKE_PROVIDER_KEY = "sk-fake-provider-key-for-tests"
+FINAL = "The notes say: remember the milk."
+
+
+def _needs(binary: Path) -> None:
+    if not binary.exists() or shutil.which("node") is None:
+        pytest.skip(f"{binary.name} is not installed: run `npm ci` in tests/clients (needs node)")
+
+
+def _base_env(home: Path) -> dict[str, str]:
+    # Only what a CLI needs: no proxy settings, no real credentials from the environment.
+    return {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(home),
+        "LANG": "C.UTF-8",
+        "NO_COLOR": "1",
+    }
+
+
+def _run(command: list[str], *, cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """Run a CLI non-interactively (no stdin) and expect exit code 0."""
+    done = subprocess.run(
+        command,
+        cwd=cwd,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr + done.stdout
+    return done
+
+
+def _events(client_key: str) -> list[Event]:
+    session = Session.objects.get(client_key=client_key)
+    return list(Event.objects.filter(session=session).order_by("seq"))
+
+
+def test_it_runs_claude_code_through_a_tool_loop(gateway_url, upstream, alice, tmp_path):
+    _needs(CLAUDE)
+    work = tmp_path / "work"
+    work.mkdir()
+    notes = work / "notes.txt"
+    notes.write_text("remember the milk\n")
+    upstream.script(
+        Step(
+            text="",
+            tool_calls=(("toolu_01", "Read", json.dumps({"file_path": str(notes)})),),
+            thinking="The user wants the notes; read them.",
+        ),
+        Step(text=FINAL),
+    )
+    env = {
+        **_base_env(tmp_path),
+        "ANTHROPIC_BASE_URL": f"{gateway_url}/gateway/anthropic",
+        "ANTHROPIC_API_KEY": FAKE_PROVIDER_KEY,
+        "ANTHROPIC_CUSTOM_HEADERS": (
+            f"X-Ledger-Key: {token_for(alice)}\nX-Ledger-Session: claude-run"
+        ),
+        "DISABLE_TELEMETRY": "1",
+        "DISABLE_AUTOUPDATER": "1",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1",
+    }
+    done = _run(
+        [
+            str(CLAUDE),
+            "-p",
+            "What is in notes.txt?",
+            "--output-format",
+            "json",
+            "--allowedTools",
+            "Read",
+        ],
+        cwd=work,
+        env=env,
+    )
+    result = json.loads(done.stdout)
+    assert result["result"] == FINAL and not result["is_error"]
+
+    calls = [r for r in upstream.requests if r.path == "/v1/messages"]
+    assert len(calls) == 2
+    # Forwarded as Claude Code sent it: its system blocks with their cache_control markers,
+    # its mid-conversation system message, its beta headers and its own credential.
+    first = calls[0]
+    assert isinstance(first.body["system"], list)
+    assert any("cache_control" in block for block in first.body["system"])
+    assert "system" in [m["role"] for m in first.body["messages"]]
+    assert first.headers["x-api-key"] == FAKE_PROVIDER_KEY
+    assert "anthropic-beta" in first.headers
+    assert not any(name.startswith("x-ledger") for name in first.headers)
+    # The tool ran on the client and its result went back upstream.
+    results = [
+        block
+        for message in calls[1].body["messages"]
+        if isinstance(message["content"], list)
+        for block in message["content"]
+        if block.get("type") == "tool_result"
+    ]
+    assert results and results[0]["tool_use_id"] == "toolu_01"
+    # Its thinking block went back with its signature (the API checks it).
+    thinking = [
+        block
+        for message in calls[1].body["messages"]
+        if message["role"] == "assistant" and isinstance(message["content"], list)
+        for block in message["content"]
+        if block.get("type") == "thinking"
+    ]
+    assert thinking and thinking[0]["signature"] == "sig-standin-0001"
+    assert "remember the milk" in json.dumps(results[0]["content"])
+
+    stored = _events("claude-run")
+    types = [e.type for e in stored]
+    # Every turn recorded once, in order: the system prompt, the user's turn, the
+    # mid-conversation system message, the tool call, its result, the final answer.
+    assert types[0] == "SYSTEM_PROMPT"
+    assert types.count("TOOL_CALL") == 1 and types.count("TOOL_RESULT") == 1
+    assert types.index("TOOL_CALL") < types.index("TOOL_RESULT")
+    assert types[-1] == "AGENT_MESSAGE" and stored[-1].content == FINAL
+    assert "SYSTEM_PROMPT" in types[2:]  # the mid-conversation one
+    call = stored[types.index("TOOL_CALL")]
+    assert (call.name, call.tool_call_id) == ("Read", "toolu_01")
+    # The reply's thinking is kept (as JSON) with it, once.
+    reasoning = stored[types.index("TOOL_CALL") - 1]
+    assert reasoning.type == "AGENT_MESSAGE"
+    assert json.loads(reasoning.content)[0]["signature"] == "sig-standin-0001"
+    assert "remember the milk" in stored[types.index("TOOL_RESULT")].content
+    assert len({e.id for e in stored}) == len(stored)
+
+
+def test_it_runs_codex_through_a_tool_loop(gateway_url, upstream, alice, tmp_path):
+    _needs(CODEX)
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "notes.txt").write_text("remember the milk\n")
+    home = tmp_path / "codex-home"
+    home.mkdir()
+    # Codex's custom provider (config.toml `model_providers`): the gateway as base_url over
+    # the Responses wire API, the ledger headers as static and environment-read headers.
+    (home / "config.toml").write_text(
+        'model = "gpt-5.5-codex"\n'
+        'model_provider = "ledger"\n'
+        "\n"
+        "[model_providers.ledger]\n"
+        'name = "Context Ledger gateway"\n'
+        f'base_url = "{gateway_url}/gateway/openai/v1"\n'
+        'env_key = "LEDGER_TEST_PROVIDER_KEY"\n'
+        'wire_api = "responses"\n'
+        'http_headers = { "X-Ledger-Session" = "codex-run" }\n'
+        'env_http_headers = { "X-Ledger-Key" = "LEDGER_TEST_LEDGER_KEY" }\n'
+        "request_max_retries = 0\n"
+        "stream_max_retries = 0\n"
+    )
+    upstream.script(
+        Step(
+            text="",
+            tool_calls=(("call_01", "exec_command", json.dumps({"cmd": "cat notes.txt"})),),
+            reasoning="gAAAA-opaque-reasoning",
+        ),
+        Step(text=FINAL),
+    )
+    env = {
+        **_base_env(tmp_path),
+        "CODEX_HOME": str(home),
+        "LEDGER_TEST_PROVIDER_KEY": FAKE_PROVIDER_KEY,
+        "LEDGER_TEST_LEDGER_KEY": token_for(alice),
+    }
+    last = tmp_path / "last-message.txt"
+    _run(
+        [
+            str(CODEX),
+            "exec",
+            "--skip-git-repo-check",
+            "--output-last-message",
+            str(last),
+            "What is in notes.txt?",
+        ],
+        cwd=work,
+        env=env,
+    )
+    assert last.read_text().strip() == FINAL
+
+    calls = [r for r in upstream.requests if r.path == "/v1/responses"]
+    assert len(calls) == 2
+    assert calls[0].headers["authorization"] == f"Bearer {FAKE_PROVIDER_KEY}"
+    assert calls[0].body["store"] is False
+    assert not any(name.startswith("x-ledger") for name in calls[0].headers)
+    # Codex resends everything (store: false): the call, then its output.
+    kinds = [item.get("type") for item in calls[1].body["input"]]
+    assert kinds[-3:] == ["reasoning", "function_call", "function_call_output"]
+    assert calls[1].body["input"][-3]["encrypted_content"] == "gAAAA-opaque-reasoning"
+    output = calls[1].body["input"][-1]
+    assert output["call_id"] == "call_01"
+
+    stored = _events("codex-run")
+    types = [e.type for e in stored]
+    assert types.count("TOOL_CALL") == 1 and types.count("TOOL_RESULT") == 1
+    assert types.index("TOOL_CALL") < types.index("TOOL_RESULT")
+    assert types[-1] == "AGENT_MESSAGE" and stored[-1].content == FINAL
+    call = stored[types.index("TOOL_CALL")]
+    assert (call.name, call.tool_call_id) == ("exec_command", "call_01")
+    # The reasoning item is kept (as JSON) with the reply it came with, once.
+    reasoning = stored[types.index("TOOL_CALL") - 1]
+    assert reasoning.type == "AGENT_MESSAGE"
+    assert json.loads(reasoning.content)[0]["encrypted_content"] == "gAAAA-opaque-reasoning"
+    assert "remember the milk" in stored[types.index("TOOL_RESULT")].content
+    assert types.count("USER_MESSAGE") == [
+        item.get("role") for item in calls[0].body["input"]
+    ].count("user")
+
+
+@pytest.mark.parametrize(
+    ("capture", "path"),
+    [
+        ("claude_code_2.1.328_first_request.json", "/gateway/anthropic/v1/messages"),
+        ("codex_0.169.0_first_request.json", "/gateway/openai/v1/responses"),
+    ],
+)
+def test_it_accepts_what_each_cli_sends_as_it_is(gateway_url, upstream, alice, capture, path):
+    sent = json.loads((CAPTURES / capture).read_text())
+    headers = {
+        name: value
+        for name, value in sent["headers"].items()
+        if name not in ("content-length", "connection", "accept-encoding")
+    }
+    headers["x-ledger-key"] = token_for(alice)
+    headers["x-ledger-session"] = f"capture-{capture}"
+    response = httpx.post(f"{gateway_url}{path}", json=sent["body"], headers=headers, timeout=30)
+    assert response.status_code == 200, response.text
+    forwarded = upstream.requests[-1]
+    assert forwarded.body == sent["body"]  # byte for byte (as JSON: the body was re-encoded)
+    for name in ("anthropic-beta", "anthropic-version", "x-codex-turn-metadata", "originator"):
+        if name in sent["headers"]:
+            assert forwarded.headers[name] == sent["headers"][name]
+    assert Event.objects.filter(session__client_key=f"capture-{capture}").exists()

@@ -1,0 +1,167 @@
+"""Every shell and Python block of README.md and docs/*.md runs, in order per file, against a
+live server (tests/live_ledger.py) whose gateway forwards to the local provider stand-in
+(tests/provider_standin.py), so a snippet that rots fails CI.
+
+How a block runs:
+- ```bash / ```sh / ```shell blocks run in bash with `set -eo pipefail`, and `curl` fails on an
+  HTTP error (`--fail-with-body`): a 404 or 409 in a walk-through is a failure, not output.
+  Variables a block sets carry over to the file's next shell blocks (the walk-through's
+  `$T`, `$B`, `$S`).
+- ```python blocks run each in a fresh interpreter of this environment.
+- The placeholders people replace by hand are replaced here: the server address
+  `http://127.0.0.1:8000` by the live server's, and the token placeholders (`<ledger token>`,
+  `<the token serve printed>`, `<token printed by serve>`, `<your API token>`) by a real API
+  token. The environment also holds LEDGER (the server's address), TOKEN, and the provider
+  keys the SDK examples say to export (OPENAI_API_KEY, ANTHROPIC_API_KEY: the stand-in
+  accepts anything).
+- SNIPPETS_SHOW=1 prints every block's output (to keep the docs' "→ …" comments true).
+- A block can opt out with `<!-- snippet: skip (reason) -->` on the line before its fence;
+  the reason is required.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DOC_FILES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+RUNNABLE = {"bash": "shell", "sh": "shell", "shell": "shell", "python": "python"}
+FENCE = re.compile(r"^```([A-Za-z]+)[^\n]*\n(.*?)^```[ \t]*$", re.M | re.S)
+MARKER = re.compile(r"^<!--\s*snippet:\s*skip\b(.*?)-->\s*$")
+REASON = re.compile(r"^\s*\((.*\S.*)\)\s*$")
+TOKEN_PLACEHOLDERS = (
+    "<ledger token>",
+    "<the token serve printed>",
+    "<token printed by serve>",
+    "<your API token>",
+)
+SERVER = "http://127.0.0.1:8000"
+BLOCK_TIMEOUT = 45
+SHELL_PRELUDE = """set -eo pipefail
+curl() { command curl --fail-with-body "$@"; }
+[ -f "$SNIPPET_STATE" ] && source "$SNIPPET_STATE"
+"""
+# Saves the block's variables for the next shell block of the file (not bash's own).
+SHELL_EPILOGUE = """
+__status=$?
+declare -p $(compgen -v | grep -Ev '^(BASH.*|SHELLOPTS|EUID|PPID|UID|GROUPS|FUNCNAME|PIPESTATUS|DIRSTACK|RANDOM|SRANDOM|SECONDS|LINENO|EPOCH.*|HIST.*|COMP.*|OPT.*|_|SNIPPET_STATE|PWD|OLDPWD|SHLVL)$') > "$SNIPPET_STATE" 2>/dev/null || true
+exit $__status
+"""
+
+
+@dataclass(frozen=True)
+class Block:
+    path: Path
+    line: int
+    kind: str  # shell | python
+    code: str
+    skip: str | None  # the reason, when marked
+
+    def __str__(self) -> str:
+        return f"{self.path.relative_to(ROOT)}:{self.line}"
+
+
+def blocks_of(path: Path) -> list[Block]:
+    text = path.read_text()
+    found = []
+    for match in FENCE.finditer(text):
+        kind = RUNNABLE.get(match.group(1).lower())
+        if kind is None:
+            continue
+        line = text.count("\n", 0, match.start()) + 1
+        before = [ln for ln in text[: match.start()].splitlines() if ln.strip()]
+        marker = MARKER.match(before[-1].strip()) if before else None
+        skip = None
+        if marker is not None:
+            reason = REASON.match(marker.group(1))
+            skip = reason.group(1).strip() if reason else ""
+        found.append(Block(path=path, line=line, kind=kind, code=match.group(2), skip=skip))
+    return found
+
+
+def test_it_requires_a_reason_for_every_skipped_block():
+    unexplained = [str(b) for path in DOC_FILES for b in blocks_of(path) if b.skip == ""]
+    assert not unexplained, f"skip markers without a reason: {unexplained}"
+
+
+def test_it_finds_the_readmes_runnable_blocks():
+    blocks = blocks_of(ROOT / "README.md")
+    assert sum(b.kind == "shell" for b in blocks) >= 3
+    assert sum(b.kind == "python" and b.skip is None for b in blocks) >= 3
+
+
+@pytest.fixture(scope="module")
+def server():
+    from compaction_app.testkit.provider_standin import ProviderStandIn
+    from tests.support.live_ledger import live_ledger
+
+    with ProviderStandIn() as upstream:
+        upstream.keep_requests = False
+        with live_ledger(
+            LEDGER_OPENAI_UPSTREAM=upstream.openai_url,
+            LEDGER_ANTHROPIC_UPSTREAM=upstream.anthropic_url,
+        ) as live:
+            yield live
+
+
+def _substitute(code: str, *, base_url: str, token: str) -> str:
+    code = code.replace(SERVER, base_url)
+    for placeholder in TOKEN_PLACEHOLDERS:
+        code = code.replace(placeholder, token)
+    return code
+
+
+def _run(block: Block, *, env: dict[str, str], workdir: Path, state: Path) -> None:
+    code = _substitute(block.code, base_url=env["LEDGER"], token=env["TOKEN"])
+    if block.kind == "shell":
+        command = ["bash", "-c", SHELL_PRELUDE + code + SHELL_EPILOGUE]
+    else:
+        script = workdir / f"block_{block.line}.py"
+        script.write_text(code)
+        command = [sys.executable, str(script)]
+    try:
+        result = subprocess.run(
+            command,
+            cwd=workdir,
+            env={**env, "SNIPPET_STATE": str(state)},
+            capture_output=True,
+            text=True,
+            timeout=BLOCK_TIMEOUT,
+        )
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{block}: still running after {BLOCK_TIMEOUT} s")
+    if os.environ.get("SNIPPETS_SHOW"):  # for writing the docs' "→ output" comments
+        print(f"\n=== {block}\n{result.stdout}{result.stderr}")
+    if result.returncode != 0:
+        pytest.fail(
+            f"{block} exited {result.returncode}\n--- stdout\n{result.stdout[-3000:]}"
+            f"\n--- stderr\n{result.stderr[-3000:]}"
+        )
+
+
+@pytest.mark.parametrize("path", DOC_FILES, ids=lambda p: str(p.relative_to(ROOT)))
+def test_it_runs_every_block_in_order(path, server, tmp_path):
+    runnable = [b for b in blocks_of(path) if b.skip is None]
+    if not runnable:
+        pytest.skip("no runnable blocks")
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "HOME": str(tmp_path),
+        "PYTHONPATH": str(ROOT),
+        "LEDGER": server.base_url,
+        "TOKEN": server.tokens["alice"],
+        "OPENAI_API_KEY": "sk-standin",
+        "ANTHROPIC_API_KEY": "sk-ant-standin",
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+        "VAR_DIR": str(tmp_path / "var"),
+    }
+    state = tmp_path / "shell-state.sh"
+    for block in runnable:
+        _run(block, env=env, workdir=tmp_path, state=state)
