@@ -32,7 +32,27 @@ FAKE_PROVIDER_KEY = "sk-fake-provider-key-for-tests"
 FINAL = "The notes say: remember the milk."
 
 
+def _install_clients() -> None:
+    """The test command sets up everything: the pinned CLIs come from the lock file with
+    `npm ci` the first time (npm is the machine's; nothing is fetched but the registry's
+    packages). Once per process, and only when they are missing."""
+    folder = CLIENTS.parent.parent
+    npm = shutil.which("npm")
+    if npm is None or (CLAUDE.exists() and CODEX.exists()):
+        return
+    subprocess.run(
+        [npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"],
+        cwd=folder,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+        timeout=600,
+        check=False,
+    )
+
+
 def _needs(binary: Path) -> None:
+    if not binary.exists():
+        _install_clients()
     if not binary.exists() or shutil.which("node") is None:
         pytest.skip(f"{binary.name} is not installed: run `npm ci` in tests/clients (needs node)")
 
