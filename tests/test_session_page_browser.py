@@ -2,7 +2,7 @@
 thresholds, one compaction's before / after, and the phone layout.
 
 Uses the live server, browser and helpers of test_dashboard_browser (daphne in this process
-with a real Celery worker thread). With UPDATE_SCREENSHOTS=1 the README's two pictures are
+with a real Celery worker thread). With UPDATE_SCREENSHOTS=1 the two pictures docs/dashboard.md links are
 rewritten.
 """
 
