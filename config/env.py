@@ -1,8 +1,9 @@
 """Strict helpers for reading settings from environment variables.
 
 Every variable the project reads goes through one of these, so a typo in a value fails at
-start-up with a clear message instead of silently falling back to a default. The README's
-table of variables is checked against the names used here by tests/test_settings_env.py.
+start-up with a clear message instead of silently falling back to a default. The table of
+variables in docs/operations.md is checked against the names used here by
+tests/test_settings_env.py.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from rest_framework import serializers
 
 
 class ErrorSerializer(serializers.Serializer):
-    """Every error: a code, a text, and per code some extras (documented in the README)."""
+    """Every error: a code, a text, and per code some extras (documented in docs/decisions.md)."""
 
     error = serializers.CharField(help_text="Machine-readable code, e.g. invalid_request.")
     detail = serializers.CharField(help_text="Human-readable explanation.")

@@ -3,7 +3,7 @@ serving the app in this process (embedded profile: in-memory channel layer and b
 real Celery worker thread, so a compaction really runs and its notices really arrive over the
 websocket.
 
-Screenshots go to test-output/screenshots/ (the README's pictures come from
+Screenshots go to test-output/screenshots/ (docs/dashboard.md's pictures come from
 test_session_page_browser.py).
 """
 

@@ -2,8 +2,8 @@
 thresholds, one compaction's before / after, and the phone layout.
 
 Uses the live server, browser and helpers of test_dashboard_browser (daphne in this process
-with a real Celery worker thread). With UPDATE_SCREENSHOTS=1 the README's two pictures are
-rewritten.
+with a real Celery worker thread). With UPDATE_SCREENSHOTS=1 the two pictures
+docs/dashboard.md links are rewritten.
 """
 
 from __future__ import annotations

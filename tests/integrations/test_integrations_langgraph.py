@@ -141,7 +141,7 @@ def test_it_keeps_a_55_turn_graph_within_max_tokens_with_an_incremental_summary(
 def test_it_revives_its_running_summary_from_a_default_checkpointer_without_a_warning(
     monkeypatch, caplog
 ):
-    """The README's graph: a plain InMemorySaver(), no serializer argument."""
+    """The documented graph (docs/integrations.md): a plain InMemorySaver(), no serializer argument."""
     from langgraph.checkpoint.serde import jsonplus
 
     monkeypatch.setattr(jsonplus, "_warned_unregistered_types", set())
