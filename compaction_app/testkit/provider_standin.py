@@ -172,8 +172,8 @@ class ProviderStandIn:
     def anthropic_url(self) -> str:
         return self.base
 
-    def start(self) -> ProviderStandIn:
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
+    def start(self, port: int = 0) -> ProviderStandIn:
+        self._server = ThreadingHTTPServer(("127.0.0.1", port), _handler(self))
         # Kept-alive connections hold a handler thread each: closing does not wait for them,
         # and delays wake on _closing, so no test waits on a slow reply at the end.
         self._server.daemon_threads = True
@@ -816,3 +816,31 @@ def _handler(standin: ProviderStandIn) -> type[BaseHTTPRequestHandler]:
                 return
 
     return Handler
+
+
+def main(argv: list[str] | None = None) -> None:
+    """`python -m compaction_app.testkit.provider_standin --port 9100`: a provider to try the
+    gateway with no provider key and no internet. Every call is answered with `--reply`
+    (default: an echo of the last message), with usage, in each wire format."""
+    import argparse
+
+    parser = argparse.ArgumentParser(description=main.__doc__)
+    parser.add_argument("--port", type=int, default=9100)
+    parser.add_argument("--reply", default=ECHO, help="the reply text (default: echo)")
+    args = parser.parse_args(argv)
+    standin = ProviderStandIn(default=Step(text=args.reply))
+    standin.keep_requests = False
+    standin.start(port=args.port)
+    print(
+        f"provider stand-in on {standin.base}: "
+        f"LEDGER_OPENAI_UPSTREAM={standin.openai_url} LEDGER_ANTHROPIC_UPSTREAM={standin.anthropic_url}",
+        flush=True,
+    )
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        standin.close()
+
+
+if __name__ == "__main__":
+    main()
