@@ -257,8 +257,9 @@ def test_it_keeps_a_60_turn_summarized_session_within_two_screens(
     assert earlier.count() == 1
     before = page.locator("#timeline li.entry, #timeline li.fold-group").count()
     earlier.click()
-    page.wait_for_function(
-        f"document.querySelectorAll('#timeline li.entry, #timeline li.fold-group').length > {before}"
+    wait_for_js(
+        page,
+        f"document.querySelectorAll('#timeline li.entry, #timeline li.fold-group').length > {before}",
     )
     assert dialogs.alerts == []
     page.context.close()
