@@ -21,7 +21,7 @@ SESSION_TEMPLATE = "dashboard/session.html"
 SESSIONS_TEMPLATE = "dashboard/sessions.html"
 
 # Every live part of the session page, in page order.
-SESSION_PARTS = ("gauge", "chart", "history", "summary", "timeline")
+SESSION_PARTS = ("gauge", "chart", "summary", "timeline", "history")
 
 
 def chart_context(*, session: Session, schedule: queries.Schedule, axis: str) -> dict[str, Any]:
@@ -43,7 +43,7 @@ def chart_context(*, session: Session, schedule: queries.Schedule, axis: str) ->
         axis=axis,
         width=360,
         height=220,
-        pad_left=52,
+        pad_left=60,  # room for "100,000" at the legible size
         pad_right=14,
         pad_bottom=30,
         y_tick_count=2,

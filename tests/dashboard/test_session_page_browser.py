@@ -257,8 +257,9 @@ def test_it_keeps_a_60_turn_summarized_session_within_two_screens(
     assert earlier.count() == 1
     before = page.locator("#timeline li.entry, #timeline li.fold-group").count()
     earlier.click()
-    page.wait_for_function(
-        f"document.querySelectorAll('#timeline li.entry, #timeline li.fold-group').length > {before}"
+    wait_for_js(
+        page,
+        f"document.querySelectorAll('#timeline li.entry, #timeline li.fold-group').length > {before}",
     )
     assert dialogs.alerts == []
     page.context.close()
@@ -281,5 +282,52 @@ def test_it_shows_a_new_user_how_to_start(worker, alice, live_url, browser, widt
     page.get_by_role("link", name="Get started").click()
     page.wait_for_url(f"{live_url}/get-started/")
     assert page.locator("#get-started").is_visible()
+    assert dialogs.alerts == []
+    page.context.close()
+
+
+@pytest.mark.parametrize("width,height", [(1280, 800), (390, 844)], ids=["desktop", "phone"])
+def test_it_puts_the_conversation_before_the_secondary_panels(
+    worker, alice, live_url, browser, width, height
+):
+    """Main content first: the gauge's main figures, the chart, then the conversation; the
+    history, the MCP snippets and the less-read figures after it or folded."""
+    session = in_thread(thirty_three_events, alice)
+    in_thread(compact, session)
+    page, dialogs = new_page(browser, width=width, height=height)
+    log_in(page, live_url, "alice")
+    page.goto(f"{live_url}/sessions/{session.pk}/")
+    ws_ready(page)
+    tops = page.evaluate(
+        """() => Object.fromEntries(['gauge', 'chart', 'summary', 'timeline', 'history',
+                 'connect-agents'].map(id => [id, document.getElementById(id)
+                 .getBoundingClientRect().top + window.scrollY]))"""
+    )
+    order = sorted(tops, key=tops.get)
+    assert order == ["gauge", "chart", "summary", "timeline", "history", "connect-agents"], tops
+    # Folded until asked for: the less-read figures and the snippets.
+    assert not page.locator("#gauge details.more-figures").get_attribute("open")
+    assert not page.locator("#gauge #active-events").is_visible()
+    assert page.locator("#gauge #cost").is_visible()
+    assert not page.locator("#connect-agents pre").first.is_visible()
+    page.locator("#gauge details.more-figures > summary").click()
+    assert page.locator("#gauge #active-events").is_visible()
+    # On a wide screen without the staff controls the gauge takes the whole row.
+    if width >= 900:
+        gauge = page.locator("#gauge").bounding_box()
+        chart = page.locator("#chart").bounding_box()
+        assert abs(gauge["width"] - chart["width"]) < 2, (gauge, chart)
+    assert page.evaluate("document.documentElement.scrollWidth") <= width
+    assert dialogs.alerts == []
+    page.context.close()
+
+
+def test_it_shows_an_empty_list_the_way_in_not_its_filters(worker, alice, live_url, browser):
+    page, dialogs = new_page(browser, width=390, height=844)
+    log_in(page, live_url, "alice")
+    assert page.locator("#get-started").is_visible()
+    assert page.locator("form.filters").count() == 0
+    # The panel starts within the first screen.
+    assert page.locator("#get-started").bounding_box()["y"] < 844 / 2
     assert dialogs.alerts == []
     page.context.close()
