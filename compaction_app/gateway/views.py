@@ -483,7 +483,7 @@ async def root(request: HttpRequest, wire: Wire) -> HttpResponseBase:
     """A prefix's root: HEAD answers 200 (Claude Code probes `HEAD {ANTHROPIC_BASE_URL}`
     before it starts, as the real API answers it); anything else is a JSON 404."""
     if request.method == "HEAD":
-        return HttpResponse(status=200)
+        return HttpResponse(status=200, content_type="application/json")
     return await not_found(request, wire)
 
 

@@ -57,6 +57,7 @@ def test_it_answers_unknown_paths_in_the_providers_json_shape(gateway_url, path,
 def test_it_answers_the_head_probe_of_a_base_url(gateway_url, upstream, path):
     response = httpx.head(f"{gateway_url}{path}")
     assert response.status_code == 200
+    assert response.headers["content-type"] == "application/json"  # never the site's HTML
     assert upstream.requests == []
 
 
