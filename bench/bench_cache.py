@@ -7,7 +7,10 @@ same 200-call agent conversation (a coding agent: a task, three tool calls with 
 results, an answer; again) through the gateway's Anthropic endpoint under three modes:
 
 (a) per-call pruning — the gateway's fitting as it was before block compaction: between the
-    compact threshold and the hard limit it drops a different oldest slice on every call;
+    compact threshold and the hard limit it drops a different oldest slice on every call. The
+    current tree no longer fits that way, so this mode runs against a checkout of the code
+    before that work (`--root a=DIR`, e.g. a git worktree of commit da3277e); without
+    `--root` it runs this tree's fitting and the ratio below is not judged;
 (b) block compaction — compact once down to `fitTargetRatio` of the window, then forward the
     previous forwarded request plus the new turns until the next crossing. Chosen by the
     session setting `fitTargetRatio`; a build without that setting runs its own fitting and
@@ -28,7 +31,13 @@ reads ÷ all input tokens); input tokens; dollars (the stand-in's bill), and whe
 ledger's own `/usage` costUsd agrees with it (the gateway recorded the cache figures the
 stand-in reported).
 
-    .venv/bin/python bench/bench_cache.py [--profile embedded|postgres|both] [--calls 200]
+Each checkout runs in a child process of its own, on its own throwaway database migrated by
+its own code (its daphne started from its directory, that directory first on PYTHONPATH); the
+stand-in's calls are priced by the parent with this tree's pricing.
+
+    git worktree add ../ledger-da3277e da3277e
+    .venv/bin/python bench/bench_cache.py --root a=../ledger-da3277e \
+        [--profile embedded|postgres|both] [--calls 200] [--modes abc]
 """
 
 from __future__ import annotations
