@@ -35,8 +35,8 @@ Each checkout runs in a child process of its own, on its own throwaway database 
 its own code (its daphne started from its directory, that directory first on PYTHONPATH); the
 stand-in's calls are priced by the parent with this tree's pricing.
 
-    git worktree add ../ledger-da3277e da3277e
-    .venv/bin/python bench/bench_cache.py --root a=../ledger-da3277e \
+    git worktree add /tmp/ledger-da3277e da3277e
+    .venv/bin/python bench/bench_cache.py --root a=/tmp/ledger-da3277e \
         [--profile embedded|postgres|both] [--calls 200] [--modes abc]
 """
 
@@ -694,7 +694,7 @@ def main(argv: list[str] | None = None) -> int:
         default=[],
         metavar="MODE=DIR",
         help="run MODE against the project checkout DIR (its Django, its gateway), e.g. "
-        "a=../ledger-old for per-call pruning as an older commit did it; default: this tree",
+        "a=/tmp/ledger-da3277e for per-call pruning as an older commit did it; default: this tree",
     )
     parser.add_argument("--child", choices=["embedded", "postgres"], help=argparse.SUPPRESS)
     parser.add_argument("--code", type=Path, default=ROOT, help=argparse.SUPPRESS)
