@@ -49,10 +49,16 @@ def run_child(
     pg_db: str,
     timeout: float,
     postgres_env: Mapping[str, str] | None = None,
+    root: Path | None = None,
 ) -> list[Row]:
     """Run `script --child PROFILE ARGS` in the environment of `child_env` (the embedded profile
     in a temporary VAR_DIR; postgres: a fresh database `pg_db`, dropped afterwards, plus
-    `postgres_env`) and return the rows it emitted, or one failed row saying why."""
+    `postgres_env`) and return the rows it emitted, or one failed row saying why.
+
+    `root` runs the child against another checkout of the project (say a git worktree of an
+    older commit, to measure what a change replaced): its directory is the child's working
+    directory and comes first on PYTHONPATH, so its code wins over the installed one. The
+    child must put it first on sys.path itself too (the script's own folder comes first)."""
     tmp = Path(tempfile.mkdtemp(prefix=f"{Path(script).stem}_{profile}_"))
     env = child_env(var_dir=tmp)  # VAR_DIR is harmless for postgres: nothing of var/ is used
     created_db = False
@@ -69,9 +75,15 @@ def run_child(
             env["DATABASE_URL"] = f"postgres://postgres@127.0.0.1:5432/{pg_db}"
             env["DJANGO_SECRET_KEY"] = "bench"
             env.update(postgres_env or {})
+        cwd = ROOT
+        if root is not None:
+            cwd = Path(root).resolve()
+            env["PYTHONPATH"] = os.pathsep.join(
+                [str(cwd), *filter(None, [env.get("PYTHONPATH", "")])]
+            )
         command = [sys.executable, str(Path(script).resolve()), "--child", profile, *args]
         proc = subprocess.run(
-            command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout
+            command, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout
         )
         for line in proc.stdout.splitlines():
             if line.startswith(ROW_MARKER):
