@@ -14,16 +14,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import os
 import statistics
-import sys
 import threading
 import time
 import traceback
 from pathlib import Path
 from typing import Any
 
-from harness import Row, emit, run_profiles
+from harness import Row, django_child, emit, run_profiles
 from harness import row as _row
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,27 +41,7 @@ APPENDS_PER_WRITER = 500
 
 
 def _child(profile: str, ingest_runs: int) -> list[Row]:
-    sys.path.insert(0, str(ROOT))
-    sys.path.insert(0, str(ROOT / "bench"))
-    os.chdir(ROOT)
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-    # Only ever the throwaway database the parent prepared, never the dev one.
-    if profile == "postgres" and not os.environ.get("DATABASE_URL", "").endswith(f"/{PG_DB}"):
-        raise SystemExit(f"refusing to run: DATABASE_URL is not the {PG_DB} bench database")
-    if profile == "embedded" and (os.environ.get("DATABASE_URL") or not os.environ.get("VAR_DIR")):
-        raise SystemExit("refusing to run: the embedded bench needs a temporary VAR_DIR")
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0, interactive=False)
-
-    from django.contrib.auth import get_user_model
-    from rest_framework.authtoken.models import Token
-
-    user = get_user_model().objects.create_user(username="bench", password="bench-password")
-    token = Token.objects.create(user=user).key
+    user, token = django_child(profile=profile, pg_db=PG_DB)
 
     figures = [
         ("bulk ingest", lambda: _bench_ingest(profile, user, token, ingest_runs)),

@@ -23,14 +23,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import statistics
-import sys
 import time
 from pathlib import Path
 
-from harness import Row, emit, run_profiles
+from harness import Row, django_child, emit, run_profiles
 from harness import row as _row
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,30 +48,13 @@ def fact_key(fact: str) -> str:
 
 
 def _child(profile: str, rounds: int) -> list[Row]:
-    sys.path.insert(0, str(ROOT))
-    sys.path.insert(0, str(ROOT / "bench"))
-    os.chdir(ROOT)
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-    if profile == "postgres" and not os.environ.get("DATABASE_URL", "").endswith(f"/{PG_DB}"):
-        raise SystemExit(f"refusing to run: DATABASE_URL is not the {PG_DB} bench database")
-    if profile == "embedded" and (os.environ.get("DATABASE_URL") or not os.environ.get("VAR_DIR")):
-        raise SystemExit("refusing to run: the embedded bench needs a temporary VAR_DIR")
-    import django
-
-    django.setup()
-    from django.core.management import call_command
+    user, token = django_child(profile=profile, pg_db=PG_DB)
     from django.db import connection
     from django.test import Client
-
-    call_command("migrate", verbosity=0, interactive=False)
-    from django.contrib.auth import get_user_model
-    from rest_framework.authtoken.models import Token
 
     from compaction_app.testkit.session_gen import generate_session
     from sessions_app.search_index import search_index_pending
 
-    user = get_user_model().objects.create_user(username="bench", password="bench-password")
-    token = Token.objects.create(user=user).key
     client = Client(HTTP_AUTHORIZATION=f"Token {token}")
     generated = generate_session(turns=TURNS, target_tokens=int(940_000 * TURNS / 500))
     events = generated.events[:EVENTS]

@@ -34,6 +34,31 @@ def emit(rows: list[Row]) -> None:
     print(ROW_MARKER + json.dumps(rows), flush=True)
 
 
+def django_child(*, profile: str | None = None, pg_db: str | None = None) -> tuple[Any, str]:
+    """The child's start: the repository and bench/ importable, Django set up on the database
+    the parent prepared (with `profile`: only ever the throwaway `pg_db` or a temporary
+    VAR_DIR, never the dev one), migrated, and a `bench` user; that user and its API token."""
+    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT / "bench"))
+    os.chdir(ROOT)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    database_url = os.environ.get("DATABASE_URL", "")
+    if profile == "postgres" and not database_url.endswith(f"/{pg_db}"):
+        raise SystemExit(f"refusing to run: DATABASE_URL is not the {pg_db} bench database")
+    if profile == "embedded" and (database_url or not os.environ.get("VAR_DIR")):
+        raise SystemExit("refusing to run: the embedded bench needs a temporary VAR_DIR")
+    import django
+
+    django.setup()
+    from django.contrib.auth import get_user_model
+    from django.core.management import call_command
+    from rest_framework.authtoken.models import Token
+
+    call_command("migrate", verbosity=0, interactive=False)
+    user = get_user_model().objects.create_user(username="bench", password="bench-password")
+    return user, Token.objects.create(user=user).key
+
+
 def pg_admin(sql: str) -> None:
     import psycopg
 
@@ -69,18 +94,8 @@ def run_child(
             env["DATABASE_URL"] = f"postgres://postgres@127.0.0.1:5432/{pg_db}"
             env["DJANGO_SECRET_KEY"] = "bench"
             env.update(postgres_env or {})
-        command = [sys.executable, str(Path(script).resolve()), "--child", profile, *args]
-        proc = subprocess.run(
-            command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout
-        )
-        for line in proc.stdout.splitlines():
-            if line.startswith(ROW_MARKER):
-                return json.loads(line[len(ROW_MARKER) :])
-        sys.stderr.write(proc.stderr)
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-        return [
-            row(profile, "benchmark run", f"failed (exit {proc.returncode}): {tail[0]}", ok=False)
-        ]
+        rows, failure = _child_answer(script, [profile, *args], env=env, timeout=timeout)
+        return rows if failure is None else [row(profile, "benchmark run", failure, ok=False)]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         if created_db:
@@ -88,6 +103,33 @@ def run_child(
                 pg_admin(f"DROP DATABASE IF EXISTS {pg_db} WITH (FORCE)")
             except Exception as exc:  # leave a note, never hide the table
                 sys.stderr.write(f"could not drop {pg_db}: {exc}\n")
+
+
+def _child_answer(
+    script: str, args: list[str], *, env: Mapping[str, str], timeout: float
+) -> tuple[Any, str | None]:
+    """Run `script --child ARGS`; what it emitted after ROW_MARKER, or why there is nothing
+    (its stderr goes to ours then)."""
+    command = [sys.executable, str(Path(script).resolve()), "--child", *args]
+    proc = subprocess.run(
+        command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
+    for line in proc.stdout.splitlines():
+        if line.startswith(ROW_MARKER):
+            return json.loads(line[len(ROW_MARKER) :]), None
+    sys.stderr.write(proc.stderr)
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+    return None, f"failed (exit {proc.returncode}): {tail[0]}"
+
+
+def run_embedded_child(*, script: str, args: list[str], timeout: float) -> tuple[Any, str | None]:
+    """`script --child ARGS` on the embedded profile in a temporary VAR_DIR, removed afterwards:
+    the payload it emitted, or (None, why it failed)."""
+    tmp = Path(tempfile.mkdtemp(prefix=f"{Path(script).stem}_"))
+    try:
+        return _child_answer(script, args, env=child_env(var_dir=tmp), timeout=timeout)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def markdown_table(rows: list[Row]) -> str:
