@@ -262,11 +262,8 @@ class StreamAccumulator:
                     self._data(line[5:].strip())
 
     def _data(self, data: bytes) -> None:
-        try:
-            payload = json.loads(data)
-        except ValueError:
-            return
-        if not isinstance(payload, dict):
+        payload = wire.sse_json(data)
+        if payload is None:
             return
         kind = payload.get("type")
         if kind == "message_start":

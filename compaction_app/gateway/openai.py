@@ -219,11 +219,8 @@ class StreamAccumulator:
         if data == b"[DONE]":
             self.done = True
             return
-        try:
-            payload = json.loads(data)
-        except ValueError:
-            return
-        if not isinstance(payload, dict):
+        payload = wire.sse_json(data)
+        if payload is None:
             return
         if "error" in payload:
             self.errored = True

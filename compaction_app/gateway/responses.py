@@ -423,11 +423,8 @@ class StreamAccumulator:
                 self._data(b"\n".join(data))
 
     def _data(self, data: bytes) -> None:
-        try:
-            payload = json.loads(data)
-        except ValueError:
-            return
-        if not isinstance(payload, dict):
+        payload = wire.sse_json(data)
+        if payload is None:
             return
         kind = payload.get("type")
         response = payload.get("response")

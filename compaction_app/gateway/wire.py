@@ -18,10 +18,22 @@ calls the contract, in the spirit of LiteLLM's per-provider configs:
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 from compaction_app.gateway.messages import ClientMessage, Reply
+
+
+def sse_json(data: bytes) -> dict[str, Any] | None:
+    """One SSE `data:` payload as a JSON object, or None for anything else (a torn or foreign
+    line): a stream accumulator reads what it can and never fails the stream it follows."""
+    try:
+        payload = json.loads(data)
+    except ValueError:
+        return None
+    return payload if isinstance(payload, dict) else None
+
 
 # Route kinds the router knows how to serve (views.py has one handler per kind).
 CONVERSATION = "conversation"  # recorded, fitted, forwarded with failover
