@@ -252,18 +252,10 @@ def browser():
     Django refuse the ORM in every later test of the process."""
     from playwright.sync_api import sync_playwright
 
+    from tests.support.browser import launch_chromium
+
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path="/usr/bin/chromium",
-            args=[
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-            ],
-        )
+        browser = launch_chromium(playwright)
         yield browser
         browser.close()
 

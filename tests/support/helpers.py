@@ -8,6 +8,7 @@ this module under `-p no:django`.
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -207,3 +208,29 @@ async def receive_until(
             session_id is None or message.get("sessionId") == session_id
         ):
             return message
+
+
+def run_threads(count: int, work: Callable[[int], Any]) -> list[BaseException]:
+    """`work(index)` in `count` threads released together (a barrier), each closing its own
+    database connection; what they raised (the caller asserts on it)."""
+    from django.db import connection
+
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(count)
+
+    def target(index: int) -> None:
+        try:
+            barrier.wait(timeout=30)
+            work(index)
+        except BaseException as exc:  # collected and re-raised by the test
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=target, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not any(thread.is_alive() for thread in threads)
+    return errors
