@@ -4,15 +4,13 @@ production channel layer)."""
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-from tests.support.helpers import closed_port
+from tests.support.helpers import closed_port, stop_process, wait_listening
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,20 +30,7 @@ def daphne_process(env: Mapping[str, str], *, start_seconds: float = 60) -> Iter
         text=True,
     )
     try:
-        deadline = time.monotonic() + start_seconds
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    server.kill()
-                    raise RuntimeError(f"daphne did not start: {server.stderr.read()}") from None
-                time.sleep(0.1)
+        wait_listening(port, server, what="daphne", seconds=start_seconds)
         yield port
     finally:
-        server.terminate()
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            server.kill()
+        stop_process(server, seconds=20)
