@@ -14,8 +14,7 @@ from django.contrib.auth.models import AbstractBaseUser
 
 from compaction_app.gateway.compressed import announce_compression
 from compaction_app.gateway.fit_rules import PASS_THROUGH, decide
-from compaction_app.gateway.fitted import Fitted, Wire
-from compaction_app.gateway.messages import GatewayError
+from compaction_app.gateway.fitted import Fitted, Wire, context_length_exceeded
 from compaction_app.gateway.thread_fit import ThreadRequest, fit_thread
 from compaction_app.models import Trigger
 from sessions_app import tokens
@@ -123,16 +122,8 @@ def fit(
         )
     except Unprocessable as exc:
         needed = int(exc.extra.get("tokenCount") or 0) + definitions
-        raise GatewayError(
-            f"This model's maximum context length is {limit} tokens; the messages that must "
-            f"be kept need {needed} tokens even after compaction"
-            + (f" (tool definitions included: {definitions})" if definitions else "")
-            + ".",
-            code="context_length_exceeded",
-            param="messages",
-            tokenCount=needed,
-            limit=limit,
-            model=model,
+        raise context_length_exceeded(
+            limit=limit, needed=needed, definitions=definitions, model=model
         ) from None
     compression = None
     run = prepared.compaction

@@ -25,7 +25,7 @@ from django.contrib.auth.models import AbstractBaseUser
 
 from compaction_app.gateway import fit_rules, shape
 from compaction_app.gateway.compressed import announce_compression
-from compaction_app.gateway.fitted import Fitted, Wire
+from compaction_app.gateway.fitted import Fitted, Wire, context_length_exceeded
 from compaction_app.gateway.messages import (
     TOOL_RESULT,
     ClientMessage,
@@ -238,16 +238,8 @@ def fit_thread(
                 + extra
                 + definitions
             )
-            raise GatewayError(
-                f"This model's maximum context length is {limit} tokens; the messages that "
-                f"must be kept need {needed} tokens even after compaction"
-                + (f" (tool definitions included: {definitions})" if definitions else "")
-                + ".",
-                code="context_length_exceeded",
-                param="messages",
-                tokenCount=needed,
-                limit=limit,
-                model=model,
+            raise context_length_exceeded(
+                limit=limit, needed=needed, definitions=definitions, model=model
             )
         pruned = len(pruned_kept) < len(kept)
         kept = pruned_kept

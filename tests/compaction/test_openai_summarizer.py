@@ -14,21 +14,15 @@ from compaction_app.testkit.provider_standin import (
     raw_json,
     reply_text,
 )
-from tests.support.helpers import rough_token_count, summarizer_error
+from tests.support.helpers import summarizer_error
+from tests.support.remote_summarizers import REMOTES
 
-API_KEY = "sk-test-secret-key"
+REMOTE = REMOTES["openai"]
+API_KEY = REMOTE.api_key
 
 
 def make(fake: ProviderStandIn, **overrides: object) -> OpenAISummarizer:
-    options: dict[str, object] = {
-        "count_tokens": rough_token_count,
-        "api_key": API_KEY,
-        "base_url": fake.openai_url,
-        "model": "gpt-4o-mini",
-        "timeout_seconds": 5.0,
-    }
-    options.update(overrides)
-    return OpenAISummarizer(**options)  # type: ignore[arg-type]
+    return REMOTE.make(fake, **overrides)  # type: ignore[return-value]
 
 
 MESSAGES = [

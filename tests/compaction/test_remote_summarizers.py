@@ -4,14 +4,9 @@ error, and long input split into pieces that carry the summary forward."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-
 import pytest
 
-from compaction_app.summarizers.anthropic_summarizer import AnthropicSummarizer
 from compaction_app.summarizers.base import SummaryMessage
-from compaction_app.summarizers.openai_summarizer import OpenAISummarizer
 from compaction_app.summarizers.provider import ProviderSummarizer
 from compaction_app.testkit.provider_standin import (
     ProviderStandIn,
@@ -23,50 +18,7 @@ from compaction_app.testkit.provider_standin import (
     unauthorized,
 )
 from tests.support.helpers import closed_port, rough_token_count, summarizer_error
-
-
-@dataclass(frozen=True)
-class Remote:
-    summarizer: type[ProviderSummarizer]
-    api_key: str
-    model: str
-    url: Callable[[ProviderStandIn], str]
-    path: str  # the API's root below the host (the SDKs' default base URLs)
-    key_rejected: str  # the provider's words when it turns a key down
-    user_message: int  # where the user turn stands in the request's messages
-
-    def make(self, fake: ProviderStandIn, **overrides: object) -> ProviderSummarizer:
-        options: dict[str, object] = {
-            "count_tokens": rough_token_count,
-            "api_key": self.api_key,
-            "base_url": self.url(fake),
-            "model": self.model,
-            "timeout_seconds": 5.0,
-        }
-        options.update(overrides)
-        return self.summarizer(**options)  # type: ignore[arg-type]
-
-
-REMOTES = {
-    "openai": Remote(
-        summarizer=OpenAISummarizer,
-        api_key="sk-test-secret-key",
-        model="gpt-4o-mini",
-        url=lambda fake: fake.openai_url,
-        path="/v1",
-        key_rejected="Incorrect API key provided",
-        user_message=1,
-    ),
-    "anthropic": Remote(
-        summarizer=AnthropicSummarizer,
-        api_key="sk-ant-test-secret-key",
-        model="claude-3-5-sonnet-latest",
-        url=lambda fake: fake.anthropic_url,
-        path="",
-        key_rejected="invalid x-api-key",
-        user_message=0,
-    ),
-}
+from tests.support.remote_summarizers import REMOTES, Remote
 
 MESSAGES = [
     SummaryMessage(
