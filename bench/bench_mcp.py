@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -45,29 +44,6 @@ EVERYDAY_QUERIES = ["tenant", "invo", "src/billing", "retry backoff", "Assertion
 def _percentiles(timings: list[float]) -> tuple[float, float]:
     timings = sorted(timings)
     return statistics.median(timings), timings[max(0, int(len(timings) * 0.95) - 1)]
-
-
-def _serve() -> str:
-    """daphne serving config.asgi on a free port, in a thread; its base URL."""
-    from daphne.endpoints import build_endpoint_description_strings
-    from daphne.server import Server
-
-    from config.asgi import application
-
-    server = Server(
-        application=application,
-        endpoints=build_endpoint_description_strings(host="127.0.0.1", port=0),
-        signal_handlers=False,
-        verbosity=0,
-    )
-    threading.Thread(target=server.run, name="daphne", daemon=True).start()
-    deadline = time.monotonic() + 30
-    while not server.listening_addresses:
-        if time.monotonic() > deadline:
-            raise SystemExit("daphne did not start listening")
-        time.sleep(0.05)
-    host, port = server.listening_addresses[0]
-    return f"http://{host}:{port}"
 
 
 def _child(profile: str, rounds: int) -> list[Row]:
@@ -104,7 +80,9 @@ def _child(profile: str, rounds: int) -> list[Row]:
     keys = [
         fact_key(fact) for fact, index in generated.fact_events.items() if index < EVENTS
     ] + EVERYDAY_QUERIES
-    base_url = _serve()
+    from compaction_app.testkit.daphne_thread import serve_in_thread
+
+    _, base_url = serve_in_thread()
 
     import anyio
     from mcp import Client as McpClient
