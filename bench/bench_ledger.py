@@ -179,19 +179,25 @@ def _bench_ingest(profile: str, user: Any, token: str, runs: int) -> list[Row]:
     ]
 
 
-def _build_big_session(user: Any, events: int) -> Any:
-    from django.db import transaction
-
+def _bench_session(user: Any, title: str) -> Any:
+    """A session of BENCH_MODEL with room for everything and no background jobs."""
     from sessions_app import services
-    from sessions_app.models import Event, EventType, Session
 
-    session = services.session_create(
+    return services.session_create(
         owner=user,
         model=BENCH_MODEL,
-        title="usage-100k",
+        title=title,
         context_limit=100_000_000,
         settings=BENCH_SETTINGS,
     )
+
+
+def _build_big_session(user: Any, events: int) -> Any:
+    from django.db import transaction
+
+    from sessions_app.models import Event, EventType, Session
+
+    session = _bench_session(user, "usage-100k")
     kinds = [EventType.USER_MESSAGE, EventType.AGENT_MESSAGE]
     per_event = BIG_EVENT_TOKENS
     with transaction.atomic():
@@ -231,13 +237,7 @@ def _bench_usage(profile: str, user: Any, token: str) -> list[Row]:
     started = time.perf_counter()
     big = _build_big_session(user, BIG_SESSION_EVENTS)
     build_seconds = time.perf_counter() - started
-    small = services.session_create(
-        owner=user,
-        model=BENCH_MODEL,
-        title="usage-10",
-        context_limit=100_000_000,
-        settings=BENCH_SETTINGS,
-    )
+    small = _bench_session(user, "usage-10")
     services.event_append(
         session=small,
         events=[
@@ -297,13 +297,7 @@ def _bench_concurrent(profile: str, user: Any) -> list[Row]:
     from sessions_app.models import MODEL_INVISIBLE_TYPES, Event, EventType, Session
     from sessions_app.services import EventInput, TokenUsage
 
-    session = services.session_create(
-        owner=user,
-        model=BENCH_MODEL,
-        title="concurrent",
-        context_limit=100_000_000,
-        settings=BENCH_SETTINGS,
-    )
+    session = _bench_session(user, "concurrent")
     # Close the main thread's connection so every writer's work is on its own connection.
     connection.close()
     errors: list[BaseException] = []
