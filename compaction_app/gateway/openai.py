@@ -157,8 +157,9 @@ def reply_from_response(payload: Any, *, model: str) -> Reply | None:
         client_message = to_client_message({**message, "role": "assistant"})
     except GatewayInputError:
         return None
-    usage = payload.get("usage") if isinstance(payload.get("usage"), dict) else {}
-    return _reply(client_message, str(payload.get("model") or model), usage or {})
+    return wire.reply_of(
+        client_message, payload, model=model, usage_fields=usage_fields.openai_chat
+    )
 
 
 def _reply(message: ClientMessage, model: str, usage: dict[str, Any]) -> Reply:

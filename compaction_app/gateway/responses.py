@@ -362,13 +362,7 @@ def reply_from_response(payload: Any, *, model: str) -> Reply | None:
         message = _turn(items, "output")
     except GatewayInputError:
         return None
-    usage = payload.get("usage") if isinstance(payload.get("usage"), dict) else {}
-    return Reply(
-        message=message,
-        model=str(payload.get("model") or model),
-        raw_usage=usage or {},
-        **usage_fields.openai_responses(usage or {}),
-    )
+    return wire.reply_of(message, payload, model=model, usage_fields=usage_fields.openai_responses)
 
 
 def error_body(
