@@ -11,7 +11,6 @@ database is never touched. A child prints its rows as one JSON line prefixed by 
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
 import statistics
@@ -21,7 +20,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from harness import Row, django_child, emit, run_profiles
+from harness import Row, django_child, profile_main
 from harness import row as _row
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -418,24 +417,16 @@ def _bench_concurrent(profile: str, user: Any) -> list[Row]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Context Ledger benchmarks (issue 2).")
-    parser.add_argument("--profile", choices=["embedded", "postgres", "both"], default="both")
-    parser.add_argument(
-        "--ingest-runs", type=int, default=5, help="bulk ingests per profile (median reported)"
-    )
-    parser.add_argument("--child", choices=["embedded", "postgres"], help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-
-    if args.child:
-        emit(_child(args.child, args.ingest_runs))
-        return 0
-
-    return run_profiles(
-        "Context Ledger benchmarks",
-        profile=args.profile,
+    return profile_main(
+        argv,
+        title="Context Ledger benchmarks",
+        description="Context Ledger benchmarks (issue 2).",
         script=__file__,
-        args=["--ingest-runs", str(args.ingest_runs)],
         pg_db=PG_DB,
+        child=_child,
+        option="--ingest-runs",
+        default=5,
+        help="bulk ingests per profile (median reported)",
         timeout=600,
     )
 

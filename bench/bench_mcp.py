@@ -21,14 +21,13 @@ Each profile runs in a child process against a throwaway database (see harness.p
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
-from harness import Row, django_child, emit, run_profiles
+from harness import Row, django_child, profile_main
 from harness import row as _row
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -146,20 +145,16 @@ def _child(profile: str, rounds: int) -> list[Row]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Context Ledger MCP benchmark (issue 23).")
-    parser.add_argument("--profile", choices=["embedded", "postgres", "both"], default="both")
-    parser.add_argument("--rounds", type=int, default=5, help="timed rounds over all queries")
-    parser.add_argument("--child", choices=["embedded", "postgres"], help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.child:
-        emit(_child(args.child, args.rounds))
-        return 0
-    return run_profiles(
-        "Context Ledger MCP benchmark",
-        profile=args.profile,
+    return profile_main(
+        argv,
+        title="Context Ledger MCP benchmark",
+        description="Context Ledger MCP benchmark (issue 23).",
         script=__file__,
-        args=["--rounds", str(args.rounds)],
         pg_db=PG_DB,
+        child=_child,
+        option="--rounds",
+        default=5,
+        help="timed rounds over all queries",
         timeout=900,
     )
 

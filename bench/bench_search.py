@@ -21,14 +21,13 @@ Each profile runs in a child process against a throwaway database (see bench_led
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 import statistics
 import time
 from pathlib import Path
 
-from harness import Row, django_child, emit, run_profiles
+from harness import Row, django_child, profile_main
 from harness import row as _row
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -164,20 +163,16 @@ def _child(profile: str, rounds: int) -> list[Row]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Context Ledger search benchmark (issue 11).")
-    parser.add_argument("--profile", choices=["embedded", "postgres", "both"], default="both")
-    parser.add_argument("--rounds", type=int, default=5, help="timed rounds over all queries")
-    parser.add_argument("--child", choices=["embedded", "postgres"], help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.child:
-        emit(_child(args.child, args.rounds))
-        return 0
-    return run_profiles(
-        "Context Ledger search benchmark",
-        profile=args.profile,
+    return profile_main(
+        argv,
+        title="Context Ledger search benchmark",
+        description="Context Ledger search benchmark (issue 11).",
         script=__file__,
-        args=["--rounds", str(args.rounds)],
         pg_db=PG_DB,
+        child=_child,
+        option="--rounds",
+        default=5,
+        help="timed rounds over all queries",
         timeout=900,
     )
 

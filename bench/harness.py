@@ -3,6 +3,7 @@ throwaway database, its rows back over stdout, and one markdown table with the m
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import json
 import os
@@ -12,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -174,6 +175,41 @@ def run_profiles(
             postgres_env=postgres_env,
         )
     return report(title, rows, started=started, load_before=load_before)
+
+
+def profile_main(
+    argv: list[str] | None,
+    *,
+    title: str,
+    description: str,
+    script: str,
+    pg_db: str,
+    child: Callable[[str, int], list[Row]],
+    option: str,
+    default: int,
+    help: str,
+    timeout: float,
+) -> int:
+    """A profile benchmark's command line: `--profile embedded|postgres|both` and one whole
+    number `option` for `child`. As the parent: `run_profiles`; as the child (`--child
+    PROFILE`, started by `run_child`): `emit(child(PROFILE, value))`."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--profile", choices=["embedded", "postgres", "both"], default="both")
+    parser.add_argument(option, type=int, default=default, help=help)
+    parser.add_argument("--child", choices=["embedded", "postgres"], help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    value = getattr(args, option.lstrip("-").replace("-", "_"))
+    if args.child:
+        emit(child(args.child, value))
+        return 0
+    return run_profiles(
+        title,
+        profile=args.profile,
+        script=script,
+        args=[option, str(value)],
+        pg_db=pg_db,
+        timeout=timeout,
+    )
 
 
 def report(title: str, rows: list[Row], *, started: float, load_before: str) -> int:

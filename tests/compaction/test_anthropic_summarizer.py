@@ -15,20 +15,14 @@ from compaction_app.testkit.provider_standin import (
     reply_text,
 )
 from tests.support.helpers import summarizer_error
-from tests.support.remote_summarizers import REMOTES
+from tests.support.remote_summarizers import REMOTES, USER_TURN
 
 REMOTE = REMOTES["anthropic"]
 API_KEY = REMOTE.api_key
 
 
-def make(fake: ProviderStandIn, **overrides: object) -> AnthropicSummarizer:
-    return REMOTE.make(fake, **overrides)  # type: ignore[return-value]
-
-
 MESSAGES = [
-    SummaryMessage(
-        event_id="e1", type="USER_MESSAGE", role="user", content="Fix bug #42 in src/app.py"
-    ),
+    USER_TURN,
     SummaryMessage(
         event_id="e2",
         type="TOOL_RESULT",
@@ -65,7 +59,7 @@ def test_it_returns_the_stripped_summary_and_sends_model_max_tokens_system_and_m
 ) -> None:
     fake.script(reply_text("\n  ## Status\n- KeyError at src/app.py:88  \n"))
 
-    result = summarize(make(fake), previous="## Status\n- earlier work on ticket 7")
+    result = summarize(REMOTE.make(fake), previous="## Status\n- earlier work on ticket 7")
 
     assert result == "## Status\n- KeyError at src/app.py:88"
     [request] = fake.requests
@@ -100,13 +94,13 @@ def test_it_joins_the_text_blocks_and_skips_other_blocks(fake: ProviderStandIn) 
         )
     )
 
-    assert summarize(make(fake)) == "## Status\n- done"
+    assert summarize(REMOTE.make(fake)) == "## Status\n- done"
 
 
 def test_it_treats_529_overloaded_as_transient(fake: ProviderStandIn) -> None:
     fake.script(overloaded())
 
-    failure = summarizer_error(lambda: summarize(make(fake)))
+    failure = summarizer_error(lambda: summarize(REMOTE.make(fake)))
 
     assert failure.permanent is False
     assert "529" in str(failure)
@@ -127,7 +121,7 @@ def test_it_treats_529_overloaded_as_transient(fake: ProviderStandIn) -> None:
 def test_it_treats_a_malformed_body_as_permanent(fake: ProviderStandIn, behaviour: object) -> None:
     fake.script(behaviour)  # type: ignore[arg-type]
 
-    failure = summarizer_error(lambda: summarize(make(fake)))
+    failure = summarizer_error(lambda: summarize(REMOTE.make(fake)))
 
     assert failure.permanent is True
     assert "malformed" in str(failure)
@@ -136,6 +130,6 @@ def test_it_treats_a_malformed_body_as_permanent(fake: ProviderStandIn, behaviou
 def test_it_treats_a_refusal_as_permanent(fake: ProviderStandIn) -> None:
     fake.script(raw_json(message_body([{"type": "text", "text": "I can't help."}], "refusal")))
 
-    failure = summarizer_error(lambda: summarize(make(fake)))
+    failure = summarizer_error(lambda: summarize(REMOTE.make(fake)))
 
     assert failure.permanent is True

@@ -15,20 +15,14 @@ from compaction_app.testkit.provider_standin import (
     reply_text,
 )
 from tests.support.helpers import summarizer_error
-from tests.support.remote_summarizers import REMOTES
+from tests.support.remote_summarizers import REMOTES, USER_TURN
 
 REMOTE = REMOTES["openai"]
 API_KEY = REMOTE.api_key
 
 
-def make(fake: ProviderStandIn, **overrides: object) -> OpenAISummarizer:
-    return REMOTE.make(fake, **overrides)  # type: ignore[return-value]
-
-
 MESSAGES = [
-    SummaryMessage(
-        event_id="e1", type="USER_MESSAGE", role="user", content="Fix bug #42 in src/app.py"
-    ),
+    USER_TURN,
     SummaryMessage(
         event_id="e2",
         type="TOOL_CALL",
@@ -52,7 +46,7 @@ def test_it_returns_the_stripped_summary_and_sends_model_max_tokens_and_messages
 ) -> None:
     fake.script(reply_text("\n  ## Status\n- bug #42 open  \n"))
 
-    result = summarize(make(fake), previous="## Status\n- earlier work on ticket 7")
+    result = summarize(REMOTE.make(fake), previous="## Status\n- earlier work on ticket 7")
 
     assert result == "## Status\n- bug #42 open"
     [request] = fake.requests
@@ -101,7 +95,7 @@ def test_it_returns_the_stripped_summary_and_sends_model_max_tokens_and_messages
 def test_it_treats_a_malformed_body_as_permanent(fake: ProviderStandIn, behaviour: object) -> None:
     fake.script(behaviour)  # type: ignore[arg-type]
 
-    failure = summarizer_error(lambda: summarize(make(fake)))
+    failure = summarizer_error(lambda: summarize(REMOTE.make(fake)))
 
     assert failure.permanent is True
     assert "malformed" in str(failure)
@@ -119,7 +113,7 @@ def test_it_falls_back_to_max_completion_tokens_when_the_model_asks_for_it(
         reply_text("done"),
     )
 
-    assert summarize(make(fake)) == "done"
+    assert summarize(REMOTE.make(fake)) == "done"
     first, second = fake.requests
     assert first.body["max_tokens"] == 200
     assert "max_tokens" not in second.body and second.body["max_completion_tokens"] == 200
@@ -128,4 +122,4 @@ def test_it_falls_back_to_max_completion_tokens_when_the_model_asks_for_it(
 def test_it_accepts_a_keyless_local_server(fake: ProviderStandIn) -> None:
     fake.script(reply_text("local ok"))
 
-    assert summarize(make(fake, api_key="")) == "local ok"
+    assert summarize(REMOTE.make(fake, api_key="")) == "local ok"

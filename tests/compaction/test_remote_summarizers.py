@@ -18,12 +18,10 @@ from compaction_app.testkit.provider_standin import (
     unauthorized,
 )
 from tests.support.helpers import closed_port, rough_token_count, summarizer_error
-from tests.support.remote_summarizers import REMOTES, Remote
+from tests.support.remote_summarizers import REMOTES, USER_TURN, Remote
 
 MESSAGES = [
-    SummaryMessage(
-        event_id="e1", type="USER_MESSAGE", role="user", content="Fix bug #42 in src/app.py"
-    ),
+    USER_TURN,
 ]
 
 

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from compaction_app.summarizers.anthropic_summarizer import AnthropicSummarizer
+from compaction_app.summarizers.base import SummaryMessage
 from compaction_app.summarizers.openai_summarizer import OpenAISummarizer
 from compaction_app.summarizers.provider import ProviderSummarizer
 from compaction_app.testkit.provider_standin import ProviderStandIn
@@ -55,3 +56,8 @@ REMOTES = {
         user_message=0,
     ),
 }
+
+# The turn every summarizer test starts from.
+USER_TURN = SummaryMessage(
+    event_id="e1", type="USER_MESSAGE", role="user", content="Fix bug #42 in src/app.py"
+)
