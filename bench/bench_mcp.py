@@ -27,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from harness import Row, django_child, profile_main
+from harness import Row, api_session, django_child, profile_main
 from harness import row as _row
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -57,16 +57,7 @@ def _child(profile: str, rounds: int) -> list[Row]:
     client = Client(HTTP_AUTHORIZATION=f"Token {token}")
     generated = generate_session(turns=TURNS, target_tokens=int(940_000 * TURNS / 500))
     events = generated.events[:EVENTS]
-    response = client.post(
-        "/api/v1/sessions",
-        {
-            "model": "gpt-4.1",
-            "title": "mcp bench",
-            "settings": {"autoCompact": False, "refreshThresholdTokens": 100_000_000},
-        },
-        content_type="application/json",
-    )
-    session_id = response.json()["id"]
+    session_id = api_session(client, title="mcp bench")
     response = client.post(
         f"/api/v1/sessions/{session_id}/events",
         json.dumps(events),

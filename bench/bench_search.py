@@ -27,7 +27,7 @@ import statistics
 import time
 from pathlib import Path
 
-from harness import Row, django_child, profile_main
+from harness import Row, api_session, django_child, profile_main
 from harness import row as _row
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -59,16 +59,7 @@ def _child(profile: str, rounds: int) -> list[Row]:
     events = generated.events[:EVENTS]
     planted = {fact: index for fact, index in generated.fact_events.items() if index < EVENTS}
 
-    response = client.post(
-        "/api/v1/sessions",
-        {
-            "model": "gpt-4.1",
-            "title": "search bench",
-            "settings": {"autoCompact": False, "refreshThresholdTokens": 100_000_000},
-        },
-        content_type="application/json",
-    )
-    session_id = response.json()["id"]
+    session_id = api_session(client, title="search bench")
     body = json.dumps(events)
     started = time.perf_counter()
     response = client.post(

@@ -60,6 +60,23 @@ def django_child(*, profile: str | None = None, pg_db: str | None = None) -> tup
     return user, Token.objects.create(user=user).key
 
 
+def api_session(client: Any, *, title: str) -> str:
+    """A session created through the REST API by `client` (a Django test client with the
+    bench token), clear of auto-compaction and refresh (Celery jobs that are not what is
+    measured); its id."""
+    response = client.post(
+        "/api/v1/sessions",
+        {
+            "model": "gpt-4.1",
+            "title": title,
+            "settings": {"autoCompact": False, "refreshThresholdTokens": 100_000_000},
+        },
+        content_type="application/json",
+    )
+    assert response.status_code == 201, response.content[:300]
+    return str(response.json()["id"])
+
+
 def pg_admin(sql: str) -> None:
     import psycopg
 
