@@ -68,7 +68,7 @@ def test_it_treats_a_refused_connection_as_transient(remote: Remote) -> None:
     summarizer = remote.summarizer(
         count_tokens=rough_token_count,
         api_key=remote.api_key,
-        base_url=f"http://127.0.0.1:{port}{remote.path}",
+        base_url=f"http://127.0.0.1:{port}",
         model="m",
         timeout_seconds=1.0,
     )
@@ -82,7 +82,7 @@ def test_it_treats_a_refused_connection_as_transient(remote: Remote) -> None:
 def test_it_treats_a_rejected_request_as_permanent(
     remote: Remote, fake: ProviderStandIn, status: int
 ) -> None:
-    fake.script(error(status, f"{remote.key_rejected}: {remote.api_key}"))
+    fake.script(error(status, f"Incorrect API key provided: {remote.api_key}"))
 
     failure = summarizer_error(lambda: summarize(remote.make(fake)))
 
@@ -113,7 +113,8 @@ def test_it_splits_large_input_into_pieces_carrying_the_summary_forward(
     result = summarizer.summarize(previous_summary="", messages=messages, max_tokens=100)
 
     assert result == "summary-three"
-    users = [request.body["messages"][remote.user_message]["content"] for request in fake.requests]
+    # The user turn is the last message (after OpenAI's inline system message).
+    users = [request.body["messages"][-1]["content"] for request in fake.requests]
     assert len(users) == 3
     assert "a" * 2400 in users[0] and "b" * 2400 not in users[0]
     assert "summary-one" in users[1] and "b" * 2400 in users[1]

@@ -3,7 +3,6 @@ pointed at the provider stand-in."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from compaction_app.summarizers.anthropic_summarizer import AnthropicSummarizer
@@ -19,10 +18,10 @@ class Remote:
     summarizer: type[ProviderSummarizer]
     api_key: str
     model: str
-    url: Callable[[ProviderStandIn], str]
-    path: str  # the API's root below the host (the SDKs' default base URLs)
-    key_rejected: str  # the provider's words when it turns a key down
-    user_message: int  # where the user turn stands in the request's messages
+
+    def url(self, fake: ProviderStandIn) -> str:
+        """The stand-in's root for this provider's wire format (`openai_url`, `anthropic_url`)."""
+        return getattr(fake, f"{self.summarizer.name}_url")
 
     def make(self, fake: ProviderStandIn, **overrides: object) -> ProviderSummarizer:
         options: dict[str, object] = {
@@ -38,22 +37,12 @@ class Remote:
 
 REMOTES = {
     "openai": Remote(
-        summarizer=OpenAISummarizer,
-        api_key="sk-test-secret-key",
-        model="gpt-4o-mini",
-        url=lambda fake: fake.openai_url,
-        path="/v1",
-        key_rejected="Incorrect API key provided",
-        user_message=1,
+        summarizer=OpenAISummarizer, api_key="sk-test-secret-key", model="gpt-4o-mini"
     ),
     "anthropic": Remote(
         summarizer=AnthropicSummarizer,
         api_key="sk-ant-test-secret-key",
         model="claude-3-5-sonnet-latest",
-        url=lambda fake: fake.anthropic_url,
-        path="",
-        key_rejected="invalid x-api-key",
-        user_message=0,
     ),
 }
 
