@@ -32,17 +32,13 @@ import datetime as dt
 import json
 import os
 import platform
-import shutil
-import subprocess
-import sys
-import tempfile
 import time
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from child_env import child_env
+from harness import django_child, run_embedded_child
 
 ROOT = Path(__file__).resolve().parent.parent
 ROW_MARKER = "BENCH_ROWS "
@@ -70,27 +66,13 @@ def _row(figure: str, value: str, target: str = "—", ok: bool | None = None) -
 
 
 def _child(turns: int, seed: int, summary_tokens: list[int]) -> tuple[list[Row], list[str]]:
-    sys.path.insert(0, str(ROOT))
-    sys.path.insert(0, str(ROOT / "bench"))
-    os.chdir(ROOT)
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-    import django
-
-    django.setup()
+    user, token = django_child()
     from celery.contrib.testing.worker import start_worker
-    from django.core.management import call_command
 
     from compaction_app.testkit.realistic_gen import generate_realistic_session
     from compaction_app.testkit.session_gen import generate_session
     from config.celery import app
 
-    call_command("migrate", verbosity=0, interactive=False)
-
-    from django.contrib.auth import get_user_model
-    from rest_framework.authtoken.models import Token
-
-    user = get_user_model().objects.create_user(username="bench", password="bench-password")
-    token = Token.objects.create(user=user).key
     coding = generate_session(turns=turns, seed=seed, target_tokens=940_000)
     shell = generate_realistic_session()
     generators = [
@@ -475,32 +457,12 @@ def _lost_facts_notes(
 
 
 def _run_child(turns: int, seed: int, summary_tokens: list[int]) -> tuple[list[Row], list[str]]:
-    tmp = Path(tempfile.mkdtemp(prefix="bench_compaction_"))
-    env = child_env(var_dir=tmp)
-    try:
-        command = [
-            sys.executable,
-            str(Path(__file__).resolve()),
-            "--child",
-            "--turns",
-            str(turns),
-            "--seed",
-            str(seed),
-            "--summary-tokens",
-            ",".join(map(str, summary_tokens)),
-        ]
-        proc = subprocess.run(
-            command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=1200
-        )
-        for line in proc.stdout.splitlines():
-            if line.startswith(ROW_MARKER):
-                payload = json.loads(line[len(ROW_MARKER) :])
-                return payload["rows"], payload["notes"]
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-        sys.stderr.write(proc.stderr)
-        return [_row("benchmark run", f"failed (exit {proc.returncode}): {tail[0]}", ok=False)], []
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    args = ["--turns", str(turns), "--seed", str(seed)]
+    args += ["--summary-tokens", ",".join(map(str, summary_tokens))]
+    payload, failure = run_embedded_child(script=__file__, args=args, timeout=1200)
+    if failure is not None:
+        return [_row("benchmark run", failure, ok=False)], []
+    return payload["rows"], payload["notes"]
 
 
 def _table(rows: list[Row]) -> str:

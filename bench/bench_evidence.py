@@ -24,16 +24,12 @@ import datetime as dt
 import json
 import os
 import platform
-import shutil
-import subprocess
-import sys
-import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from child_env import child_env
+from harness import django_child, run_embedded_child
 
 ROOT = Path(__file__).resolve().parent.parent
 ROW_MARKER = "BENCH_ROWS "
@@ -45,26 +41,14 @@ LINEAR_TARGET = 1.2
 
 
 def _child(repeats: int) -> dict[str, Any]:
-    sys.path.insert(0, str(ROOT))
-    sys.path.insert(0, str(ROOT / "bench"))
-    os.chdir(ROOT)
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-    import django
-
-    django.setup()
+    user, token = django_child()
     from bench_compaction import _client, _compact, _context_text, _ingest
     from celery.contrib.testing.worker import start_worker
-    from django.contrib.auth import get_user_model
-    from django.core.management import call_command
-    from rest_framework.authtoken.models import Token
 
     from compaction_app.testkit.session_gen import generate_session
     from compaction_app.testkit.tool_output_session import buried_session, facts_kept, load_corpus
     from config.celery import app
 
-    call_command("migrate", verbosity=0, interactive=False)
-    user = get_user_model().objects.create_user(username="bench", password="bench-password")
-    token = Token.objects.create(user=user).key
     client = _client(token)
     corpus = load_corpus()
     families: dict[str, dict[str, list[int]]] = defaultdict(lambda: defaultdict(lambda: [0, 0]))
@@ -116,30 +100,12 @@ def _child(repeats: int) -> dict[str, Any]:
 
 
 def _run_child(repeats: int) -> dict[str, Any]:
-    tmp = Path(tempfile.mkdtemp(prefix="bench_evidence_"))
-    try:
-        command = [
-            sys.executable,
-            str(Path(__file__).resolve()),
-            "--child",
-            "--repeats",
-            str(repeats),
-        ]
-        proc = subprocess.run(
-            command,
-            env=child_env(var_dir=tmp),
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            timeout=3600,
-        )
-        for line in proc.stdout.splitlines():
-            if line.startswith(ROW_MARKER):
-                return json.loads(line[len(ROW_MARKER) :])
-        sys.stderr.write(proc.stderr)
-        raise SystemExit(f"benchmark child failed (exit {proc.returncode})")
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    payload, failure = run_embedded_child(
+        script=__file__, args=["--repeats", str(repeats)], timeout=3600
+    )
+    if failure is not None:
+        raise SystemExit(f"benchmark child {failure}")
+    return payload
 
 
 def _report(result: dict[str, Any]) -> tuple[str, bool]:

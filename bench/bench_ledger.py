@@ -11,19 +11,16 @@ database is never touched. A child prints its rows as one JSON line prefixed by 
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import json
-import os
 import statistics
-import sys
 import threading
 import time
 import traceback
 from pathlib import Path
 from typing import Any
 
-from harness import Row, emit, run_profiles
+from harness import Row, django_child, profile_main
 from harness import row as _row
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -43,27 +40,7 @@ APPENDS_PER_WRITER = 500
 
 
 def _child(profile: str, ingest_runs: int) -> list[Row]:
-    sys.path.insert(0, str(ROOT))
-    sys.path.insert(0, str(ROOT / "bench"))
-    os.chdir(ROOT)
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-    # Only ever the throwaway database the parent prepared, never the dev one.
-    if profile == "postgres" and not os.environ.get("DATABASE_URL", "").endswith(f"/{PG_DB}"):
-        raise SystemExit(f"refusing to run: DATABASE_URL is not the {PG_DB} bench database")
-    if profile == "embedded" and (os.environ.get("DATABASE_URL") or not os.environ.get("VAR_DIR")):
-        raise SystemExit("refusing to run: the embedded bench needs a temporary VAR_DIR")
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", verbosity=0, interactive=False)
-
-    from django.contrib.auth import get_user_model
-    from rest_framework.authtoken.models import Token
-
-    user = get_user_model().objects.create_user(username="bench", password="bench-password")
-    token = Token.objects.create(user=user).key
+    user, token = django_child(profile=profile, pg_db=PG_DB)
 
     figures = [
         ("bulk ingest", lambda: _bench_ingest(profile, user, token, ingest_runs)),
@@ -201,19 +178,25 @@ def _bench_ingest(profile: str, user: Any, token: str, runs: int) -> list[Row]:
     ]
 
 
-def _build_big_session(user: Any, events: int) -> Any:
-    from django.db import transaction
-
+def _bench_session(user: Any, title: str) -> Any:
+    """A session of BENCH_MODEL with room for everything and no background jobs."""
     from sessions_app import services
-    from sessions_app.models import Event, EventType, Session
 
-    session = services.session_create(
+    return services.session_create(
         owner=user,
         model=BENCH_MODEL,
-        title="usage-100k",
+        title=title,
         context_limit=100_000_000,
         settings=BENCH_SETTINGS,
     )
+
+
+def _build_big_session(user: Any, events: int) -> Any:
+    from django.db import transaction
+
+    from sessions_app.models import Event, EventType, Session
+
+    session = _bench_session(user, "usage-100k")
     kinds = [EventType.USER_MESSAGE, EventType.AGENT_MESSAGE]
     per_event = BIG_EVENT_TOKENS
     with transaction.atomic():
@@ -253,13 +236,7 @@ def _bench_usage(profile: str, user: Any, token: str) -> list[Row]:
     started = time.perf_counter()
     big = _build_big_session(user, BIG_SESSION_EVENTS)
     build_seconds = time.perf_counter() - started
-    small = services.session_create(
-        owner=user,
-        model=BENCH_MODEL,
-        title="usage-10",
-        context_limit=100_000_000,
-        settings=BENCH_SETTINGS,
-    )
+    small = _bench_session(user, "usage-10")
     services.event_append(
         session=small,
         events=[
@@ -319,13 +296,7 @@ def _bench_concurrent(profile: str, user: Any) -> list[Row]:
     from sessions_app.models import MODEL_INVISIBLE_TYPES, Event, EventType, Session
     from sessions_app.services import EventInput, TokenUsage
 
-    session = services.session_create(
-        owner=user,
-        model=BENCH_MODEL,
-        title="concurrent",
-        context_limit=100_000_000,
-        settings=BENCH_SETTINGS,
-    )
+    session = _bench_session(user, "concurrent")
     # Close the main thread's connection so every writer's work is on its own connection.
     connection.close()
     errors: list[BaseException] = []
@@ -446,24 +417,16 @@ def _bench_concurrent(profile: str, user: Any) -> list[Row]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Context Ledger benchmarks (issue 2).")
-    parser.add_argument("--profile", choices=["embedded", "postgres", "both"], default="both")
-    parser.add_argument(
-        "--ingest-runs", type=int, default=5, help="bulk ingests per profile (median reported)"
-    )
-    parser.add_argument("--child", choices=["embedded", "postgres"], help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-
-    if args.child:
-        emit(_child(args.child, args.ingest_runs))
-        return 0
-
-    return run_profiles(
-        "Context Ledger benchmarks",
-        profile=args.profile,
+    return profile_main(
+        argv,
+        title="Context Ledger benchmarks",
+        description="Context Ledger benchmarks (issue 2).",
         script=__file__,
-        args=["--ingest-runs", str(args.ingest_runs)],
         pg_db=PG_DB,
+        child=_child,
+        option="--ingest-runs",
+        default=5,
+        help="bulk ingests per profile (median reported)",
         timeout=600,
     )
 

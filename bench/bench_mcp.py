@@ -21,17 +21,13 @@ Each profile runs in a child process against a throwaway database (see harness.p
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import statistics
-import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-from harness import Row, emit, run_profiles
+from harness import Row, api_session, django_child, profile_main
 from harness import row as _row
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,68 +45,19 @@ def _percentiles(timings: list[float]) -> tuple[float, float]:
     return statistics.median(timings), timings[max(0, int(len(timings) * 0.95) - 1)]
 
 
-def _serve() -> str:
-    """daphne serving config.asgi on a free port, in a thread; its base URL."""
-    from daphne.endpoints import build_endpoint_description_strings
-    from daphne.server import Server
-
-    from config.asgi import application
-
-    server = Server(
-        application=application,
-        endpoints=build_endpoint_description_strings(host="127.0.0.1", port=0),
-        signal_handlers=False,
-        verbosity=0,
-    )
-    threading.Thread(target=server.run, name="daphne", daemon=True).start()
-    deadline = time.monotonic() + 30
-    while not server.listening_addresses:
-        if time.monotonic() > deadline:
-            raise SystemExit("daphne did not start listening")
-        time.sleep(0.05)
-    host, port = server.listening_addresses[0]
-    return f"http://{host}:{port}"
-
-
 def _child(profile: str, rounds: int) -> list[Row]:
-    sys.path.insert(0, str(ROOT))
-    sys.path.insert(0, str(ROOT / "bench"))
-    os.chdir(ROOT)
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-    if profile == "postgres" and not os.environ.get("DATABASE_URL", "").endswith(f"/{PG_DB}"):
-        raise SystemExit(f"refusing to run: DATABASE_URL is not the {PG_DB} bench database")
-    if profile == "embedded" and (os.environ.get("DATABASE_URL") or not os.environ.get("VAR_DIR")):
-        raise SystemExit("refusing to run: the embedded bench needs a temporary VAR_DIR")
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-    from django.test import Client
-
-    call_command("migrate", verbosity=0, interactive=False)
+    user, token = django_child(profile=profile, pg_db=PG_DB)
     from bench_search import fact_key
-    from django.contrib.auth import get_user_model
-    from rest_framework.authtoken.models import Token
+    from django.test import Client
 
     from compaction_app.testkit.session_gen import generate_session
     from sessions_app.models import Session
     from sessions_app.search import search_session
 
-    user = get_user_model().objects.create_user(username="bench", password="bench-password")
-    token = Token.objects.create(user=user).key
     client = Client(HTTP_AUTHORIZATION=f"Token {token}")
     generated = generate_session(turns=TURNS, target_tokens=int(940_000 * TURNS / 500))
     events = generated.events[:EVENTS]
-    response = client.post(
-        "/api/v1/sessions",
-        {
-            "model": "gpt-4.1",
-            "title": "mcp bench",
-            "settings": {"autoCompact": False, "refreshThresholdTokens": 100_000_000},
-        },
-        content_type="application/json",
-    )
-    session_id = response.json()["id"]
+    session_id = api_session(client, title="mcp bench")
     response = client.post(
         f"/api/v1/sessions/{session_id}/events",
         json.dumps(events),
@@ -123,7 +70,9 @@ def _child(profile: str, rounds: int) -> list[Row]:
     keys = [
         fact_key(fact) for fact, index in generated.fact_events.items() if index < EVENTS
     ] + EVERYDAY_QUERIES
-    base_url = _serve()
+    from compaction_app.testkit.daphne_thread import serve_in_thread
+
+    _, base_url = serve_in_thread()
 
     import anyio
     from mcp import Client as McpClient
@@ -187,20 +136,16 @@ def _child(profile: str, rounds: int) -> list[Row]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Context Ledger MCP benchmark (issue 23).")
-    parser.add_argument("--profile", choices=["embedded", "postgres", "both"], default="both")
-    parser.add_argument("--rounds", type=int, default=5, help="timed rounds over all queries")
-    parser.add_argument("--child", choices=["embedded", "postgres"], help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.child:
-        emit(_child(args.child, args.rounds))
-        return 0
-    return run_profiles(
-        "Context Ledger MCP benchmark",
-        profile=args.profile,
+    return profile_main(
+        argv,
+        title="Context Ledger MCP benchmark",
+        description="Context Ledger MCP benchmark (issue 23).",
         script=__file__,
-        args=["--rounds", str(args.rounds)],
         pg_db=PG_DB,
+        child=_child,
+        option="--rounds",
+        default=5,
+        help="timed rounds over all queries",
         timeout=900,
     )
 

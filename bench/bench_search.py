@@ -21,16 +21,13 @@ Each profile runs in a child process against a throwaway database (see bench_led
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import re
 import statistics
-import sys
 import time
 from pathlib import Path
 
-from harness import Row, emit, run_profiles
+from harness import Row, api_session, django_child, profile_main
 from harness import row as _row
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -50,45 +47,19 @@ def fact_key(fact: str) -> str:
 
 
 def _child(profile: str, rounds: int) -> list[Row]:
-    sys.path.insert(0, str(ROOT))
-    sys.path.insert(0, str(ROOT / "bench"))
-    os.chdir(ROOT)
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-    if profile == "postgres" and not os.environ.get("DATABASE_URL", "").endswith(f"/{PG_DB}"):
-        raise SystemExit(f"refusing to run: DATABASE_URL is not the {PG_DB} bench database")
-    if profile == "embedded" and (os.environ.get("DATABASE_URL") or not os.environ.get("VAR_DIR")):
-        raise SystemExit("refusing to run: the embedded bench needs a temporary VAR_DIR")
-    import django
-
-    django.setup()
-    from django.core.management import call_command
+    user, token = django_child(profile=profile, pg_db=PG_DB)
     from django.db import connection
     from django.test import Client
-
-    call_command("migrate", verbosity=0, interactive=False)
-    from django.contrib.auth import get_user_model
-    from rest_framework.authtoken.models import Token
 
     from compaction_app.testkit.session_gen import generate_session
     from sessions_app.search_index import search_index_pending
 
-    user = get_user_model().objects.create_user(username="bench", password="bench-password")
-    token = Token.objects.create(user=user).key
     client = Client(HTTP_AUTHORIZATION=f"Token {token}")
     generated = generate_session(turns=TURNS, target_tokens=int(940_000 * TURNS / 500))
     events = generated.events[:EVENTS]
     planted = {fact: index for fact, index in generated.fact_events.items() if index < EVENTS}
 
-    response = client.post(
-        "/api/v1/sessions",
-        {
-            "model": "gpt-4.1",
-            "title": "search bench",
-            "settings": {"autoCompact": False, "refreshThresholdTokens": 100_000_000},
-        },
-        content_type="application/json",
-    )
-    session_id = response.json()["id"]
+    session_id = api_session(client, title="search bench")
     body = json.dumps(events)
     started = time.perf_counter()
     response = client.post(
@@ -183,20 +154,16 @@ def _child(profile: str, rounds: int) -> list[Row]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Context Ledger search benchmark (issue 11).")
-    parser.add_argument("--profile", choices=["embedded", "postgres", "both"], default="both")
-    parser.add_argument("--rounds", type=int, default=5, help="timed rounds over all queries")
-    parser.add_argument("--child", choices=["embedded", "postgres"], help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.child:
-        emit(_child(args.child, args.rounds))
-        return 0
-    return run_profiles(
-        "Context Ledger search benchmark",
-        profile=args.profile,
+    return profile_main(
+        argv,
+        title="Context Ledger search benchmark",
+        description="Context Ledger search benchmark (issue 11).",
         script=__file__,
-        args=["--rounds", str(args.rounds)],
         pg_db=PG_DB,
+        child=_child,
+        option="--rounds",
+        default=5,
+        help="timed rounds over all queries",
         timeout=900,
     )
 

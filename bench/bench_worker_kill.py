@@ -32,17 +32,11 @@ import time
 from pathlib import Path
 from typing import Any
 
+from harness import pg_admin
+
 ROOT = Path(__file__).resolve().parent.parent
-PG_ADMIN_DSN = "postgresql://postgres@127.0.0.1:5432/postgres"
 PG_DB = "bench_worker_kill"
 REDIS_URL = "redis://127.0.0.1:6379/0"
-
-
-def _pg_admin(sql: str) -> None:
-    import psycopg
-
-    with psycopg.connect(PG_ADMIN_DSN, autocommit=True, connect_timeout=5) as conn:
-        conn.execute(sql)
 
 
 def _wait(condition: Any, *, timeout: float, what: str) -> Any:
@@ -56,34 +50,6 @@ def _wait(condition: Any, *, timeout: float, what: str) -> Any:
         time.sleep(0.05)
 
 
-def _start_worker(env: dict[str, str], log: Path, name: str, *extra: str) -> subprocess.Popen:
-    with log.open("wb") as out:
-        return subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "celery",
-                "-A",
-                "config",
-                "worker",
-                "--loglevel",
-                "INFO",
-                "--concurrency",
-                "1",
-                "--hostname",
-                f"{name}@%h",
-                "--without-mingle",
-                "--without-gossip",
-                *extra,
-            ],
-            cwd=ROOT,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-
 def _child(stale: float, sweep: float, tmp: Path) -> dict[str, Any]:
     """One configuration, in a child process (Django reads its settings once per process)."""
     sys.path.insert(0, str(ROOT))
@@ -94,6 +60,7 @@ def _child(stale: float, sweep: float, tmp: Path) -> dict[str, Any]:
 
     from compaction_app.models import CompactionRun
     from compaction_app.services import compaction_request
+    from compaction_app.testkit.celery_worker import start_celery_worker
     from compaction_app.testkit.provider_standin import ProviderStandIn, slow
     from sessions_app import services
     from sessions_app.errors import Conflict
@@ -122,12 +89,15 @@ def _child(stale: float, sweep: float, tmp: Path) -> dict[str, Any]:
     with ProviderStandIn(default=slow(600.0)) as fake:
         env = {**os.environ, "OPENAI_BASE_URL": fake.openai_url, "OPENAI_API_KEY": "k"}
         try:
-            victim = _start_worker(env, tmp / "victim.log", "victim")
+            victim = start_celery_worker(name="victim", env=env, log_path=tmp / "victim.log")
             procs.append(victim)
             run = compaction_request(session=session, user=None, summarizer="openai")
             _wait(lambda: fake.requests, timeout=120, what="the victim's summarizer call")
+            beat = ("-B", "-s", str(tmp / "beat"))
             procs.append(
-                _start_worker(env, tmp / "rescuer.log", "rescuer", "-B", "-s", str(tmp / "beat"))
+                start_celery_worker(
+                    name="rescuer", env=env, log_path=tmp / "rescuer.log", extra=beat
+                )
             )
             _wait(
                 lambda: "ready." in (tmp / "rescuer.log").read_text(errors="replace"),
@@ -190,8 +160,8 @@ def main() -> None:
     rows = []
     for config in args.configs.split(","):
         stale, sweep = (float(x) for x in config.split(":"))
-        _pg_admin(f"DROP DATABASE IF EXISTS {PG_DB} WITH (FORCE)")
-        _pg_admin(f"CREATE DATABASE {PG_DB}")
+        pg_admin(f"DROP DATABASE IF EXISTS {PG_DB} WITH (FORCE)")
+        pg_admin(f"CREATE DATABASE {PG_DB}")
         env = {
             **os.environ,
             "DJANGO_SETTINGS_MODULE": "config.settings",
@@ -221,7 +191,7 @@ def main() -> None:
                 text=True,
             ).stdout
         finally:
-            _pg_admin(f"DROP DATABASE IF EXISTS {PG_DB} WITH (FORCE)")
+            pg_admin(f"DROP DATABASE IF EXISTS {PG_DB} WITH (FORCE)")
         result = json.loads(out.split("BENCH_ROW ", 1)[1])
         rows.append((stale, sweep, result))
 

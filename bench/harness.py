@@ -3,6 +3,7 @@ throwaway database, its rows back over stdout, and one markdown table with the m
 
 from __future__ import annotations
 
+import argparse
 import datetime as dt
 import json
 import os
@@ -12,7 +13,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,48 @@ def row(profile: str, figure: str, value: str, target: str = "—", ok: bool | N
 def emit(rows: list[Row]) -> None:
     """The child's answer to `run_child`."""
     print(ROW_MARKER + json.dumps(rows), flush=True)
+
+
+def django_child(*, profile: str | None = None, pg_db: str | None = None) -> tuple[Any, str]:
+    """The child's start: the repository and bench/ importable, Django set up on the database
+    the parent prepared (with `profile`: only ever the throwaway `pg_db` or a temporary
+    VAR_DIR, never the dev one), migrated, and a `bench` user; that user and its API token."""
+    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT / "bench"))
+    os.chdir(ROOT)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    database_url = os.environ.get("DATABASE_URL", "")
+    if profile == "postgres" and not database_url.endswith(f"/{pg_db}"):
+        raise SystemExit(f"refusing to run: DATABASE_URL is not the {pg_db} bench database")
+    if profile == "embedded" and (database_url or not os.environ.get("VAR_DIR")):
+        raise SystemExit("refusing to run: the embedded bench needs a temporary VAR_DIR")
+    import django
+
+    django.setup()
+    from django.contrib.auth import get_user_model
+    from django.core.management import call_command
+    from rest_framework.authtoken.models import Token
+
+    call_command("migrate", verbosity=0, interactive=False)
+    user = get_user_model().objects.create_user(username="bench", password="bench-password")
+    return user, Token.objects.create(user=user).key
+
+
+def api_session(client: Any, *, title: str) -> str:
+    """A session created through the REST API by `client` (a Django test client with the
+    bench token), clear of auto-compaction and refresh (Celery jobs that are not what is
+    measured); its id."""
+    response = client.post(
+        "/api/v1/sessions",
+        {
+            "model": "gpt-4.1",
+            "title": title,
+            "settings": {"autoCompact": False, "refreshThresholdTokens": 100_000_000},
+        },
+        content_type="application/json",
+    )
+    assert response.status_code == 201, response.content[:300]
+    return str(response.json()["id"])
 
 
 def pg_admin(sql: str) -> None:
@@ -81,18 +124,8 @@ def run_child(
             env["PYTHONPATH"] = os.pathsep.join(
                 [str(cwd), *filter(None, [env.get("PYTHONPATH", "")])]
             )
-        command = [sys.executable, str(Path(script).resolve()), "--child", profile, *args]
-        proc = subprocess.run(
-            command, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout
-        )
-        for line in proc.stdout.splitlines():
-            if line.startswith(ROW_MARKER):
-                return json.loads(line[len(ROW_MARKER) :])
-        sys.stderr.write(proc.stderr)
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-        return [
-            row(profile, "benchmark run", f"failed (exit {proc.returncode}): {tail[0]}", ok=False)
-        ]
+        rows, failure = _child_answer(script, [profile, *args], env=env, timeout=timeout, cwd=cwd)
+        return rows if failure is None else [row(profile, "benchmark run", failure, ok=False)]
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         if created_db:
@@ -100,6 +133,38 @@ def run_child(
                 pg_admin(f"DROP DATABASE IF EXISTS {pg_db} WITH (FORCE)")
             except Exception as exc:  # leave a note, never hide the table
                 sys.stderr.write(f"could not drop {pg_db}: {exc}\n")
+
+
+def _child_answer(
+    script: str,
+    args: list[str],
+    *,
+    env: Mapping[str, str],
+    timeout: float,
+    cwd: Path = ROOT,
+) -> tuple[Any, str | None]:
+    """Run `script --child ARGS`; what it emitted after ROW_MARKER, or why there is nothing
+    (its stderr goes to ours then)."""
+    command = [sys.executable, str(Path(script).resolve()), "--child", *args]
+    proc = subprocess.run(
+        command, env=env, cwd=cwd, capture_output=True, text=True, timeout=timeout
+    )
+    for line in proc.stdout.splitlines():
+        if line.startswith(ROW_MARKER):
+            return json.loads(line[len(ROW_MARKER) :]), None
+    sys.stderr.write(proc.stderr)
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+    return None, f"failed (exit {proc.returncode}): {tail[0]}"
+
+
+def run_embedded_child(*, script: str, args: list[str], timeout: float) -> tuple[Any, str | None]:
+    """`script --child ARGS` on the embedded profile in a temporary VAR_DIR, removed afterwards:
+    the payload it emitted, or (None, why it failed)."""
+    tmp = Path(tempfile.mkdtemp(prefix=f"{Path(script).stem}_"))
+    try:
+        return _child_answer(script, args, env=child_env(var_dir=tmp), timeout=timeout)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def markdown_table(rows: list[Row]) -> str:
@@ -144,6 +209,41 @@ def run_profiles(
             postgres_env=postgres_env,
         )
     return report(title, rows, started=started, load_before=load_before)
+
+
+def profile_main(
+    argv: list[str] | None,
+    *,
+    title: str,
+    description: str,
+    script: str,
+    pg_db: str,
+    child: Callable[[str, int], list[Row]],
+    option: str,
+    default: int,
+    help: str,
+    timeout: float,
+) -> int:
+    """A profile benchmark's command line: `--profile embedded|postgres|both` and one whole
+    number `option` for `child`. As the parent: `run_profiles`; as the child (`--child
+    PROFILE`, started by `run_child`): `emit(child(PROFILE, value))`."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--profile", choices=["embedded", "postgres", "both"], default="both")
+    parser.add_argument(option, type=int, default=default, help=help)
+    parser.add_argument("--child", choices=["embedded", "postgres"], help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    value = getattr(args, option.lstrip("-").replace("-", "_"))
+    if args.child:
+        emit(child(args.child, value))
+        return 0
+    return run_profiles(
+        title,
+        profile=args.profile,
+        script=script,
+        args=[option, str(value)],
+        pg_db=pg_db,
+        timeout=timeout,
+    )
 
 
 def report(title: str, rows: list[Row], *, started: float, load_before: str) -> int:

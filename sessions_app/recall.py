@@ -11,6 +11,7 @@ from typing import Any
 
 from django.db.models import Q
 
+from sessions_app.errors import InvalidInput
 from sessions_app.models import Event, EventType, Session, is_model_visible
 from sessions_app.search import parse_query, ranked_events
 from sessions_app.search_index import index_scope
@@ -58,6 +59,20 @@ def _with_tool_partners(session: Session, events: Iterable[Event]) -> dict[int, 
         group = partners.get(event.tool_call_id) if event.tool_call_id else None
         units[event.seq] = group if group else [event]
     return units
+
+
+def recall_budget(*, session: Session, max_tokens: int | None) -> int:
+    """The budget a recall request (REST or MCP) gets: RECALL_DEFAULT_TOKENS, at most the
+    session's contextLimit, when it names none; more than contextLimit is refused."""
+    if max_tokens is None:
+        return min(RECALL_DEFAULT_TOKENS, session.context_limit)
+    if max_tokens > session.context_limit:
+        raise InvalidInput(
+            "maxTokens must not exceed the session's contextLimit",
+            code="invalid_request",
+            fields={"maxTokens": f"at most {session.context_limit}"},
+        )
+    return max_tokens
 
 
 def recall(

@@ -210,32 +210,14 @@ def live_url(django_db_setup, django_db_blocker):
     """daphne in a thread of this process, so the server, the Celery worker thread and the
     in-memory channel layer are one process, as in `manage.py serve`. One per test run:
     Twisted's reactor cannot be started twice in a process."""
-    import threading
-    import time
-
-    from daphne.endpoints import build_endpoint_description_strings
-    from daphne.server import Server
     from twisted.internet import reactor
 
     from compaction_app.gateway import forward
-    from config.asgi import application
+    from compaction_app.testkit.daphne_thread import serve_in_thread
 
-    server = Server(
-        application=application,
-        endpoints=build_endpoint_description_strings(host="127.0.0.1", port=0),
-        signal_handlers=False,
-        verbosity=0,
-    )
     with django_db_blocker.unblock():
-        thread = threading.Thread(target=server.run, name="daphne", daemon=True)
-        thread.start()
-        deadline = time.monotonic() + 10
-        while not server.listening_addresses:
-            if time.monotonic() > deadline:
-                raise RuntimeError("daphne did not start listening")
-            time.sleep(0.05)
-        host, port = server.listening_addresses[0]
-        yield f"http://{host}:{port}"
+        thread, url = serve_in_thread(seconds=10)
+        yield url
         # The gateway's pooled upstream connections belong to the server's loop: close them
         # while it runs (left open, aiohttp reports them at exit).
         asyncio.run_coroutine_threadsafe(
@@ -252,18 +234,10 @@ def browser():
     Django refuse the ORM in every later test of the process."""
     from playwright.sync_api import sync_playwright
 
+    from tests.support.browser import launch_chromium
+
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path="/usr/bin/chromium",
-            args=[
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-            ],
-        )
+        browser = launch_chromium(playwright)
         yield browser
         browser.close()
 

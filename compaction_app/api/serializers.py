@@ -1,12 +1,15 @@
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rest_framework import serializers
 
 from compaction_app.models import CompactionRun, RunningSummary
 from sessions_app.api.serializers import StrictBooleanField, StrictCharField
 from sessions_app.event_documents import iso_datetime
+
+if TYPE_CHECKING:
+    from compaction_app.services import DryRun
 
 
 class CompactionRequestSerializer(serializers.Serializer):
@@ -50,6 +53,24 @@ class CompactionSerializer(serializers.Serializer):
     revertedAt = serializers.DateTimeField(allow_null=True)
     reverted = serializers.BooleanField()
     lossReport = LossReportSerializer(allow_null=True)
+
+
+def dry_run_to_dict(dry: DryRun) -> dict[str, Any]:
+    """What a dry run would do (POST /compactions with dryRun; the MCP tool answers with the
+    lengths of the two id lists)."""
+    plan = dry.plan
+    return {
+        "dryRun": True,
+        "strategy": dry.strategy,
+        "eventsToFold": list(plan.fold_ids),
+        "toolResultsToClear": [c.event_id for c in plan.cleared],
+        "tokensBefore": plan.tokens_before,
+        "tokensAfter": plan.tokens_after,
+        "eventsBefore": plan.events_before,
+        "eventsAfter": plan.events_after,
+        "needsSummary": plan.needs_summary,
+        "notes": list(plan.notes),
+    }
 
 
 def run_to_dict(run: CompactionRun) -> dict[str, Any]:

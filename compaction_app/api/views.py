@@ -52,21 +52,7 @@ class SessionCompactionsView(APIView):
                 summarizer=data.get("summarizer"),
                 target_ratio=data.get("targetRatio"),
             )
-            plan = dry.plan
-            return Response(
-                {
-                    "dryRun": True,
-                    "strategy": dry.strategy,
-                    "eventsToFold": list(plan.fold_ids),
-                    "toolResultsToClear": [c.event_id for c in plan.cleared],
-                    "tokensBefore": plan.tokens_before,
-                    "tokensAfter": plan.tokens_after,
-                    "eventsBefore": plan.events_before,
-                    "eventsAfter": plan.events_after,
-                    "needsSummary": plan.needs_summary,
-                    "notes": list(plan.notes),
-                }
-            )
+            return Response(s.dry_run_to_dict(dry))
         run = services.compaction_request(
             session=session,
             user=request.user,

@@ -142,6 +142,12 @@ def _session_page(
     return render(request, SESSION_TEMPLATE, context, status=status)
 
 
+def _part(request: HtmxHttpRequest, session: Session, part: str, **extra: Any) -> HttpResponse:
+    """One part of the session page alone, for htmx to swap in place."""
+    context = session_context(session=session, user=request.user, **extra)
+    return HttpResponse(render_parts(SESSION_TEMPLATE, [part], context, request=request, oob=False))
+
+
 def _positive_int(value: str | None) -> int | None:
     try:
         number = int(value) if value else None
@@ -162,18 +168,10 @@ def session_detail(request: HtmxHttpRequest, session_id: Any) -> HttpResponse:
     if before is not None:
         # The "earlier" link: the window of the trace before `before`, as the one fragment
         # the page itself renders its latest window with (a plain request gets it too).
-        context = session_context(
-            session=session, user=request.user, before=before, **_page_options(request)
-        )
-        return HttpResponse(
-            render_parts(SESSION_TEMPLATE, ["timeline_items"], context, request=request, oob=False)
-        )
+        return _part(request, session, "timeline_items", before=before, **_page_options(request))
     part = PAGE_PARTS.get(request.htmx.target or "") if request.htmx else None
     if part is not None:
-        context = session_context(session=session, user=request.user, **_page_options(request))
-        return HttpResponse(
-            render_parts(SESSION_TEMPLATE, [part], context, request=request, oob=False)
-        )
+        return _part(request, session, part, **_page_options(request))
     return _session_page(request, session)
 
 
@@ -185,12 +183,7 @@ def compaction_detail(request: HtmxHttpRequest, session_id: Any, run_id: Any) ->
     run = _run_or_404(request, session, run_id)
     detail = queries.run_detail(run=run)
     if request.htmx:
-        context = session_context(
-            session=session, user=request.user, detail=detail, **_page_options(request)
-        )
-        return HttpResponse(
-            render_parts(SESSION_TEMPLATE, ["run_detail"], context, request=request, oob=False)
-        )
+        return _part(request, session, "run_detail", detail=detail, **_page_options(request))
     return _session_page(request, session, detail=detail)
 
 
@@ -261,10 +254,7 @@ def compaction_preview(request: HtmxHttpRequest, session_id: Any) -> HttpRespons
     dry_run = compaction_services.compaction_plan(session=session, strategy=strategy)
     preview = {"plan": dry_run.plan, "strategy": strategy}
     if request.htmx:
-        context = session_context(session=session, user=request.user, preview=preview)
-        return HttpResponse(
-            render_parts(SESSION_TEMPLATE, ["controls"], context, request=request, oob=False)
-        )
+        return _part(request, session, "controls", preview=preview)
     return _session_page(request, session, preview=preview)
 
 

@@ -191,12 +191,8 @@ def reply_from_response(payload: Any, *, model: str) -> Reply | None:
         message = to_client_message({"role": "assistant", "content": payload["content"]})
     except GatewayInputError:
         return None
-    usage = payload.get("usage") if isinstance(payload.get("usage"), dict) else {}
-    return Reply(
-        message=message,
-        model=str(payload.get("model") or model),
-        raw_usage=usage or {},
-        **usage_fields.anthropic_messages(usage),
+    return wire.reply_of(
+        message, payload, model=model, usage_fields=usage_fields.anthropic_messages
     )
 
 
@@ -262,11 +258,8 @@ class StreamAccumulator:
                     self._data(line[5:].strip())
 
     def _data(self, data: bytes) -> None:
-        try:
-            payload = json.loads(data)
-        except ValueError:
-            return
-        if not isinstance(payload, dict):
+        payload = wire.sse_json(data)
+        if payload is None:
             return
         kind = payload.get("type")
         if kind == "message_start":

@@ -12,12 +12,11 @@ from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
 
+from compaction_app.gateway.compressed import announce_compression
 from compaction_app.gateway.fit_rules import PASS_THROUGH, decide
-from compaction_app.gateway.fitted import Fitted, Wire
-from compaction_app.gateway.messages import GatewayError
+from compaction_app.gateway.fitted import Fitted, Wire, context_length_exceeded
 from compaction_app.gateway.thread_fit import ThreadRequest, fit_thread
 from compaction_app.models import Trigger
-from compaction_app.realtime import broadcast
 from sessions_app import tokens
 from sessions_app.context import context_prepare
 from sessions_app.errors import Unprocessable
@@ -26,7 +25,6 @@ from sessions_app.services import model_registry
 from sessions_app.session_settings import SessionSettings
 
 logger = logging.getLogger("compaction_app.gateway")
-audit = logging.getLogger("context")
 
 
 def model_window(session: Session, model: str) -> int:
@@ -124,32 +122,13 @@ def fit(
         )
     except Unprocessable as exc:
         needed = int(exc.extra.get("tokenCount") or 0) + definitions
-        raise GatewayError(
-            f"This model's maximum context length is {limit} tokens; the messages that must "
-            f"be kept need {needed} tokens even after compaction"
-            + (f" (tool definitions included: {definitions})" if definitions else "")
-            + ".",
-            code="context_length_exceeded",
-            param="messages",
-            tokenCount=needed,
-            limit=limit,
-            model=model,
+        raise context_length_exceeded(
+            limit=limit, needed=needed, definitions=definitions, model=model
         ) from None
     compression = None
     run = prepared.compaction
     if run and run.get("status") == "completed" and run.get("tokensBefore") is not None:
-        compression = {
-            "type": "CONTEXT_COMPRESSED",
-            "sessionId": str(session.pk),
-            "originalTokenCount": run["tokensBefore"],
-            "compressedTokenCount": run["tokensAfter"],
-        }
-        audit.info(
-            "context_compressed %s",
-            compression,
-            extra={"session_id": str(session.pk), "model": model},
-        )
-        broadcast.broadcast(session_id=session.pk, owner_id=session.owner_id, message=compression)
+        compression = announce_compression(session=session, run=run, model=model)
     return Fitted(
         model=model,
         body=wire.with_context(

@@ -7,9 +7,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from compaction_app.gateway.messages import GatewayError
 from compaction_app.gateway.wire import Wire
 
-__all__ = ["Fitted", "Wire"]
+__all__ = ["Fitted", "Wire", "context_length_exceeded"]
 
 
 @dataclass(frozen=True)
@@ -26,3 +27,21 @@ class Fitted:
     @property
     def percent_used(self) -> float:
         return round(100 * self.token_count / self.limit, 1) if self.limit else 0.0
+
+
+def context_length_exceeded(
+    *, limit: int, needed: int, definitions: int, model: str
+) -> GatewayError:
+    """The provider-shaped refusal when what must be kept (`needed` tokens, tool definitions
+    included) does not fit `limit` even after compaction."""
+    return GatewayError(
+        f"This model's maximum context length is {limit} tokens; the messages that must "
+        f"be kept need {needed} tokens even after compaction"
+        + (f" (tool definitions included: {definitions})" if definitions else "")
+        + ".",
+        code="context_length_exceeded",
+        param="messages",
+        tokenCount=needed,
+        limit=limit,
+        model=model,
+    )

@@ -157,8 +157,9 @@ def reply_from_response(payload: Any, *, model: str) -> Reply | None:
         client_message = to_client_message({**message, "role": "assistant"})
     except GatewayInputError:
         return None
-    usage = payload.get("usage") if isinstance(payload.get("usage"), dict) else {}
-    return _reply(client_message, str(payload.get("model") or model), usage or {})
+    return wire.reply_of(
+        client_message, payload, model=model, usage_fields=usage_fields.openai_chat
+    )
 
 
 def _reply(message: ClientMessage, model: str, usage: dict[str, Any]) -> Reply:
@@ -219,11 +220,8 @@ class StreamAccumulator:
         if data == b"[DONE]":
             self.done = True
             return
-        try:
-            payload = json.loads(data)
-        except ValueError:
-            return
-        if not isinstance(payload, dict):
+        payload = wire.sse_json(data)
+        if payload is None:
             return
         if "error" in payload:
             self.errored = True

@@ -362,13 +362,7 @@ def reply_from_response(payload: Any, *, model: str) -> Reply | None:
         message = _turn(items, "output")
     except GatewayInputError:
         return None
-    usage = payload.get("usage") if isinstance(payload.get("usage"), dict) else {}
-    return Reply(
-        message=message,
-        model=str(payload.get("model") or model),
-        raw_usage=usage or {},
-        **usage_fields.openai_responses(usage or {}),
-    )
+    return wire.reply_of(message, payload, model=model, usage_fields=usage_fields.openai_responses)
 
 
 def error_body(
@@ -423,11 +417,8 @@ class StreamAccumulator:
                 self._data(b"\n".join(data))
 
     def _data(self, data: bytes) -> None:
-        try:
-            payload = json.loads(data)
-        except ValueError:
-            return
-        if not isinstance(payload, dict):
+        payload = wire.sse_json(data)
+        if payload is None:
             return
         kind = payload.get("type")
         response = payload.get("response")

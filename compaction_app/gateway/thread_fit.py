@@ -24,7 +24,8 @@ from typing import Any
 from django.contrib.auth.models import AbstractBaseUser
 
 from compaction_app.gateway import fit_rules, shape
-from compaction_app.gateway.fitted import Fitted, Wire
+from compaction_app.gateway.compressed import announce_compression
+from compaction_app.gateway.fitted import Fitted, Wire, context_length_exceeded
 from compaction_app.gateway.messages import (
     TOOL_RESULT,
     ClientMessage,
@@ -40,7 +41,6 @@ from compaction_app.gateway.record import (
     record_request,
 )
 from compaction_app.models import Trigger
-from compaction_app.realtime import broadcast
 from sessions_app import context_window, tokens
 from sessions_app.errors import Conflict
 from sessions_app.models import Event, EventType, Session, Thread
@@ -209,20 +209,7 @@ def fit_thread(
     if level != "ok":
         run = _compact(session, user, target)
         if run is not None and run.get("status") == "completed":
-            compression = {
-                "type": "CONTEXT_COMPRESSED",
-                "sessionId": str(session.pk),
-                "originalTokenCount": run["tokensBefore"],
-                "compressedTokenCount": run["tokensAfter"],
-            }
-            audit.info(
-                "context_compressed %s",
-                compression,
-                extra={"session_id": str(session.pk), "model": model},
-            )
-            broadcast.broadcast(
-                session_id=session.pk, owner_id=session.owner_id, message=compression
-            )
+            compression = announce_compression(session=session, run=run, model=model)
             fresh = _state(session, request)
             if fresh is not None:
                 state = fresh
@@ -251,16 +238,8 @@ def fit_thread(
                 + extra
                 + definitions
             )
-            raise GatewayError(
-                f"This model's maximum context length is {limit} tokens; the messages that "
-                f"must be kept need {needed} tokens even after compaction"
-                + (f" (tool definitions included: {definitions})" if definitions else "")
-                + ".",
-                code="context_length_exceeded",
-                param="messages",
-                tokenCount=needed,
-                limit=limit,
-                model=model,
+            raise context_length_exceeded(
+                limit=limit, needed=needed, definitions=definitions, model=model
             )
         pruned = len(pruned_kept) < len(kept)
         kept = pruned_kept

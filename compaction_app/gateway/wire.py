@@ -18,10 +18,41 @@ calls the contract, in the spirit of LiteLLM's per-provider configs:
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 from compaction_app.gateway.messages import ClientMessage, Reply
+
+
+def sse_json(data: bytes) -> dict[str, Any] | None:
+    """One SSE `data:` payload as a JSON object, or None for anything else (a torn or foreign
+    line): a stream accumulator reads what it can and never fails the stream it follows."""
+    try:
+        payload = json.loads(data)
+    except ValueError:
+        return None
+    return payload if isinstance(payload, dict) else None
+
+
+def reply_of(
+    message: ClientMessage,
+    payload: dict[str, Any],
+    *,
+    model: str,
+    usage_fields: Callable[[Any], dict[str, int | None]],
+) -> Reply:
+    """A non-streamed reply: `message`, the model the provider names (else the request's) and
+    the payload's usage, raw and read by the format's `usage_fields`."""
+    usage = payload.get("usage") if isinstance(payload.get("usage"), dict) else {}
+    return Reply(
+        message=message,
+        model=str(payload.get("model") or model),
+        raw_usage=usage or {},
+        **usage_fields(usage or {}),
+    )
+
 
 # Route kinds the router knows how to serve (views.py has one handler per kind).
 CONVERSATION = "conversation"  # recorded, fitted, forwarded with failover

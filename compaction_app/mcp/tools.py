@@ -18,7 +18,11 @@ from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from rest_framework import serializers
 
 from compaction_app import services as compaction
-from compaction_app.api.serializers import CompactionRequestSerializer, run_to_dict
+from compaction_app.api.serializers import (
+    CompactionRequestSerializer,
+    dry_run_to_dict,
+    run_to_dict,
+)
 from compaction_app.mcp import selectors
 from compaction_app.models import Trigger
 from sessions_app import recall, search
@@ -181,18 +185,11 @@ def ledger_recall(user: User, arguments: Mapping[str, Any]) -> dict[str, Any]:
     data = _valid(_RecallArgs, arguments)
     session = _session(user, data)
     # As POST /sessions/{id}/recall.
-    max_tokens = data.get("maxTokens", min(recall.RECALL_DEFAULT_TOKENS, session.context_limit))
-    if max_tokens > session.context_limit:
-        raise InvalidInput(
-            "maxTokens must not exceed the session's contextLimit",
-            code="invalid_request",
-            fields={"maxTokens": f"at most {session.context_limit}"},
-        )
     result = recall.recall(
         session=session,
         text=data.get("query"),
         seqs=data.get("seqs"),
-        max_tokens=max_tokens,
+        max_tokens=recall.recall_budget(session=session, max_tokens=data.get("maxTokens")),
         fmt=data["format"],
     )
     return {
@@ -226,20 +223,11 @@ def ledger_compact(user: User, arguments: Mapping[str, Any]) -> dict[str, Any]:
             summarizer=data.get("summarizer"),
             target_ratio=data.get("targetRatio"),
         )
-        plan = dry.plan
-        return {
-            "session": _session_ref(session),
-            "dryRun": True,
-            "strategy": dry.strategy,
-            "eventsToFold": len(plan.fold_ids),
-            "toolResultsToClear": len(plan.cleared),
-            "tokensBefore": plan.tokens_before,
-            "tokensAfter": plan.tokens_after,
-            "eventsBefore": plan.events_before,
-            "eventsAfter": plan.events_after,
-            "needsSummary": plan.needs_summary,
-            "notes": list(plan.notes),
-        }
+        answer = dry_run_to_dict(dry)
+        # The tool answers with counts where REST lists the ids (docs/mcp.md).
+        for key in ("eventsToFold", "toolResultsToClear"):
+            answer[key] = len(answer[key])
+        return {"session": _session_ref(session), **answer}
     run = compaction.compaction_request(
         session=session,
         user=user,

@@ -154,18 +154,11 @@ class RecallView(APIView):
         body = RecallInSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         data = body.validated_data
-        max_tokens = data.get("maxTokens", min(recall.RECALL_DEFAULT_TOKENS, session.context_limit))
-        if max_tokens > session.context_limit:
-            raise InvalidInput(
-                "maxTokens must not exceed the session's contextLimit",
-                code="invalid_request",
-                fields={"maxTokens": f"at most {session.context_limit}"},
-            )
         result = recall.recall(
             session=session,
             text=data.get("query"),
             seqs=data.get("seqs"),
-            max_tokens=max_tokens,
+            max_tokens=recall.recall_budget(session=session, max_tokens=data.get("maxTokens")),
             fmt=data["format"],
         )
         payload: dict[str, Any] = {

@@ -3,13 +3,12 @@ an id stored elsewhere is a 409 `idempotency_conflict` that stores nothing."""
 
 from __future__ import annotations
 
-import threading
 import uuid
 
 import pytest
-from django.db import connection
 
 from sessions_app.models import Event, Session
+from tests.support.helpers import run_threads
 
 SESSIONS = "/api/v1/sessions"
 BODY = {
@@ -170,28 +169,6 @@ def test_it_replays_a_bulk_of_thousands_and_stores_only_new_events(alice_api, se
     assert Session.objects.get(pk=session_id).event_count == 3002
 
 
-def run_threads(count, work):
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(count)
-
-    def target(index):
-        try:
-            barrier.wait(timeout=30)
-            work(index)
-        except BaseException as exc:
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=target, args=(i,)) for i in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
-    assert not any(thread.is_alive() for thread in threads)
-    assert not errors, errors
-
-
 @pytest.mark.django_db(transaction=True)
 def test_it_stores_one_copy_under_concurrent_identical_and_conflicting_retries(alice):
     from rest_framework.authtoken.models import Token
@@ -218,7 +195,8 @@ def test_it_stores_one_copy_under_concurrent_identical_and_conflicting_retries(a
         response = client().post(url(session), body, format="json")
         outcomes.append((thread, response.status_code, response.json()))
 
-    run_threads(8, work)
+    errors = run_threads(8, work)
+    assert not errors, errors
     statuses = {thread: status for thread, status, _ in outcomes}
     identical = sorted(statuses[t] for t in range(6))
     stored_seqs = [e.seq for e in Event.objects.filter(session_id=session).order_by("seq")]

@@ -8,38 +8,21 @@ from compaction_app.summarizers.anthropic_summarizer import AnthropicSummarizer
 from compaction_app.summarizers.base import SummaryMessage, summarizer_class
 from compaction_app.testkit.provider_standin import (
     ProviderStandIn,
-    error,
     invalid_json,
     missing_fields,
     overloaded,
-    rate_limited,
     raw_json,
     reply_text,
-    server_error,
-    slow,
-    unauthorized,
 )
-from tests.support.helpers import closed_port, rough_token_count, summarizer_error
+from tests.support.helpers import summarizer_error
+from tests.support.remote_summarizers import REMOTES, USER_TURN
 
-API_KEY = "sk-ant-test-secret-key"
-
-
-def make(fake: ProviderStandIn, **overrides: object) -> AnthropicSummarizer:
-    options: dict[str, object] = {
-        "count_tokens": rough_token_count,
-        "api_key": API_KEY,
-        "base_url": fake.anthropic_url,
-        "model": "claude-3-5-sonnet-latest",
-        "timeout_seconds": 5.0,
-    }
-    options.update(overrides)
-    return AnthropicSummarizer(**options)  # type: ignore[arg-type]
+REMOTE = REMOTES["anthropic"]
+API_KEY = REMOTE.api_key
 
 
 MESSAGES = [
-    SummaryMessage(
-        event_id="e1", type="USER_MESSAGE", role="user", content="Fix bug #42 in src/app.py"
-    ),
+    USER_TURN,
     SummaryMessage(
         event_id="e2",
         type="TOOL_RESULT",
@@ -76,7 +59,7 @@ def test_it_returns_the_stripped_summary_and_sends_model_max_tokens_system_and_m
 ) -> None:
     fake.script(reply_text("\n  ## Status\n- KeyError at src/app.py:88  \n"))
 
-    result = summarize(make(fake), previous="## Status\n- earlier work on ticket 7")
+    result = summarize(REMOTE.make(fake), previous="## Status\n- earlier work on ticket 7")
 
     assert result == "## Status\n- KeyError at src/app.py:88"
     [request] = fake.requests
@@ -111,58 +94,16 @@ def test_it_joins_the_text_blocks_and_skips_other_blocks(fake: ProviderStandIn) 
         )
     )
 
-    assert summarize(make(fake)) == "## Status\n- done"
-
-
-def test_it_treats_429_as_transient_and_reports_retry_after(fake: ProviderStandIn) -> None:
-    fake.script(rate_limited(retry_after=7))
-
-    failure = summarizer_error(lambda: summarize(make(fake)))
-
-    assert failure.permanent is False
-    assert "429" in str(failure) and "retry after 7s" in str(failure)
-    assert len(fake.requests) == 1  # the SDK does not retry: Celery does
-
-
-def test_it_treats_500_as_transient(fake: ProviderStandIn) -> None:
-    fake.script(server_error(500))
-
-    failure = summarizer_error(lambda: summarize(make(fake)))
-
-    assert failure.permanent is False
+    assert summarize(REMOTE.make(fake)) == "## Status\n- done"
 
 
 def test_it_treats_529_overloaded_as_transient(fake: ProviderStandIn) -> None:
     fake.script(overloaded())
 
-    failure = summarizer_error(lambda: summarize(make(fake)))
+    failure = summarizer_error(lambda: summarize(REMOTE.make(fake)))
 
     assert failure.permanent is False
     assert "529" in str(failure)
-
-
-def test_it_treats_a_timeout_as_transient(fake: ProviderStandIn) -> None:
-    fake.script(slow(2.0))
-
-    failure = summarizer_error(lambda: summarize(make(fake, timeout_seconds=0.5)))
-
-    assert failure.permanent is False
-    assert "timed out" in str(failure)
-
-
-def test_it_treats_a_refused_connection_as_transient() -> None:
-    port = closed_port()
-    summarizer = AnthropicSummarizer(
-        count_tokens=rough_token_count,
-        api_key=API_KEY,
-        base_url=f"http://127.0.0.1:{port}",
-        model="m",
-        timeout_seconds=1.0,
-    )
-
-    failure = summarizer_error(lambda: summarize(summarizer))
-
-    assert failure.permanent is False
 
 
 @pytest.mark.parametrize(
@@ -180,7 +121,7 @@ def test_it_treats_a_refused_connection_as_transient() -> None:
 def test_it_treats_a_malformed_body_as_permanent(fake: ProviderStandIn, behaviour: object) -> None:
     fake.script(behaviour)  # type: ignore[arg-type]
 
-    failure = summarizer_error(lambda: summarize(make(fake)))
+    failure = summarizer_error(lambda: summarize(REMOTE.make(fake)))
 
     assert failure.permanent is True
     assert "malformed" in str(failure)
@@ -189,56 +130,6 @@ def test_it_treats_a_malformed_body_as_permanent(fake: ProviderStandIn, behaviou
 def test_it_treats_a_refusal_as_permanent(fake: ProviderStandIn) -> None:
     fake.script(raw_json(message_body([{"type": "text", "text": "I can't help."}], "refusal")))
 
-    failure = summarizer_error(lambda: summarize(make(fake)))
-
-    assert failure.permanent is True
-
-
-@pytest.mark.parametrize("status", [400, 401, 403, 404])
-def test_it_treats_a_rejected_request_as_permanent(fake: ProviderStandIn, status: int) -> None:
-    fake.script(error(status, f"invalid x-api-key: {API_KEY}"))
-
-    failure = summarizer_error(lambda: summarize(make(fake)))
-
-    assert failure.permanent is True
-    assert str(status) in str(failure)
-    assert API_KEY not in str(failure)
-
-
-def test_it_treats_401_as_permanent(fake: ProviderStandIn) -> None:
-    fake.script(unauthorized())
-
-    failure = summarizer_error(lambda: summarize(make(fake)))
-
-    assert failure.permanent is True
-
-
-def test_it_splits_large_input_into_pieces_carrying_the_summary_forward(
-    fake: ProviderStandIn,
-) -> None:
-    # Each message costs 600 + 8 tokens; the budget (window - reserve, floor 1000) fits one.
-    messages = [
-        SummaryMessage(event_id=f"e{i}", type="AGENT_MESSAGE", role="assistant", content=c * 2400)
-        for i, c in enumerate("abc", start=1)
-    ]
-    fake.script(reply_text("summary-one"), reply_text("summary-two"), reply_text("summary-three"))
-    summarizer = make(fake, input_window_tokens=1200)
-
-    result = summarizer.summarize(previous_summary="", messages=messages, max_tokens=100)
-
-    assert result == "summary-three"
-    users = [request.body["messages"][0]["content"] for request in fake.requests]
-    assert len(users) == 3
-    assert "a" * 2400 in users[0] and "b" * 2400 not in users[0]
-    assert "summary-one" in users[1] and "b" * 2400 in users[1]
-    assert "summary-two" in users[2] and "c" * 2400 in users[2]
-
-
-def test_it_refuses_to_start_without_a_key_for_the_default_endpoint() -> None:
-    failure = summarizer_error(
-        lambda: AnthropicSummarizer(
-            count_tokens=rough_token_count, api_key="", model="claude-3-5-sonnet"
-        )
-    )
+    failure = summarizer_error(lambda: summarize(REMOTE.make(fake)))
 
     assert failure.permanent is True

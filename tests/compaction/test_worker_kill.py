@@ -10,7 +10,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,6 +18,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
+from compaction_app.testkit.celery_worker import start_celery_worker
 from compaction_app.testkit.provider_standin import ProviderStandIn, slow
 from tests.support.helpers import (
     all_events,
@@ -53,33 +53,9 @@ class Workers:
 
     def start(self, name: str, *extra: str) -> subprocess.Popen[bytes]:
         log_path = self.tmp_path / f"{name}.log"
-        with log_path.open("wb") as log:
-            process = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "celery",
-                    "-A",
-                    "config",
-                    "worker",
-                    "--loglevel",
-                    "INFO",
-                    "--pool",
-                    "prefork",
-                    "--concurrency",
-                    "1",
-                    "--hostname",
-                    f"{name}@%h",
-                    "--without-mingle",
-                    "--without-gossip",
-                    *extra,
-                ],
-                cwd=ROOT,
-                env=self.env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
+        process = start_celery_worker(
+            name=name, env=self.env, log_path=log_path, extra=("--pool", "prefork", *extra)
+        )
         self.started.append((process, log_path))
         return process
 

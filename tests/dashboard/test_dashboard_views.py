@@ -264,42 +264,46 @@ def _cookie_headers(user) -> list[tuple[bytes, bytes]]:
     return [(b"origin", b"http://testserver"), (b"cookie", cookies.encode())]
 
 
+def _pushed_frames(user, path: str, session, *messages: dict) -> list[str]:
+    """Open the dashboard socket `path` as `user` (cookie), broadcast each of `messages` on
+    `session` and collect the HTML frame each one pushes."""
+    headers = _cookie_headers(user)
+
+    async def scenario() -> list[str]:
+        communicator = WebsocketCommunicator(application, path, headers=headers)
+        connected, _ = await communicator.connect()
+        assert connected
+        frames = []
+        for message in messages:
+            await sync_to_async(broadcast.broadcast)(
+                session_id=session.pk, owner_id=session.owner_id, message=message
+            )
+            frames.append(await communicator.receive_from(timeout=10))
+        await communicator.disconnect()
+        return frames
+
+    return async_to_sync(scenario)()
+
+
 @pytest.mark.django_db(transaction=True)
 def test_it_pushes_html_fragments_to_the_session_page(alice, bob):
     session = make_session(alice)
-    headers = _cookie_headers(alice)
-
-    async def scenario():
-        communicator = WebsocketCommunicator(
-            application, f"/ws/dashboard/sessions/{session.pk}/", headers=headers
-        )
-        connected, _ = await communicator.connect()
-        assert connected
-        await sync_to_async(broadcast.broadcast)(
-            session_id=session.pk,
-            owner_id=alice.pk,
-            message={
-                "type": "COMPACTION_START",
-                "sessionId": str(session.pk),
-                "message": "Compacting conversation to reduce size…",
-            },
-        )
-        start = await communicator.receive_from(timeout=10)
-        await sync_to_async(broadcast.broadcast)(
-            session_id=session.pk,
-            owner_id=alice.pk,
-            message={
-                "type": "COMPACTION_COMPLETE",
-                "sessionId": str(session.pk),
-                "success": False,
-                "message": f"Compaction failed: {XSS}",
-            },
-        )
-        failed = await communicator.receive_from(timeout=10)
-        await communicator.disconnect()
-        return start, failed
-
-    start, failed = async_to_sync(scenario)()
+    start, failed = _pushed_frames(
+        alice,
+        f"/ws/dashboard/sessions/{session.pk}/",
+        session,
+        {
+            "type": "COMPACTION_START",
+            "sessionId": str(session.pk),
+            "message": "Compacting conversation to reduce size…",
+        },
+        {
+            "type": "COMPACTION_COMPLETE",
+            "sessionId": str(session.pk),
+            "success": False,
+            "message": f"Compaction failed: {XSS}",
+        },
+    )
     assert (
         start.startswith('<div id="notice"') and "Compacting conversation to reduce size…" in start
     )
@@ -314,30 +318,18 @@ def test_it_pushes_html_fragments_to_the_session_page(alice, bob):
 @pytest.mark.django_db(transaction=True)
 def test_it_pushes_a_revert_notice_with_the_tokens_to_the_session_page(alice):
     session = make_session(alice)
-    headers = _cookie_headers(alice)
-
-    async def scenario():
-        communicator = WebsocketCommunicator(
-            application, f"/ws/dashboard/sessions/{session.pk}/", headers=headers
-        )
-        connected, _ = await communicator.connect()
-        assert connected
-        await sync_to_async(broadcast.broadcast)(
-            session_id=session.pk,
-            owner_id=alice.pk,
-            message={
-                "type": "COMPACTION_REVERTED",
-                "sessionId": str(session.pk),
-                "compactionId": "00000000-0000-0000-0000-000000000001",
-                "tokensBefore": 1234,
-                "tokensAfter": 5678,
-            },
-        )
-        frame = await communicator.receive_from(timeout=10)
-        await communicator.disconnect()
-        return frame
-
-    frame = async_to_sync(scenario)()
+    [frame] = _pushed_frames(
+        alice,
+        f"/ws/dashboard/sessions/{session.pk}/",
+        session,
+        {
+            "type": "COMPACTION_REVERTED",
+            "sessionId": str(session.pk),
+            "compactionId": "00000000-0000-0000-0000-000000000001",
+            "tokensBefore": 1234,
+            "tokensAfter": 5678,
+        },
+    )
     assert frame.startswith('<div id="notice"') and "notice-success" in frame
     assert (
         "Compaction reverted: the folded events are active again (1,234 → 5,678 tokens)." in frame
@@ -348,24 +340,12 @@ def test_it_pushes_a_revert_notice_with_the_tokens_to_the_session_page(alice):
 @pytest.mark.django_db(transaction=True)
 def test_it_pushes_the_row_to_the_sessions_list(alice):
     session = make_session(alice)
-    headers = _cookie_headers(alice)
-
-    async def scenario():
-        communicator = WebsocketCommunicator(
-            application, "/ws/dashboard/sessions/", headers=headers
-        )
-        connected, _ = await communicator.connect()
-        assert connected
-        await sync_to_async(broadcast.broadcast)(
-            session_id=session.pk,
-            owner_id=alice.pk,
-            message={"type": "USAGE_UPDATED", "sessionId": str(session.pk)},
-        )
-        frame = await communicator.receive_from(timeout=10)
-        await communicator.disconnect()
-        return frame
-
-    frame = async_to_sync(scenario)()
+    [frame] = _pushed_frames(
+        alice,
+        "/ws/dashboard/sessions/",
+        session,
+        {"type": "USAGE_UPDATED", "sessionId": str(session.pk)},
+    )
     assert frame.lstrip().startswith(f'<tr id="row-{session.pk}"') and 'hx-swap-oob="true"' in frame
 
 

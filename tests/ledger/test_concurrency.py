@@ -6,46 +6,23 @@ or PostgreSQL with the session row lock), one database connection per thread.
 
 from __future__ import annotations
 
-import threading
 import uuid
 
 import pytest
 from django.contrib.auth import get_user_model
 from django.core.cache import cache
-from django.db import connection
 from django.db.models import Count, Sum
 
 from sessions_app import services
 from sessions_app.errors import Conflict
 from sessions_app.models import MODEL_INVISIBLE_TYPES, Event, EventType, Session
 from sessions_app.services import EventInput, TokenUsage
+from tests.support.helpers import run_threads
 
 THREADS = 8
 PER_THREAD = 25
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def run_threads(count: int, work) -> list[BaseException]:
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(count)
-
-    def target(index: int) -> None:
-        try:
-            barrier.wait(timeout=30)
-            work(index)
-        except BaseException as exc:  # collected and re-raised by the test
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=target, args=(i,)) for i in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(timeout=120)
-    assert not any(thread.is_alive() for thread in threads)
-    return errors
 
 
 def make_session(**kwargs) -> Session:

@@ -147,56 +147,24 @@ def daphne_url(transactional_db):
     """A daphne process serving config.asgi on the test database (the test's committed rows
     are visible to it). The body limit is 4096 bytes there."""
     import os
-    import socket
-    import subprocess
-    import sys
-    import time
 
     from django.db import connection
+
+    from tests.support.daphne import daphne_process
 
     db = connection.settings_dict
     if connection.vendor == "postgresql":
         url = f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}"
     else:
         url = f"sqlite:///{db['NAME']}"
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     env = {
         **os.environ,
         "DATABASE_URL": url,
         "DJANGO_SECRET_KEY": os.environ.get("DJANGO_SECRET_KEY") or "test-only",
         "API_MAX_BODY_BYTES": "4096",
     }
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "daphne",
-            "-b",
-            "127.0.0.1",
-            "-p",
-            str(port),
-            "config.asgi:application",
-        ],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert server.poll() is None, server.stderr.read().decode()
-                assert time.monotonic() < deadline, "daphne did not start"
-                time.sleep(0.1)
+    with daphne_process(env) as port:
         yield f"127.0.0.1:{port}"
-    finally:
-        server.terminate()
-        server.wait(timeout=20)
 
 
 def post_chunked(address: str, path: str, token: str, chunks: list[bytes]) -> tuple[int, dict]:

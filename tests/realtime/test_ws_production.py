@@ -15,11 +15,7 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 from django.conf import settings
@@ -28,9 +24,9 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from compaction_app.realtime import broadcast
-from tests.support.helpers import api_token, closed_port, create_session
+from tests.support.daphne import daphne_process
+from tests.support.helpers import api_token, create_session
 
-ROOT = Path(__file__).resolve().parents[2]
 IDLE_SECONDS = 30
 
 pytestmark = pytest.mark.skipif(
@@ -44,7 +40,6 @@ def daphne_url(django_db_setup, django_db_blocker):
     """A daphne process serving the app on this test run's database, channel prefix and queue."""
     from django.db import connection
 
-    port = closed_port()
     database = connection.settings_dict
     env = dict(
         os.environ,
@@ -58,39 +53,8 @@ def daphne_url(django_db_setup, django_db_blocker):
         DJANGO_SECRET_KEY=settings.SECRET_KEY,
         DB_POOL_MIN_SIZE="0",
     )
-    server = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "daphne",
-            "-b",
-            "127.0.0.1",
-            "-p",
-            str(port),
-            "config.asgi:application",
-        ],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            if server.poll() is not None or time.monotonic() > deadline:
-                server.kill()
-                raise RuntimeError(f"daphne did not start: {server.stderr.read()}") from None
-            time.sleep(0.2)
-    yield f"ws://127.0.0.1:{port}"
-    server.terminate()
-    try:
-        server.wait(timeout=10)
-    except subprocess.TimeoutExpired:
-        server.kill()
+    with daphne_process(env) as port:
+        yield f"ws://127.0.0.1:{port}"
 
 
 def _is_open(ws) -> bool:

@@ -425,6 +425,8 @@ def test_it_jumps_from_a_search_hit_to_its_folded_event_in_a_browser(
 ):
     from playwright.sync_api import sync_playwright
 
+    from tests.support.browser import launch_chromium
+
     # Playwright's sync API keeps an asyncio loop on this thread; the ORM calls below are
     # plain synchronous test code.
     monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
@@ -446,17 +448,7 @@ def test_it_jumps_from_a_search_hit_to_its_folded_event_in_a_browser(
     client.force_login(alice)
     cookie = client.cookies["sessionid"].value
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(
-            executable_path="/usr/bin/chromium",
-            args=[
-                "--headless",
-                "--no-sandbox",
-                "--disable-gpu",
-                "--disable-background-networking",
-                "--disable-component-update",
-                "--disable-sync",
-            ],
-        )
+        browser = launch_chromium(playwright)
         try:
             context = browser.new_context()
             context.set_default_timeout(20_000)

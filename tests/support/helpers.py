@@ -8,6 +8,8 @@ this module under `-p no:django`.
 from __future__ import annotations
 
 import socket
+import subprocess
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -207,3 +209,57 @@ async def receive_until(
             session_id is None or message.get("sessionId") == session_id
         ):
             return message
+
+
+def run_threads(count: int, work: Callable[[int], Any]) -> list[BaseException]:
+    """`work(index)` in `count` threads released together (a barrier), each closing its own
+    database connection; what they raised (the caller asserts on it)."""
+    from django.db import connection
+
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(count)
+
+    def target(index: int) -> None:
+        try:
+            barrier.wait(timeout=30)
+            work(index)
+        except BaseException as exc:  # collected and re-raised by the test
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=target, args=(i,)) for i in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=120)
+    assert not any(thread.is_alive() for thread in threads)
+    return errors
+
+
+def wait_listening(
+    port: int, process: subprocess.Popen[str], *, what: str, seconds: float = 60.0
+) -> None:
+    """Until `process` accepts connections on `port`; an error naming `what` (with its
+    stderr, when it was piped) if it exits first or does not listen within `seconds`."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            stderr = process.stderr.read() if process.stderr else ""
+            raise RuntimeError(f"{what} exited early: {stderr}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return
+        except OSError:
+            time.sleep(0.1)
+    raise RuntimeError(f"{what} did not start listening")
+
+
+def stop_process(process: subprocess.Popen[Any], *, seconds: float = 10.0) -> None:
+    """Terminate `process`; kill it if it has not stopped within `seconds`."""
+    process.terminate()
+    try:
+        process.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()

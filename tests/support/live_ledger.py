@@ -17,11 +17,12 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+
+from tests.support.helpers import stop_process, wait_listening
 
 ROOT = Path(__file__).resolve().parents[2]
 # The parent's production-profile variables must not reach the child: it would share (and
@@ -68,28 +69,10 @@ def live_ledger(**env: str) -> Iterator[LiveLedger]:
             if not line:
                 raise RuntimeError("live ledger failed to start: " + process.stderr.read()[-3000:])
             tokens = json.loads(line)
-            _wait_listening(port, process)
+            wait_listening(port, process, what="live ledger")
             yield LiveLedger(base_url=f"http://127.0.0.1:{port}", tokens=tokens)
         finally:
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-
-
-def _wait_listening(port: int, process: subprocess.Popen[str]) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError("live ledger exited early")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-                return
-        except OSError:
-            time.sleep(0.1)
-    raise RuntimeError("live ledger did not start listening")
+            stop_process(process)
 
 
 def _serve(port: int) -> None:

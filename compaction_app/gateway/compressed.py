@@ -1,0 +1,29 @@
+"""The one announcement both fittings (fit.py's ladder, thread_fit.py's per-thread fitting)
+make when a compaction they ran shrank the context: CONTEXT_COMPRESSED to the audit log and
+the session's sockets, and into `Fitted.compression` for the response headers."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from compaction_app.realtime import broadcast
+from sessions_app.models import Session
+
+audit = logging.getLogger("context")
+
+
+def announce_compression(*, session: Session, run: dict[str, Any], model: str) -> dict[str, Any]:
+    """Log and broadcast the completed compaction `run` (its tokensBefore/tokensAfter);
+    the CONTEXT_COMPRESSED message."""
+    compression = {
+        "type": "CONTEXT_COMPRESSED",
+        "sessionId": str(session.pk),
+        "originalTokenCount": run["tokensBefore"],
+        "compressedTokenCount": run["tokensAfter"],
+    }
+    audit.info(
+        "context_compressed %s", compression, extra={"session_id": str(session.pk), "model": model}
+    )
+    broadcast.broadcast(session_id=session.pk, owner_id=session.owner_id, message=compression)
+    return compression
