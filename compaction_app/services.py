@@ -20,7 +20,7 @@ from django.db.models import Count, F, Q, Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from compaction_app import evidence
+from compaction_app import evidence, thread_scope
 from compaction_app.enqueue import enqueue_memory_flush, enqueue_run_on_commit
 from compaction_app.heartbeat import beating
 from compaction_app.models import ACTIVE_STATUSES, CompactionRun, RunningSummary, RunStatus, Trigger
@@ -28,7 +28,6 @@ from compaction_app.realtime import broadcast
 from compaction_app.run_documents import complete_message, run_snapshot
 from compaction_app.selectors import latest_revertible_run
 from compaction_app.signals import memory_flush
-from compaction_app import thread_scope
 from compaction_app.strategies import SUMMARY_MESSAGE_OVERHEAD, context_cost, plan_compaction
 from compaction_app.summarizers.base import SummarizerError, SummaryMessage
 from compaction_app.summarizers.factory import build_summarizer

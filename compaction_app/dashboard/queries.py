@@ -47,9 +47,9 @@ from sessions_app import pricing
 from sessions_app.models import MODEL_INVISIBLE_TYPES, Event, EventType, Session
 from sessions_app.search import sessions_matching_content
 from sessions_app.selectors import counter_is_exact, sessions_visible_to, usage_for_session
-from sessions_app.threads import thread_usage
 from sessions_app.session_settings import DEFAULTS as SETTING_DEFAULTS
 from sessions_app.session_settings import STRATEGY_NAMES, SessionSettings
+from sessions_app.threads import thread_usage
 from sessions_app.tokens import REPLY_PRIMER
 
 PAGE_SIZE = 25

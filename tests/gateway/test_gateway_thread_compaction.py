@@ -57,9 +57,7 @@ def _thread_events(session, key):
     return Event.objects.filter(session=session, metadata__thread=key)
 
 
-def test_it_compacts_a_thread_without_folding_another_threads_events(
-    gateway_url, upstream, alice
-):
+def test_it_compacts_a_thread_without_folding_another_threads_events(gateway_url, upstream, alice):
     session, (main_client, main, main_key), (side_client, side, side_key) = _two_threads(
         gateway_url, alice, "per-thread"
     )
