@@ -39,7 +39,6 @@ from sessions_app.models import Event, EventType, Session, Thread
 from sessions_app.selectors import event_content, usage_for_session
 from sessions_app.services import EventInput, event_append, session_record_compaction
 from sessions_app.session_settings import STRATEGY_NAMES, SUMMARIZER_NAMES, SessionSettings
-from sessions_app.threads import thread_usage
 
 logger = logging.getLogger("compaction_app")
 audit = logging.getLogger("context")
@@ -195,7 +194,7 @@ def _running_summary(session: Session) -> RunningSummary:
 def broadcast_usage(session: Session) -> None:
     """Push the session's usage document (USAGE_UPDATED) to everyone watching it: its main
     thread's for a session with several writers, like REST /usage."""
-    usage = thread_usage(session=session, usage=usage_for_session(session=session), key=None)
+    usage = thread_scope.session_usage(session=session, usage=usage_for_session(session=session))
     broadcast.broadcast(
         session_id=session.pk,
         owner_id=session.owner_id,

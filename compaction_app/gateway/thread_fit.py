@@ -23,6 +23,7 @@ from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
 
+from compaction_app import thread_scope
 from compaction_app.gateway import fit_rules, shape
 from compaction_app.gateway.fitted import Fitted, Wire
 from compaction_app.gateway.messages import (
@@ -407,6 +408,7 @@ def _note_error(session: Session, thread: Thread | None, text: str) -> None:
         target = thread or Thread.objects.filter(session=session).order_by("created_at").first()
         if target is None:
             target = Thread.objects.create(session=session, key=MAIN_KEY)
+            thread_scope.forget_threads(session_id=session.pk)
         Thread.objects.filter(pk=target.pk).update(last_error=text[:500])
     except Exception:
         logger.exception("gateway: noting a bookkeeping failure failed")
