@@ -38,6 +38,8 @@ class CompactionRun(models.Model):
     summarizer = models.CharField(max_length=40, blank=True, default="")
     trigger = models.CharField(max_length=20, choices=Trigger.choices)
     target_ratio = models.FloatField(null=True, blank=True)
+    # The thread of the session the run compacts (its key); "" for the whole ledger.
+    thread = models.CharField(max_length=200, blank=True, default="")
     status = models.CharField(max_length=20, choices=RunStatus.choices, default=RunStatus.PENDING)
     requested_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"

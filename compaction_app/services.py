@@ -20,7 +20,7 @@ from django.db.models import Count, F, Q, Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from compaction_app import evidence
+from compaction_app import evidence, thread_scope
 from compaction_app.enqueue import enqueue_memory_flush, enqueue_run_on_commit
 from compaction_app.heartbeat import beating
 from compaction_app.models import ACTIVE_STATUSES, CompactionRun, RunningSummary, RunStatus, Trigger
@@ -28,7 +28,7 @@ from compaction_app.realtime import broadcast
 from compaction_app.run_documents import complete_message, run_snapshot
 from compaction_app.selectors import latest_revertible_run
 from compaction_app.signals import memory_flush
-from compaction_app.strategies import SUMMARY_MESSAGE_OVERHEAD, plan_compaction
+from compaction_app.strategies import SUMMARY_MESSAGE_OVERHEAD, context_cost, plan_compaction
 from compaction_app.summarizers.base import SummarizerError, SummaryMessage
 from compaction_app.summarizers.factory import build_summarizer
 from compaction_app.sweeper import recover_stale_run
@@ -57,8 +57,11 @@ class DryRun:
     fold_event_ids: list[str]
 
 
-def _plan_events(session: Session) -> list[PlanEvent]:
-    events = Event.objects.filter(session=session).active().order_by("seq")
+def _plan_events(session: Session, thread: str = "") -> list[PlanEvent]:
+    # One thread's events only when the run has one (compaction_app/thread_scope.py).
+    events = thread_scope.scoped(
+        Event.objects.filter(session=session).active(), session=session, thread=thread
+    ).order_by("seq")
     return [
         PlanEvent(
             id=str(event.id),
@@ -111,6 +114,7 @@ def compaction_plan(
     summarizer: str | None = None,
     target_ratio: float | None = None,
     strict: bool = False,
+    thread: str = "",
 ) -> DryRun:
     """What a run would do now, changing nothing (the API's dryRun). Refuses the same bad
     input as a real request would."""
@@ -120,7 +124,7 @@ def compaction_plan(
     counter = tokens.counter_for_model(session.model)
     plan = plan_compaction(
         strategy=strategy,
-        events=_plan_events(session),
+        events=_plan_events(session, thread),
         budget=_budget(session, target_ratio=target_ratio, strict=strict),
         count_tokens=counter.count,
     )
@@ -136,6 +140,7 @@ def compaction_request(
     summarizer: str | None = None,
     target_ratio: float | None = None,
     enqueue: bool = True,
+    thread: str = "",
 ) -> CompactionRun:
     """Create a pending run and enqueue its task after commit; 409 if one is already active."""
     _check_choice(strategy, STRATEGY_NAMES, "strategy")
@@ -155,6 +160,7 @@ def compaction_request(
                 trigger=trigger,
                 requested_by=user if user is not None and user.is_authenticated else None,  # type: ignore[misc]
                 target_ratio=target_ratio,
+                thread=thread,
             )
     except IntegrityError:
         if recover_stale_run(session_id=session.pk):
@@ -167,6 +173,7 @@ def compaction_request(
                 summarizer=summarizer,
                 target_ratio=target_ratio,
                 enqueue=enqueue,
+                thread=thread,
             )
         active = CompactionRun.objects.filter(session=session, status__in=ACTIVE_STATUSES).first()
         raise Conflict(
@@ -185,15 +192,13 @@ def _running_summary(session: Session) -> RunningSummary:
 
 
 def broadcast_usage(session: Session) -> None:
-    """Push the session's usage document (USAGE_UPDATED) to everyone watching it."""
+    """Push the session's usage document (USAGE_UPDATED) to everyone watching it: its main
+    thread's for a session with several writers, like REST /usage."""
+    usage = thread_scope.session_usage(session=session, usage=usage_for_session(session=session))
     broadcast.broadcast(
         session_id=session.pk,
         owner_id=session.owner_id,
-        message={
-            "type": "USAGE_UPDATED",
-            "sessionId": str(session.pk),
-            "usage": usage_for_session(session=session),
-        },
+        message={"type": "USAGE_UPDATED", "sessionId": str(session.pk), "usage": usage},
     )
 
 
@@ -345,7 +350,7 @@ def _execute(run: CompactionRun) -> CompactionRun:
     session = Session.objects.get(pk=run.session_id)
     counter = tokens.counter_for_model(session.model)
     target_ratio = run.target_ratio
-    events = _plan_events(session)
+    events = _plan_events(session, run.thread)
     plan = plan_compaction(
         strategy=run.strategy,
         events=events,
@@ -354,6 +359,9 @@ def _execute(run: CompactionRun) -> CompactionRun:
     )
     tokens_before = session.context_tokens
     events_before = session.active_event_count
+    if run.thread:
+        # A thread's run reports on the thread's own context.
+        tokens_before, events_before = plan.tokens_before, plan.events_before
     fold_ids = [uuid.UUID(i) for i in plan.fold_ids]
     folded = list(Event.objects.filter(pk__in=fold_ids).order_by("seq"))
 
@@ -366,7 +374,12 @@ def _execute(run: CompactionRun) -> CompactionRun:
         freed = sum(event.effective_token_count for event in folded)
         max_tokens = min(_max_summary_tokens(session), max(freed - SUMMARY_MESSAGE_OVERHEAD, 1))
         summary_text = summarizer.summarize(
-            previous_summary=running.summary,
+            # A thread's run extends its own latest summary, never another thread's.
+            previous_summary=(
+                thread_scope.previous_summary(session=session, thread=run.thread)
+                if run.thread
+                else running.summary
+            ),
             messages=_summary_messages(folded),
             max_tokens=max_tokens,
             kept_text=_kept_text(events, plan),
@@ -432,6 +445,8 @@ def _execute(run: CompactionRun) -> CompactionRun:
                         "compactionId": str(run.pk),
                         "strategy": run.strategy,
                         "trigger": run.trigger,
+                        # The summary belongs to the thread it compacted.
+                        **({"thread": run.thread} if run.thread else {}),
                     },
                 )
             ],
@@ -447,7 +462,11 @@ def _execute(run: CompactionRun) -> CompactionRun:
                 cleared_token_count=cleared.token_count,
                 cleared_by=marker,
             )
-        if plan.needs_summary and final_ids:
+        if (
+            plan.needs_summary
+            and final_ids
+            and thread_scope.keeps_running_summary(session=locked, thread=run.thread)
+        ):
             final = set(final_ids)  # built once: a set per event made this loop quadratic
             folded_messages = [
                 e for e in folded if e.pk in final and e.type != EventType.COMPACTION
@@ -510,6 +529,10 @@ def _complete(
     run.tokens_after = locked.context_tokens
     run.events_before = events_before
     run.events_after = locked.active_event_count
+    if run.thread:
+        after = _plan_events(locked, run.thread)
+        run.tokens_after = context_cost(after)
+        run.events_after = len(after)
     run.summary_tokens = summary_tokens
     run.folded_count = folded_count
     run.compaction_event = marker
@@ -702,6 +725,7 @@ def compaction_run_sync(
     user: AbstractBaseUser | AnonymousUser | None,
     trigger: str = Trigger.HARD_LIMIT,
     target_ratio: float | None = None,
+    thread: str = "",
 ) -> CompactionRun | None:
     """Request and execute a run in this thread (the /context hard-limit path). `target_ratio`
     is the low-water mark the run compacts down to (the gateway's `fitTargetRatio`).
@@ -715,14 +739,17 @@ def compaction_run_sync(
         # The gateway clears old tool results first when that alone reaches the mark: it
         # costs no model call and keeps every turn. (/context keeps the session's strategy.)
         clearing = compaction_plan(
-            session=session, strategy="clear_tool_results", target_ratio=target_ratio
+            session=session,
+            strategy="clear_tool_results",
+            target_ratio=target_ratio,
+            thread=thread,
         ).plan
         if not clearing.is_empty and clearing.tokens_after <= int(
             session.context_limit * target_ratio
         ):
             strategy = "clear_tool_results"
     if compaction_plan(
-        session=session, strategy=strategy, target_ratio=target_ratio, strict=strict
+        session=session, strategy=strategy, target_ratio=target_ratio, strict=strict, thread=thread
     ).plan.is_empty:
         return None
     run = compaction_request(
@@ -732,5 +759,6 @@ def compaction_run_sync(
         strategy=strategy,
         target_ratio=target_ratio,
         enqueue=False,
+        thread=thread,
     )
     return compaction_execute(run_id=run.pk, final_attempt=True)

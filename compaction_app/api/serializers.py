@@ -17,6 +17,8 @@ class CompactionRequestSerializer(serializers.Serializer):
     summarizer = StrictCharField(required=False, allow_blank=False)
     dryRun = StrictBooleanField(required=False)
     targetRatio = serializers.FloatField(required=False, min_value=0.01, max_value=1.0)
+    # A thread's key (GET /sessions/{id}/threads); default: the main thread, if any.
+    thread = StrictCharField(required=False, allow_blank=False, max_length=200)
 
 
 class DroppedEvidenceSerializer(serializers.Serializer):
@@ -39,6 +41,8 @@ class CompactionSerializer(serializers.Serializer):
     strategy = serializers.CharField()
     summarizer = serializers.CharField()
     trigger = serializers.CharField()
+    # The thread the run compacted (its key); null: the whole ledger.
+    thread = serializers.CharField(allow_null=True)
     status = serializers.CharField()
     tokensBefore = serializers.IntegerField(allow_null=True)
     tokensAfter = serializers.IntegerField(allow_null=True)
@@ -83,6 +87,7 @@ def run_to_dict(run: CompactionRun) -> dict[str, Any]:
         "strategy": run.strategy,
         "summarizer": run.summarizer,
         "trigger": run.trigger,
+        "thread": run.thread or None,
         "status": run.status,
         "tokensBefore": run.tokens_before,
         "tokensAfter": run.tokens_after,

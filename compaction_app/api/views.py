@@ -8,7 +8,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from compaction_app import selectors, services
+from compaction_app import selectors, services, thread_scope
 from compaction_app.api import serializers as s
 from compaction_app.models import Trigger
 from sessions_app.api.openapi import BODY, PAGE_PARAMETERS, errors, page_of
@@ -45,12 +45,14 @@ class SessionCompactionsView(APIView):
         body = s.CompactionRequestSerializer(data=_object(request.data))
         body.is_valid(raise_exception=True)
         data = body.validated_data
+        thread = thread_scope.requested_thread(session=session, key=data.get("thread"))
         if data.get("dryRun"):
             dry = services.compaction_plan(
                 session=session,
                 strategy=data.get("strategy"),
                 summarizer=data.get("summarizer"),
                 target_ratio=data.get("targetRatio"),
+                thread=thread,
             )
             return Response(s.dry_run_to_dict(dry))
         run = services.compaction_request(
@@ -60,6 +62,7 @@ class SessionCompactionsView(APIView):
             strategy=data.get("strategy"),
             summarizer=data.get("summarizer"),
             target_ratio=data.get("targetRatio"),
+            thread=thread,
         )
         return Response(s.run_to_dict(run), status=status.HTTP_202_ACCEPTED)
 

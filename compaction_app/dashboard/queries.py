@@ -49,6 +49,7 @@ from sessions_app.search import sessions_matching_content
 from sessions_app.selectors import counter_is_exact, sessions_visible_to, usage_for_session
 from sessions_app.session_settings import DEFAULTS as SETTING_DEFAULTS
 from sessions_app.session_settings import STRATEGY_NAMES, SessionSettings
+from sessions_app.threads import thread_usage
 from sessions_app.tokens import REPLY_PRIMER
 
 PAGE_SIZE = 25
@@ -505,7 +506,8 @@ def session_view(*, session: Session) -> SessionView:
     )
     return SessionView(
         session=session,
-        usage=usage_for_session(session=session),
+        # The session's usage is its main thread's, as REST /usage and USAGE_UPDATED say.
+        usage=thread_usage(session=session, usage=usage_for_session(session=session), key=None),
         row=session_row(session=session, active_run=active),
         runs=runs,
         revertible_id=latest.pk if latest is not None else None,

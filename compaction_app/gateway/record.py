@@ -24,6 +24,7 @@ from django.utils import timezone
 from django.utils.functional import SimpleLazyObject
 from rest_framework.authtoken.models import Token
 
+from compaction_app import thread_scope
 from compaction_app.gateway.messages import (
     ClientMessage,
     GatewayError,
@@ -193,13 +194,16 @@ def _thread_for(
         return thread
     try:
         with transaction.atomic():
-            return Thread.objects.create(
+            created = Thread.objects.create(
                 session=session,
                 key=key,
                 named=named,
                 anchor_index=anchor_index,
                 anchor_hash=anchor_hash,
             )
+        # The usage push reads which threads the session has from the cache.
+        thread_scope.forget_threads(session_id=session.pk)
+        return created
     except IntegrityError:
         # Two first calls of one thread raced; the other one created it.
         return Thread.objects.get(session=session, key=key)

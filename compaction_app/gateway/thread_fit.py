@@ -23,6 +23,7 @@ from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
 
+from compaction_app import thread_scope
 from compaction_app.gateway import fit_rules, shape
 from compaction_app.gateway.compressed import announce_compression
 from compaction_app.gateway.fitted import Fitted, Wire, context_length_exceeded
@@ -111,16 +112,33 @@ def _state(session: Session, request: ThreadRequest) -> _State | None:
     folded = set(range(count)) - standing
     summary = None
     if folded:
-        live = (
-            Event.objects.filter(
-                session=session, type=EventType.COMPACTION, reverted=False, compacted_by=None
-            )
-            .order_by("-seq")
-            .values_list("content", flat=True)
-            .first()
+        summary = _covering_summary(
+            session,
+            {e.compacted_by_id for e in rows if where[e.pk] in folded and e.compacted_by_id},
         )
-        summary = live or None
     return _State(costs=costs, folded=frozenset(folded), cleared=cleared, summary=summary)
+
+
+def _covering_summary(session: Session, markers: set[Any]) -> str | None:
+    """The summary that now stands for the thread's folded messages: the live COMPACTION
+    event each fold leads to (a later run of the same thread folds the earlier summary into
+    its own). Only runs that folded this thread's messages count, so another thread's
+    summary never appears in its view."""
+    live: dict[Any, tuple[int, str]] = {}
+    seen: set[Any] = set()
+    while markers:
+        seen |= markers
+        step: set[Any] = set()
+        for pk, seq, content, parent in Event.objects.filter(
+            session=session, pk__in=list(markers), type=EventType.COMPACTION
+        ).values_list("pk", "seq", "content", "compacted_by_id"):
+            if parent is None:
+                live[pk] = (seq, content)
+            elif parent not in seen:
+                step.add(parent)
+        markers = step
+    texts = [content for _, content in sorted(live.values()) if content]
+    return "\n\n".join(texts) or None
 
 
 def _summary_cost(session: Session, summary: str | None) -> int:
@@ -130,15 +148,22 @@ def _summary_cost(session: Session, summary: str | None) -> int:
     return tokens.message_tokens(counter, role="system", content=shape.summary_text(summary))
 
 
-def _compact(session: Session, user: AbstractBaseUser, target: float) -> dict[str, Any] | None:
-    """One compaction down to `target` with the session's strategy; None when none can run
-    (nothing to fold or clear, one already under way, the summarizer failed)."""
+def _compact(
+    session: Session, user: AbstractBaseUser, target: float, thread: str
+) -> dict[str, Any] | None:
+    """One compaction of the thread's own events down to `target` with the session's
+    strategy; None when none can run (nothing to fold or clear, one already under way, the
+    summarizer failed)."""
     from compaction_app.api.serializers import run_to_dict
     from compaction_app.services import compaction_run_sync
 
     try:
         run = compaction_run_sync(
-            session=session, user=user, trigger=Trigger.GATEWAY, target_ratio=target
+            session=session,
+            user=user,
+            trigger=Trigger.GATEWAY,
+            target_ratio=target,
+            thread=thread,
         )
     except Conflict:
         return None
@@ -207,7 +232,7 @@ def fit_thread(
     compression = None
     pruned = False
     if level != "ok":
-        run = _compact(session, user, target)
+        run = _compact(session, user, target, request.thread.key if request.thread else "")
         if run is not None and run.get("status") == "completed":
             compression = announce_compression(session=session, run=run, model=model)
             fresh = _state(session, request)
@@ -362,6 +387,7 @@ def _note_error(session: Session, thread: Thread | None, text: str) -> None:
         target = thread or Thread.objects.filter(session=session).order_by("created_at").first()
         if target is None:
             target = Thread.objects.create(session=session, key=MAIN_KEY)
+            thread_scope.forget_threads(session_id=session.pk)
         Thread.objects.filter(pk=target.pk).update(last_error=text[:500])
     except Exception:
         logger.exception("gateway: noting a bookkeeping failure failed")

@@ -37,8 +37,9 @@ DESIGN_FIELDS = {
     "startedAt",
     "finishedAt",
 }
-# Documented additions: which summarizer the run used, whether and when it was reverted.
-EXTRA_FIELDS = {"summarizer", "revertedAt", "reverted", "lossReport"}
+# Documented additions: which summarizer the run used, whether and when it was reverted, the
+# thread it compacted (docs/fitting.md).
+EXTRA_FIELDS = {"summarizer", "revertedAt", "reverted", "lossReport", "thread"}
 
 
 def _snapshot(api, session_id: str) -> dict[str, Any]:
