@@ -24,18 +24,16 @@ def _glob_escape(text: str) -> str:
 
 
 class LedgerRedisCache(RedisCache):
-    def clear(self) -> bool:
+    def clear(self) -> None:
         # Django's default key function makes "<prefix>:<version>:<key>" (the prefix may be
         # empty, then keys start with ":").
         pattern = f"{_glob_escape(self.key_prefix)}:*"
-        client: Any = self._cache.get_client(None, write=True)
+        client: Any = self._cache.get_client(None, write=True)  # type: ignore[attr-defined]
         batch: list[bytes] = []
-        deleted = 0
         for key in client.scan_iter(match=pattern, count=_BATCH):
             batch.append(key)
             if len(batch) >= _BATCH:
-                deleted += client.delete(*batch)
+                client.delete(*batch)
                 batch = []
         if batch:
-            deleted += client.delete(*batch)
-        return bool(deleted)
+            client.delete(*batch)
