@@ -146,8 +146,9 @@ else:
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Redis: channel layer, Celery broker, cache ---------------------------------------------
-# Under pytest each process gets its own queue and channel prefix (like its own test
-# database), so two test runs sharing one Redis never consume each other's tasks.
+# Under pytest each process gets its own queue, channel prefix and cache prefix (like its own
+# test database), so two test runs sharing one Redis never consume each other's tasks or
+# share throttle counters.
 _TEST_SUFFIX = f"-test-{os.getpid()}" if "pytest" in sys.modules else ""
 REDIS_URL = env_str("REDIS_URL")
 # How long connecting to Redis may take before the caller gives up: a broadcast, a throttle
@@ -189,8 +190,13 @@ if REDIS_URL:
     }
     CACHES = {
         "default": {
-            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            # Its clear() deletes only the cache's keys: the broker and the channel layer
+            # live in the same database (config/redis_cache.py).
+            "BACKEND": "config.redis_cache.LedgerRedisCache",
             "LOCATION": REDIS_URL,
+            # Not the channel prefix: clear() deletes "<KEY_PREFIX>:*", and channels_redis
+            # keeps its groups under "<CHANNELS_PREFIX>:group:".
+            "KEY_PREFIX": "ledger-cache" + _TEST_SUFFIX,
             "OPTIONS": {
                 # Django makes one cache object per request context under ASGI, each with its
                 # own pool that nothing closes; one shared, bounded pool per process instead.

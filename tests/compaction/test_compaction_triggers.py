@@ -290,11 +290,14 @@ def test_it_fires_exactly_one_refresh_for_concurrent_appends_crossing_the_thresh
     assert 600 < start < 1000
     barrier = threading.Barrier(6)
     statuses: list[int] = []
+    # The clients are made here: each one reads the token, and six threads opening database
+    # connections for that on a loaded machine could miss the barrier's timeout.
+    clients = [api_for(alice) for _ in range(6)]
 
     def append(turn: int) -> None:
-        client = api_for(alice)
+        client = clients[turn]
         try:
-            barrier.wait(timeout=10)
+            barrier.wait(timeout=30)
             response = client.post(
                 f"/api/v1/sessions/{session_id}/events",
                 {"type": "AGENT_MESSAGE", "content": f"step {turn}: " + "word " * 80},
@@ -308,7 +311,7 @@ def test_it_fires_exactly_one_refresh_for_concurrent_appends_crossing_the_thresh
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(timeout=30)
+        thread.join(timeout=60)
     assert statuses == [201] * 6
     runs = _runs(api, session_id)
     assert [r["trigger"] for r in runs] == ["refresh"]
