@@ -75,7 +75,19 @@ class SessionSearchView(APIView):
         responses={
             200: inline_serializer(
                 "SessionSearchOut",
-                {"results": inline_serializer("SearchHit", _HIT_FIELDS, many=True)},
+                {
+                    "results": inline_serializer("SearchHit", _HIT_FIELDS, many=True),
+                    "indexing": serializers.BooleanField(
+                        help_text="True while some of the session's events are still being "
+                        "indexed (SQLite: a large backlog is indexed in the background, in "
+                        "short batches); the results then cover the events up to "
+                        "indexedThrough. Search again later to see the rest."
+                    ),
+                    "indexedThrough": serializers.IntegerField(
+                        min_value=0,
+                        help_text="Every event up to this seq was searched.",
+                    ),
+                },
             ),
             **errors(400, 404),
         },
@@ -84,8 +96,16 @@ class SessionSearchView(APIView):
     def get(self, request: Request, session_id: str) -> Response:
         session = selectors.session_get(user=request.user, session_id=session_id)
         text = search.check_query(request.query_params.get("q"))
-        hits = search.search_session(session=session, text=text, limit=_limit(request))
-        return Response({"results": [hit_out(hit) for hit in hits]})
+        hits, progress = search.search_session_with_state(
+            session=session, text=text, limit=_limit(request)
+        )
+        return Response(
+            {
+                "results": [hit_out(hit) for hit in hits],
+                "indexing": progress.indexing,
+                "indexedThrough": progress.indexed_through,
+            }
+        )
 
 
 class SearchView(APIView):
