@@ -241,6 +241,13 @@ def test_it_documents_every_response_of_every_operation(api_schema, alice, setti
         body={"type": "AGENT_MESSAGE", "content": "y", "tokenUsage": {"totalTokens": 10**12}},
     )
     walk("POST", S + "/events", 400, ids=ids, body={"type": ["USER_MESSAGE"], "content": "x"})
+    walk(
+        "POST",
+        S + "/events",
+        400,
+        ids=ids,
+        body={"id": False, "type": "USER_MESSAGE", "content": "x"},
+    )
     settings.API_MAX_BODY_BYTES = 1024
     walk("POST", S + "/events", 413, ids=ids, body={"type": "USER_MESSAGE", "content": "z" * 2000})
     settings.API_MAX_BODY_BYTES = 32 * 1024 * 1024
@@ -336,6 +343,7 @@ def test_it_documents_every_response_of_every_operation(api_schema, alice, setti
     walk("GET", V + "/search", 400, query={})
     walk("POST", S + "/recall", 200, ids=full_ids, body={"query": "turn", "maxTokens": 200})
     walk("POST", S + "/recall", 400, ids=full_ids, body={"query": "turn", "seqs": [1]})
+    walk("POST", S + "/recall", 400, ids=full_ids, body={"query": 0})
     walk("POST", S + "/recall", 404, ids={"session_id": str(uuid.uuid4())}, body={"seqs": [1]})
 
     walk("POST", V + "/tokens/count", 200, body={"model": "gpt-4o", "text": "hello"})

@@ -137,10 +137,20 @@ def complete_schema(result: dict[str, Any], generator: Any, request: Any, public
     }
     if "SessionCreate" in schemas:
         create = schemas["SessionCreate"]["properties"]
-        create["model"] = model
+        # A known model, or any name with the contextLimit of its window.
+        create["model"] = {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": 200,
+            "description": "A known model (GET /api/v1/models), or any other name together "
+            "with contextLimit; otherwise 400 unknown_model.",
+        }
+        schemas["SessionCreate"]["anyOf"] = [
+            {"properties": {"model": {"enum": model["enum"]}}},
+            {"required": ["contextLimit"], "properties": {"contextLimit": context_limit}},
+        ]
         create["contextLimit"] = {**context_limit, "nullable": True}
         create["settings"] = _settings_schema()
-        schemas["SessionCreate"]["additionalProperties"] = False
     if "PatchedSessionPatch" in schemas:
         patch = schemas["PatchedSessionPatch"]
         patch["properties"]["contextLimit"] = context_limit
@@ -191,6 +201,9 @@ def complete_schema(result: dict[str, Any], generator: Any, request: Any, public
             "oneOf": [{"type": "string"}, {"type": "array", "items": {}}, {"type": "object"}],
             "description": "A string, or structured parts (a JSON array or object).",
         }
+        event["properties"]["metadata"]["description"] = (
+            "Any JSON object; no string in it (keys included) may hold a NUL character."
+        )
         # What EventInSerializer.validate requires per type.
         special = ["TOOL_CALL", "TOOL_RESULT", "CONTEXT_REFRESH"]
         others = [t for t in event_types_enum(schemas) if t not in special]
@@ -221,7 +234,9 @@ def complete_schema(result: dict[str, Any], generator: Any, request: Any, public
                 continue
             body = operation.get("requestBody")
             # A body the view needs (only a compaction request may be empty).
-            if body is not None and method in ("post", "patch") and "/compactions" not in path:
+            # (A session PATCH without a body changes nothing and answers the session.)
+            optional = "/compactions" in path or path.endswith("{session_id}")
+            if body is not None and method in ("post", "patch") and not optional:
                 body["required"] = True
             for parameter in operation.get("parameters", []):
                 if parameter.get("name") == "thread" and parameter.get("in") == "query":

@@ -12,6 +12,7 @@ from rest_framework.views import APIView
 
 from sessions_app import recall, search, selectors
 from sessions_app.api.openapi import BODY, errors, integer
+from sessions_app.api.serializers import StrictCharField
 from sessions_app.errors import InvalidInput
 from sessions_app.services import MAX_CONTEXT_LIMIT
 
@@ -137,7 +138,13 @@ class SearchView(APIView):
 
 
 class RecallInSerializer(serializers.Serializer):
-    query = serializers.CharField(required=False, max_length=search.MAX_QUERY_CHARS)
+    # Text only: a number is not a query.
+    query = StrictCharField(
+        required=False,
+        max_length=search.MAX_QUERY_CHARS,
+        allow_blank=False,
+        trim_whitespace=True,
+    )
     seqs = serializers.ListField(
         # Bounded like the seq column, so a huge number is a 400, not a database overflow.
         child=serializers.IntegerField(min_value=1, max_value=2**63 - 1),
