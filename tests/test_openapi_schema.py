@@ -187,6 +187,7 @@ def test_it_documents_every_response_of_every_operation(api_schema, alice, setti
     )
     ids = {"session_id": session["id"]}
     walk("POST", V + "/sessions", 400, body={"model": "no-such-model"})
+    walk("POST", V + "/sessions", 400, body={"model": "gpt-4o", "settings": False})
     walk(
         "POST",
         V + "/sessions",

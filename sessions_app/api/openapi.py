@@ -118,6 +118,20 @@ def _settings_schema() -> dict[str, Any]:
     }
 
 
+_CREATABLE: dict[int, list[str]] = {}
+
+
+def _creatable_models(registry: Any) -> list[str]:
+    """The listed models a session can be created with by name alone (a few listed names do
+    not resolve back to a window; those need contextLimit like any other name)."""
+    key = id(registry)
+    if key not in _CREATABLE:
+        names = {info.model for info in registry.all_models()}
+        _CREATABLE.clear()
+        _CREATABLE[key] = sorted(name for name in names if registry.lookup(name) is not None)
+    return _CREATABLE[key]
+
+
 def complete_schema(result: dict[str, Any], generator: Any, request: Any, public: bool) -> Any:
     """drf-spectacular postprocessing hook (SPECTACULAR_SETTINGS): the bounds the services
     enforce that the serializers do not declare, so every request the document allows is
@@ -129,7 +143,7 @@ def complete_schema(result: dict[str, Any], generator: Any, request: Any, public
 
     schemas = result.get("components", {}).get("schemas", {})
     context_limit = {"type": "integer", "minimum": 1, "maximum": MAX_CONTEXT_LIMIT}
-    models = sorted({info.model for info in model_registry().all_models()})
+    models = _creatable_models(model_registry())
     model = {
         "type": "string",
         "enum": models,
