@@ -301,6 +301,11 @@ STATIC_ROOT = BASE_DIR / "staticfiles"
 # --- API ------------------------------------------------------------------------------------
 API_MAX_BODY_BYTES = env_int("API_MAX_BODY_BYTES", 32 * 1024 * 1024, minimum=1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = API_MAX_BODY_BYTES
+# `manage.py serve` (compaction_app/http_server.py): a request body must arrive within this
+# many seconds of its request line (else 408, connection closed), and a connection with
+# nothing to send is closed after HTTP_IDLE_TIMEOUT_SECONDS.
+HTTP_BODY_TIMEOUT_SECONDS = env_int("HTTP_BODY_TIMEOUT_SECONDS", 20, minimum=1)
+HTTP_IDLE_TIMEOUT_SECONDS = env_int("HTTP_IDLE_TIMEOUT_SECONDS", 60, minimum=1)
 API_THROTTLE_RATE = env_str("API_THROTTLE_RATE", "1200/min")
 API_PAGE_SIZE = env_int("API_PAGE_SIZE", 50, minimum=1)
 API_MAX_EVENTS_PER_REQUEST = env_int("API_MAX_EVENTS_PER_REQUEST", 5000, minimum=1)
@@ -334,6 +339,10 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "SCHEMA_PATH_PREFIX": "/api/v1",
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "sessions_app.api.openapi.complete_schema",
+    ],
 }
 
 # --- Models and compaction ------------------------------------------------------------------

@@ -44,6 +44,12 @@ _index_lock = threading.Lock()
 def index_appended_events(sender: Any, *, session_id: Any, **kwargs: Any) -> None:
     """Queue the indexing of new events for search (search_schema explains why it is not
     done inside the append); coalesced, see above."""
+    queue_index_pass()
+
+
+def queue_index_pass() -> None:
+    """Ask for an indexing pass, coalesced with the others of the window (see above): after
+    an append, and when a search found a session whose index is not complete."""
     global _index_timer
     if not INDEX_DELAY_SECONDS:
         _queue_index_pass()

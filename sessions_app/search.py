@@ -27,6 +27,7 @@ from django.db.models import Q
 
 from sessions_app.errors import InvalidInput
 from sessions_app.models import Event, Session
+from sessions_app.receivers import queue_index_pass
 from sessions_app.search_index import index_scope
 from sessions_app.search_schema import (
     DOCUMENT_FUNCTION,
@@ -165,14 +166,21 @@ def _sqlite_sql(
     elif owner_id is not None:
         scope = "AND s.owner_id = %s"
         params.append(owner_id)
-    # Identifiers come from constants; the MATCH expression and values are parameters.
+    # Identifiers come from constants; the MATCH expression and values are parameters. A
+    # large event is indexed in several pieces (search_index.CHUNK_CHARS): an event ranks by
+    # its best piece and is listed once.
     sql = (
-        f"SELECT {_HIT_COLUMNS} FROM {FTS_TABLE} f "  # noqa: S608
-        f"JOIN {MAP_TABLE} m ON m.id = f.rowid "
-        f"JOIN {_EVENT_TABLE} e ON e.id = m.event_id "
+        # MATERIALIZED: bm25() only runs in the FTS query itself, never flattened into the
+        # GROUP BY.
+        f"WITH r AS MATERIALIZED (SELECT rowid, bm25({FTS_TABLE}, 0.0, 1.0) AS rank "  # noqa: S608
+        f"  FROM {FTS_TABLE} WHERE {FTS_TABLE} MATCH %s) "
+        f"SELECT {_HIT_COLUMNS} FROM ("
+        "  SELECT m.event_id, min(r.rank) AS rank "
+        f"  FROM r JOIN {MAP_TABLE} m ON m.id = r.rowid GROUP BY m.event_id"
+        f") hits JOIN {_EVENT_TABLE} e ON e.id = hits.event_id "
         f"JOIN {_SESSION_TABLE} s ON s.id = e.session_id "
-        f"WHERE {FTS_TABLE} MATCH %s {scope} "
-        f"ORDER BY bm25({FTS_TABLE}, 0.0, 1.0), e.seq DESC LIMIT %s"
+        f"WHERE 1 = 1 {scope} "
+        "ORDER BY hits.rank, e.seq DESC LIMIT %s"
     )
     return sql, [match, *params, limit]
 
@@ -263,11 +271,37 @@ def _hits(events: list[Event], query: ParsedQuery) -> list[SearchHit]:
 def search_session(*, session: Session, text: str, limit: int = DEFAULT_LIMIT) -> list[SearchHit]:
     """Events of `session` (folded, cleared and invisible ones included) matching `text`,
     best first."""
+    return search_session_with_state(session=session, text=text, limit=limit)[0]
+
+
+@dataclass(frozen=True)
+class IndexProgress:
+    """What a session search could see: `indexing` while events above `indexed_through`
+    still wait for the index (SQLite only; they are found once the background pass reaches
+    them)."""
+
+    indexing: bool
+    indexed_through: int
+
+
+def search_session_with_state(
+    *, session: Session, text: str, limit: int = DEFAULT_LIMIT
+) -> tuple[list[SearchHit], IndexProgress]:
+    """`search_session`, and how far the index covered the session when it ran. A search
+    indexes at most one bounded batch itself (search_index.index_scope); when more is left it
+    asks for the background pass and answers from what is indexed."""
     query = parse_query(text)
+    state = index_scope(session_id=session.pk)
+    if state is None:
+        progress = IndexProgress(indexing=False, indexed_through=session.last_seq)
+    else:
+        progress = IndexProgress(indexing=state.pending, indexed_through=state.indexed_seq)
+        if state.pending:
+            queue_index_pass()
     if query is None:
-        return []
-    index_scope(session_id=session.pk)
-    return _hits(ranked_events(query, session_id=session.pk, owner_id=None, limit=limit), query)
+        return [], progress
+    events = ranked_events(query, session_id=session.pk, owner_id=None, limit=limit)
+    return _hits(events, query), progress
 
 
 def search_sessions(

@@ -10,7 +10,9 @@ SQLite (embedded profile): an FTS5 table. FTS5 needs an integer rowid that never
 which the event table (UUID primary key) does not have, so `sessions_app_event_search` maps
 each event id to its FTS rowid; `..._search_state` holds, per session, the highest seq indexed
 (seqs only grow). A search first indexes the rest of its scope (`seq > indexed_seq`; usually
-nothing) in one short write transaction. Triggers remove the entries of deleted events.
+nothing) in one short write transaction, at most search_index.BATCH_CHARS characters; a
+larger backlog is left to the task, which indexes it in such batches, and the search says
+indexing is still under way. Triggers remove the entries of deleted events.
 
 PostgreSQL (production profile): a `search_vector tsvector` column with a GIN index. A row
 whose vector the task has not written yet is NULL; search computes the vector on the fly for
@@ -42,16 +44,19 @@ DOCUMENT_FUNCTION = "ledger_search_document"
 PG_MAX_INDEXED_CHARS = 250_000
 
 SQLITE_CREATE = [
-    f"CREATE TABLE IF NOT EXISTS {MAP_TABLE} ("
-    "id INTEGER PRIMARY KEY, event_id char(32) NOT NULL UNIQUE)",
+    # One row per indexed piece: an event longer than search_index.CHUNK_CHARS has several.
+    f"CREATE TABLE IF NOT EXISTS {MAP_TABLE} (id INTEGER PRIMARY KEY, event_id char(32) NOT NULL)",
+    f"CREATE INDEX IF NOT EXISTS {MAP_TABLE}_event ON {MAP_TABLE} (event_id)",
     f"CREATE VIRTUAL TABLE IF NOT EXISTS {FTS_TABLE} USING fts5("
     "sid, body, tokenize = 'unicode61 remove_diacritics 0')",
     # Per session, the highest seq indexed: seqs only grow, so what is left to index is
-    # `seq > indexed_seq`, found through the (session, seq) unique index.
+    # `seq > indexed_seq`, found through the (session, seq) unique index; `indexed_chars`
+    # is how much of the next event is indexed already (a large one takes several batches).
     f"CREATE TABLE IF NOT EXISTS {STATE_TABLE} ("
-    "session_id char(32) NOT NULL PRIMARY KEY, indexed_seq integer NOT NULL)",
+    "session_id char(32) NOT NULL PRIMARY KEY, indexed_seq integer NOT NULL, "
+    "indexed_chars integer NOT NULL DEFAULT 0)",
     f"CREATE TRIGGER IF NOT EXISTS {FTS_TABLE}_delete AFTER DELETE ON {EVENT_TABLE} BEGIN "
-    f"DELETE FROM {FTS_TABLE} WHERE rowid = "
+    f"DELETE FROM {FTS_TABLE} WHERE rowid IN "
     f"(SELECT id FROM {MAP_TABLE} WHERE event_id = old.id); "
     f"DELETE FROM {MAP_TABLE} WHERE event_id = old.id; END",
     f"CREATE TRIGGER IF NOT EXISTS {STATE_TABLE}_delete AFTER DELETE ON {SESSION_TABLE} BEGIN "

@@ -130,7 +130,8 @@ def session_create(
         context_limit = info.context_limit
     _check_context_limit(context_limit)
     check_text(title, "title")
-    resolved = validate_settings(settings or {})
+    # Only a missing value means the defaults: `false` or `[]` is refused like any non-object.
+    resolved = validate_settings({} if settings is None else settings)
     encoding = tokens.resolve_encoding(model).encoding
     with transaction.atomic():
         session = Session.objects.create(

@@ -221,6 +221,8 @@ class TokenCounter(Protocol):
 
 
 # Texts longer than this are counted in pieces (split_at_piece_boundaries).
+# A letter, then the space a cut goes before, then a letter (the match starts at the letter).
+_LETTER_SPACE_LETTER = re.compile(r"[A-Za-z](?= [A-Za-z])")
 COUNT_CHUNK_CHARS = 1 << 18
 
 
@@ -233,7 +235,10 @@ def split_at_piece_boundaries(text: str, size: int | None = None) -> Iterable[st
     Both cl100k_base's and o200k_base's patterns end every part that contains a newline at
     that newline or before a further newline, "/" or whitespace, and no part starts with a
     newline followed by a letter or digit: so a cut between a newline and an ASCII letter or
-    digit splits no part. A text with no such place stays whole."""
+    digit splits no part. Nor does a cut before a single space between two ASCII letters
+    (`a| b`): in both patterns a letter run ends at the space, and the space starts the next
+    part (` b…`, an optional non-letter then letters), so one long line of prose is cut too.
+    A text with no such place stays whole."""
     size = COUNT_CHUNK_CHARS if size is None else size
     start = 0
     length = len(text)
@@ -249,6 +254,10 @@ def split_at_piece_boundaries(text: str, size: int | None = None) -> Iterable[st
                 cut = newline + 1
                 break
             position = newline + 1
+        # Only look as far as the newline cut found (or the end).
+        space = _LETTER_SPACE_LETTER.search(text, start + size, cut if cut >= 0 else length)
+        if space is not None:
+            cut = space.start() + 1
         if cut < 0:
             break
         yield text[start:cut]

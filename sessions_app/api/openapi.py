@@ -82,3 +82,187 @@ PAGE_PARAMETERS = [
     OpenApiParameter("page", integer(1), description="Page number, from 1."),
     OpenApiParameter("pageSize", integer(1), description="Items per page (at most 500)."),
 ]
+
+
+# --- bounds drf-spectacular cannot see ---------------------------------------------------------
+
+
+def _settings_schema() -> dict[str, Any]:
+    """The session settings object as validate_settings checks it (compactThreshold must not
+    exceed hardLimitThreshold: a rule between two fields, stated in the description)."""
+    from sessions_app.session_settings import MAXIMUMS, STRATEGY_NAMES, SUMMARIZER_NAMES
+
+    ratio = {"type": "number", "exclusiveMinimum": True, "minimum": 0, "maximum": 1}
+
+    def integer_setting(minimum: int, key: str, *, nullable: bool = False) -> dict[str, Any]:
+        schema: dict[str, Any] = {"type": "integer", "minimum": minimum, "maximum": MAXIMUMS[key]}
+        return {**schema, "nullable": True} if nullable else schema
+
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "description": "Compaction settings; any omitted keeps its current (or default) value. "
+        "compactThreshold must not exceed hardLimitThreshold.",
+        "properties": {
+            "autoCompact": {"type": "boolean"},
+            "compactThreshold": ratio,
+            "hardLimitThreshold": ratio,
+            "fitTargetRatio": ratio,
+            "cooldownSeconds": integer_setting(0, "cooldownSeconds"),
+            "strategy": {"type": "string", "enum": list(STRATEGY_NAMES)},
+            "summarizer": {"type": "string", "enum": list(SUMMARIZER_NAMES)},
+            "maxSummaryTokens": integer_setting(16, "maxSummaryTokens", nullable=True),
+            "keepRecentEvents": integer_setting(0, "keepRecentEvents"),
+            "refreshThresholdTokens": integer_setting(1, "refreshThresholdTokens"),
+        },
+    }
+
+
+_CREATABLE: dict[int, list[str]] = {}
+
+
+def _creatable_models(registry: Any) -> list[str]:
+    """The listed models a session can be created with by name alone (a few listed names do
+    not resolve back to a window; those need contextLimit like any other name)."""
+    key = id(registry)
+    if key not in _CREATABLE:
+        names = {info.model for info in registry.all_models()}
+        _CREATABLE.clear()
+        _CREATABLE[key] = sorted(name for name in names if registry.lookup(name) is not None)
+    return _CREATABLE[key]
+
+
+def complete_schema(result: dict[str, Any], generator: Any, request: Any, public: bool) -> Any:
+    """drf-spectacular postprocessing hook (SPECTACULAR_SETTINGS): the bounds the services
+    enforce that the serializers do not declare, so every request the document allows is
+    accepted (tests/test_openapi_schema.py runs schemathesis on it)."""
+    from django.conf import settings
+
+    from sessions_app.services import MAX_CONTEXT_LIMIT, model_registry
+    from sessions_app.session_settings import STRATEGY_NAMES, SUMMARIZER_NAMES
+
+    schemas = result.get("components", {}).get("schemas", {})
+    context_limit = {"type": "integer", "minimum": 1, "maximum": MAX_CONTEXT_LIMIT}
+    models = _creatable_models(model_registry())
+    model = {
+        "type": "string",
+        "enum": models,
+        "description": "A known model (GET /api/v1/models); another is 400 unknown_model.",
+    }
+    if "SessionCreate" in schemas:
+        create = schemas["SessionCreate"]["properties"]
+        # A known model, or any name with the contextLimit of its window.
+        create["model"] = {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": 200,
+            "description": "A known model (GET /api/v1/models), or any other name together "
+            "with contextLimit; otherwise 400 unknown_model.",
+        }
+        schemas["SessionCreate"]["anyOf"] = [
+            {"properties": {"model": {"enum": model["enum"]}}},
+            {"required": ["contextLimit"], "properties": {"contextLimit": context_limit}},
+        ]
+        create["contextLimit"] = {**context_limit, "nullable": True}
+        create["settings"] = _settings_schema()
+    if "PatchedSessionPatch" in schemas:
+        patch = schemas["PatchedSessionPatch"]
+        patch["properties"]["contextLimit"] = context_limit
+        patch["properties"]["settings"] = _settings_schema()
+        patch["additionalProperties"] = False
+    if "PatchedEventPatch" in schemas:
+        schemas["PatchedEventPatch"]["required"] = ["pinned"]
+    if "TokenCountIn" in schemas:
+        count = schemas["TokenCountIn"]
+        # Any name: an unknown model is counted with the default encoding.
+        count["properties"]["model"] = {"type": "string", "minLength": 1}
+        count["allOf"] = [
+            {"oneOf": [{"required": ["model"]}, {"required": ["encoding"]}]},
+            {"oneOf": [{"required": ["text"]}, {"required": ["messages"]}]},
+        ]
+        count["properties"]["messages"]["items"] = {
+            "type": "object",
+            "required": ["role", "content"],
+            "properties": {
+                "role": {"type": "string"},
+                "content": {
+                    "nullable": True,
+                    "oneOf": [
+                        {"type": "string"},
+                        {"type": "array"},
+                        {"type": "object"},
+                    ],
+                },
+            },
+        }
+    if "RecallIn" in schemas:
+        schemas["RecallIn"]["properties"]["maxTokens"]["description"] = (
+            "At most the session's contextLimit (else 400)."
+        )
+        schemas["RecallIn"]["oneOf"] = [{"required": ["query"]}, {"required": ["seqs"]}]
+    if "CompactionRequest" in schemas:
+        compaction = schemas["CompactionRequest"]["properties"]
+        compaction["strategy"] = {"type": "string", "enum": list(STRATEGY_NAMES)}
+        compaction["summarizer"] = {"type": "string", "enum": list(SUMMARIZER_NAMES)}
+    if "EventAppend" in schemas:
+        for variant in schemas["EventAppend"].get("oneOf", []):
+            if variant.get("type") == "array":
+                variant["minItems"] = 1
+                variant["maxItems"] = settings.API_MAX_EVENTS_PER_REQUEST
+    if "EventIn" in schemas:
+        event = schemas["EventIn"]
+        event["properties"]["content"] = {
+            "oneOf": [{"type": "string"}, {"type": "array", "items": {}}, {"type": "object"}],
+            "description": "A string, or structured parts (a JSON array or object).",
+        }
+        event["properties"]["metadata"]["description"] = (
+            "Any JSON object; no string in it (keys included) may hold a NUL character."
+        )
+        # What EventInSerializer.validate requires per type.
+        special = ["TOOL_CALL", "TOOL_RESULT", "CONTEXT_REFRESH"]
+        others = [t for t in event_types_enum(schemas) if t not in special]
+        text = {"type": "string", "minLength": 1, "maxLength": 200}
+        event["oneOf"] = [
+            {
+                "properties": {"type": {"enum": ["TOOL_CALL"]}, "name": text, "toolCallId": text},
+                "required": ["name", "toolCallId"],
+            },
+            {
+                "properties": {"type": {"enum": ["TOOL_RESULT"]}, "toolCallId": text},
+                "required": ["toolCallId"],
+            },
+            {
+                "properties": {
+                    "type": {"enum": ["CONTEXT_REFRESH"]},
+                    "content": {"type": "string", "pattern": r"^\[CONTEXT REFRESH\]"},
+                },
+            },
+            {"properties": {"type": {"enum": others}}},
+        ]
+    if "RecallIn" in schemas:
+        schemas["RecallIn"]["properties"]["query"]["minLength"] = 1
+        schemas["RecallIn"]["properties"]["query"]["pattern"] = r"\S"
+    for path, item in result.get("paths", {}).items():
+        for method, operation in item.items():
+            if not isinstance(operation, dict):
+                continue
+            body = operation.get("requestBody")
+            # A body the view needs (only a compaction request may be empty).
+            # (A session PATCH without a body changes nothing and answers the session.)
+            optional = "/compactions" in path or path.endswith("{session_id}")
+            if body is not None and method in ("post", "patch") and not optional:
+                body["required"] = True
+            for parameter in operation.get("parameters", []):
+                if parameter.get("name") == "thread" and parameter.get("in") == "query":
+                    parameter["schema"] = {"type": "string", "minLength": 1, "maxLength": 200}
+    return result
+
+
+def event_types_enum(schemas: dict[str, Any]) -> list[str]:
+    """The event types a client may append (the EventIn type enum)."""
+    enum = schemas.get("EventInTypeEnum", {}).get("enum")
+    if enum:
+        return [str(value) for value in enum]
+    from sessions_app.api.serializers import CLIENT_EVENT_TYPES
+
+    return list(CLIENT_EVENT_TYPES)

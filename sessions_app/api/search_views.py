@@ -12,6 +12,7 @@ from rest_framework.views import APIView
 
 from sessions_app import recall, search, selectors
 from sessions_app.api.openapi import BODY, errors, integer
+from sessions_app.api.serializers import StrictCharField
 from sessions_app.errors import InvalidInput
 from sessions_app.services import MAX_CONTEXT_LIMIT
 
@@ -75,7 +76,19 @@ class SessionSearchView(APIView):
         responses={
             200: inline_serializer(
                 "SessionSearchOut",
-                {"results": inline_serializer("SearchHit", _HIT_FIELDS, many=True)},
+                {
+                    "results": inline_serializer("SearchHit", _HIT_FIELDS, many=True),
+                    "indexing": serializers.BooleanField(
+                        help_text="True while some of the session's events are still being "
+                        "indexed (SQLite: a large backlog is indexed in the background, in "
+                        "short batches); the results then cover the events up to "
+                        "indexedThrough. Search again later to see the rest."
+                    ),
+                    "indexedThrough": serializers.IntegerField(
+                        min_value=0,
+                        help_text="Every event up to this seq was searched.",
+                    ),
+                },
             ),
             **errors(400, 404),
         },
@@ -84,8 +97,16 @@ class SessionSearchView(APIView):
     def get(self, request: Request, session_id: str) -> Response:
         session = selectors.session_get(user=request.user, session_id=session_id)
         text = search.check_query(request.query_params.get("q"))
-        hits = search.search_session(session=session, text=text, limit=_limit(request))
-        return Response({"results": [hit_out(hit) for hit in hits]})
+        hits, progress = search.search_session_with_state(
+            session=session, text=text, limit=_limit(request)
+        )
+        return Response(
+            {
+                "results": [hit_out(hit) for hit in hits],
+                "indexing": progress.indexing,
+                "indexedThrough": progress.indexed_through,
+            }
+        )
 
 
 class SearchView(APIView):
@@ -117,7 +138,13 @@ class SearchView(APIView):
 
 
 class RecallInSerializer(serializers.Serializer):
-    query = serializers.CharField(required=False, max_length=search.MAX_QUERY_CHARS)
+    # Text only: a number is not a query.
+    query = StrictCharField(
+        required=False,
+        max_length=search.MAX_QUERY_CHARS,
+        allow_blank=False,
+        trim_whitespace=True,
+    )
     seqs = serializers.ListField(
         # Bounded like the seq column, so a huge number is a 400, not a database overflow.
         child=serializers.IntegerField(min_value=1, max_value=2**63 - 1),

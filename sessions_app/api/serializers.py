@@ -36,6 +36,15 @@ class StrictBooleanField(serializers.BooleanField):
         return data
 
 
+class StrictUUIDField(serializers.UUIDField):
+    """A UUID that must arrive as a JSON string (false or 0 is not "no id")."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        if not isinstance(data, str):
+            self.fail("invalid", value=data)
+        return super().to_internal_value(data)
+
+
 class StrictCharField(serializers.CharField):
     """Text kept exactly as sent (no trimming); the NUL and surrogate checks are the
     services' job so every caller gets them."""
@@ -100,7 +109,7 @@ class TokenUsageSerializer(serializers.Serializer):
 
 
 class EventInSerializer(serializers.Serializer):
-    id = serializers.UUIDField(required=False)
+    id = StrictUUIDField(required=False)
     type = serializers.ChoiceField(choices=CLIENT_EVENT_TYPES)
     content = ContentField()
     name = StrictCharField(required=False, max_length=200)

@@ -187,6 +187,7 @@ def test_it_documents_every_response_of_every_operation(api_schema, alice, setti
     )
     ids = {"session_id": session["id"]}
     walk("POST", V + "/sessions", 400, body={"model": "no-such-model"})
+    walk("POST", V + "/sessions", 400, body={"model": "gpt-4o", "settings": False})
     walk(
         "POST",
         V + "/sessions",
@@ -241,6 +242,13 @@ def test_it_documents_every_response_of_every_operation(api_schema, alice, setti
         body={"type": "AGENT_MESSAGE", "content": "y", "tokenUsage": {"totalTokens": 10**12}},
     )
     walk("POST", S + "/events", 400, ids=ids, body={"type": ["USER_MESSAGE"], "content": "x"})
+    walk(
+        "POST",
+        S + "/events",
+        400,
+        ids=ids,
+        body={"id": False, "type": "USER_MESSAGE", "content": "x"},
+    )
     settings.API_MAX_BODY_BYTES = 1024
     walk("POST", S + "/events", 413, ids=ids, body={"type": "USER_MESSAGE", "content": "z" * 2000})
     settings.API_MAX_BODY_BYTES = 32 * 1024 * 1024
@@ -336,6 +344,7 @@ def test_it_documents_every_response_of_every_operation(api_schema, alice, setti
     walk("GET", V + "/search", 400, query={})
     walk("POST", S + "/recall", 200, ids=full_ids, body={"query": "turn", "maxTokens": 200})
     walk("POST", S + "/recall", 400, ids=full_ids, body={"query": "turn", "seqs": [1]})
+    walk("POST", S + "/recall", 400, ids=full_ids, body={"query": 0})
     walk("POST", S + "/recall", 404, ids={"session_id": str(uuid.uuid4())}, body={"seqs": [1]})
 
     walk("POST", V + "/tokens/count", 200, body={"model": "gpt-4o", "text": "hello"})
@@ -380,6 +389,46 @@ CASES = [(method, path, GenerationMode.POSITIVE) for method, path in documented_
 ]
 
 
+def _within_cross_field_rules(case: Any) -> bool:
+    """The one rule a JSON schema cannot state (the settings object's description does):
+    compactThreshold must not exceed hardLimitThreshold, the stored values standing in for
+    the ones a request leaves out."""
+    from django.core.exceptions import ValidationError
+
+    from sessions_app.models import Session
+    from sessions_app.session_settings import DEFAULTS
+
+    body = case.body if isinstance(getattr(case, "body", None), dict) else {}
+    session_id = (case.path_parameters or {}).get("session_id")
+    max_tokens = body.get("maxTokens")
+    if case.path.endswith("/recall") and isinstance(max_tokens, int) and session_id:
+        # maxTokens must not exceed the session's contextLimit (its description says so).
+        try:
+            limit = Session.objects.filter(pk=session_id).values_list("context_limit", flat=True)
+            window = limit.first()
+        except (ValueError, ValidationError):
+            window = None
+        if window is not None and max_tokens > window:
+            return False
+    changes = body.get("settings")
+    if not isinstance(changes, dict):
+        return True
+    base = dict(DEFAULTS)
+    if case.method.upper() == "PATCH" and session_id:
+        try:
+            stored = (
+                Session.objects.filter(pk=session_id).values_list("settings", flat=True).first()
+            )
+        except (ValueError, ValidationError):  # a made-up id: a 404 whatever the body
+            stored = None
+        base.update(stored or {})
+    merged = {**base, **changes}
+    compact, hard = merged.get("compactThreshold"), merged.get("hardLimitThreshold")
+    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in (compact, hard)):
+        return True
+    return compact <= hard
+
+
 @pytest.mark.parametrize(("method", "path", "mode"), CASES)
 def test_it_answers_generated_requests_as_documented(api_schema, ledger_world, method, path, mode):
     operation = api_schema[path][method]
@@ -389,6 +438,9 @@ def test_it_answers_generated_requests_as_documented(api_schema, ledger_world, m
         operation.as_strategy(mode, path_parameters=real_ids) if real_ids else st.nothing(),
         operation.as_strategy(mode),
     )
+
+    if mode == GenerationMode.POSITIVE:
+        strategy = strategy.filter(_within_cross_field_rules)
 
     @given(case=strategy)
     @hypothesis_settings(
@@ -401,11 +453,11 @@ def test_it_answers_generated_requests_as_documented(api_schema, ledger_world, m
     def run(case):
         case.call_and_validate(headers=ledger_world.headers, checks=checks)
 
-    # Reads: a request the schema allows is accepted (every bound the API enforces is in the
-    # schema). /context's 422 (a window too small for the messages that must be sent) is an
-    # answer about the session, not a refusal of the request.
+    # Reads and writes: a request the schema allows is accepted (every bound the API
+    # enforces is in the schema). /context's 422 (a window too small for the messages that
+    # must be sent) is an answer about the session, not a refusal of the request.
     checks = CHECKS
-    if method == "GET" and not path.endswith("/context"):
+    if not path.endswith("/context"):
         checks = [*CHECKS, positive_data_acceptance]
 
     run()

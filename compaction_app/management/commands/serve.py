@@ -90,6 +90,7 @@ class Command(BaseCommand):
         self.stdout.write(
             self.style.SUCCESS(f"Serving on http://{host}:{port}/ (dashboard) and /api/v1/docs/")
         )
-        from daphne.cli import CommandLineInterface
+        from compaction_app.http_server import run
 
-        CommandLineInterface().run(["-b", host, "-p", str(port), "config.asgi:application"])
+        # Daphne with deadlines on slow request bodies and idle connections (see there).
+        run(host=host, port=port)

@@ -1,0 +1,87 @@
+"""The HTTP server `manage.py serve` runs: daphne, with deadlines daphne does not have.
+
+Daphne (through Twisted) reads a request's whole body before the application sees it, and
+its only per-request limit (`--http-timeout`) starts when the body is complete and also cuts
+long responses (a gateway stream), so it is not used. Twisted's idle timeout is reset by every
+byte and defaults to 12 hours: a client sending its body a byte at a time held a connection
+(and its buffer) open indefinitely, and 300 of them stayed open 40 s and more.
+
+`LedgerServer` adds two deadlines:
+- a request whose body has not fully arrived `HTTP_BODY_TIMEOUT_SECONDS` after its request
+  line is answered 408 and its connection closed (checked every 2 s with daphne's own
+  timeout loop, so it closes within that many seconds more);
+- a connection idle for `HTTP_IDLE_TIMEOUT_SECONDS` (nothing sent, e.g. a keep-alive between
+  requests, or no request line at all) is closed (Twisted's idle timeout, set on the factory).
+Responses, streams and websockets are not limited here.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from daphne.cli import CommandLineInterface
+from daphne.http_protocol import WebRequest
+from daphne.server import Server
+from django.conf import settings
+
+logger = logging.getLogger("compaction_app.http_server")
+
+_TIMEOUT_BODY = b'{"error": "request_timeout", "detail": "the request body did not arrive in time"}'
+_REQUEST_TIMEOUT = (
+    b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\n"
+    b"Connection: close\r\nContent-Length: "
+    + str(len(_TIMEOUT_BODY)).encode()
+    + b"\r\n\r\n"
+    + _TIMEOUT_BODY
+)
+
+
+class LedgerServer(Server):
+    def run(self) -> None:
+        from twisted.internet import reactor
+
+        # Before the first connection is accepted (the factory exists by then): the idle
+        # timeout is copied into each channel when it is built.
+        reactor.callWhenRunning(self._apply_deadlines)
+        super().run()
+
+    def timeout_checker(self) -> None:
+        self._apply_deadlines()
+        super().timeout_checker()  # daphne's own checks; it schedules the next round
+
+    def _apply_deadlines(self) -> None:
+        factory = getattr(self, "http_factory", None)
+        if factory is not None:
+            # Channels built from now on get it (Twisted copies it in buildProtocol).
+            factory.timeOut = settings.HTTP_IDLE_TIMEOUT_SECONDS
+        deadline = settings.HTTP_BODY_TIMEOUT_SECONDS
+        now = time.time()
+        for protocol, details in list(self.connections.items()):
+            if not isinstance(protocol, WebRequest) or hasattr(protocol, "request_start"):
+                continue  # a websocket, or a request whose body is complete
+            if details.get("disconnected") or now - details["connected"] <= deadline:
+                continue
+            logger.warning(
+                "request body from %s not complete after %ss: closed (408)",
+                protocol.client_addr or "?",
+                deadline,
+            )
+            transport = protocol.channel.transport if protocol.channel else None
+            if transport is not None:
+                transport.write(_REQUEST_TIMEOUT)
+                transport.loseConnection()
+            # Not handed to the application: leave daphne's bookkeeping nothing to wait for.
+            details["disconnected"] = now
+
+
+class LedgerCommandLine(CommandLineInterface):
+    server_class = LedgerServer
+
+
+def run(*, host: str, port: int, extra: list[str] | None = None) -> Any:
+    """Serve the project's ASGI application with daphne and the deadlines above."""
+    return LedgerCommandLine().run(
+        ["-b", host, "-p", str(port), *(extra or []), "config.asgi:application"]
+    )

@@ -1,0 +1,39 @@
+"""One long line of text is counted piece by piece, exactly (issue 22, row 14): tokenizing a
+31 MB single-line event whole held every token id at once (≈ 20× the text)."""
+
+from __future__ import annotations
+
+import random
+import tracemalloc
+
+from sessions_app import tokens
+
+
+def one_line(chars: int) -> str:
+    rng = random.Random(14)
+    words = [
+        "".join(rng.choices("abcdefghijklmnopqrstuvwxyz", k=rng.randint(2, 9))) for _ in range(3000)
+    ]
+    return " ".join(rng.choices(words, k=chars // 5))[:chars]
+
+
+def test_it_counts_one_long_line_in_pieces_with_the_exact_count():
+    text = one_line(3 * tokens.COUNT_CHUNK_CHARS)
+    pieces = list(tokens.split_at_piece_boundaries(text))
+    assert len(pieces) >= 3 and "".join(pieces) == text
+    for encoding in ("cl100k_base", "o200k_base"):
+        counter = tokens.get_counter(encoding)
+        assert counter.count(text) == len(counter._enc.encode_ordinary(text))
+
+
+def test_it_counts_a_multi_megabyte_line_within_a_small_multiple_of_its_size():
+    text = one_line(4_000_000)
+    counter = tokens.get_counter("o200k_base")
+    counter.count("warm up")
+    tracemalloc.start()
+    try:
+        counter.count(text)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2 * len(text), f"{peak / 1e6:.1f} MB for a {len(text) / 1e6:.1f} MB text"
