@@ -17,7 +17,7 @@ import pytest
 from django.db import connection
 
 from sessions_app import search_index
-from tests.helpers import append_events, create_session
+from tests.support.helpers import append_events, create_session
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
