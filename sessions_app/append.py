@@ -94,10 +94,12 @@ def append_prepared(
     prepared: list[Prepared],
     ids: set[uuid.UUID],
     session_updates: Mapping[str, Any],
+    also: sql.RowUpdate | None = None,
 ) -> AppendResult:
     """Store the validated events (`ids`: the client-supplied ids among them) and move the
-    session's counters, setting `session_updates` on its row in the same UPDATE. See
-    `services.event_append` for the contract."""
+    session's counters, setting `session_updates` on its row in the same UPDATE, and apply
+    `also` in the same transaction (whenever the append succeeds, a full replay included).
+    See `services.event_append` for the contract."""
     counter = tokens.counter_for_model(session.model)
     counts: dict[int, int] = {}
 
@@ -122,7 +124,7 @@ def append_prepared(
         # tokens once.
         count(list(range(len(prepared))))
         try:
-            return _append_direct(session, prepared, counts, updates, has_ids=bool(ids))
+            return _append_direct(session, prepared, counts, updates, has_ids=bool(ids), also=also)
         except _TakeCarefulPath:
             pass
 
@@ -130,7 +132,7 @@ def append_prepared(
     # stored by a concurrent writer meanwhile are caught again under the lock below.
     replayed = _stored_replays(session, prepared, ids)
     count([index for index, entry in enumerate(prepared) if entry[0].id not in replayed])
-    return _append_careful(session, prepared, counts, replayed, updates, ids)
+    return _append_careful(session, prepared, counts, replayed, updates, ids, also)
 
 
 @dataclass
@@ -369,6 +371,7 @@ def _append_direct(
     updates: Mapping[str, Any],
     *,
     has_ids: bool,
+    also: sql.RowUpdate | None = None,
 ) -> AppendResult:
     added = _Added(model=session.model)
     for index, (item, text, _) in enumerate(prepared):
@@ -390,7 +393,7 @@ def _append_direct(
     if min(bounds.values(), default=0) < 0:
         raise _TakeCarefulPath  # past a bound on its own: the careful way says which
     if connection.vendor == "postgresql":
-        return _append_in_one_statement(session, prepared, counts, added, updates, bounds)
+        return _append_in_one_statement(session, prepared, counts, added, updates, bounds, also)
     try:
         with transaction.atomic():
             row = sql.update_session_returning(
@@ -398,6 +401,8 @@ def _append_direct(
             )
             if row is None:
                 raise _TakeCarefulPath
+            if also is not None:
+                sql.update_row(also)
             return _store(row, prepared, counts, {})
     except IntegrityError:
         if not has_ids:
@@ -412,6 +417,7 @@ def _append_in_one_statement(
     added: _Added,
     updates: Mapping[str, Any],
     bounds: Mapping[str, int],
+    also: sql.RowUpdate | None = None,
 ) -> AppendResult:
     """The direct append on PostgreSQL: the counters' UPDATE and the events' INSERT as one
     statement (the INSERT numbers the events from the UPDATE's RETURNING), so outside a
@@ -427,7 +433,12 @@ def _append_in_one_statement(
         # otherwise abort.
         with transaction.atomic() if connection.in_atomic_block else contextlib.nullcontext():
             row = sql.append_in_one_statement(
-                session.pk, deltas=added.deltas(), values=updates, at_most=bounds, events=to_create
+                session.pk,
+                deltas=added.deltas(),
+                values=updates,
+                at_most=bounds,
+                events=to_create,
+                also=also,
             )
     except IntegrityError:
         raise _TakeCarefulPath from None
@@ -447,6 +458,7 @@ def _append_careful(
     replayed: dict[uuid.UUID, Event],
     updates: Mapping[str, Any],
     seen: set[uuid.UUID],
+    also: sql.RowUpdate | None = None,
 ) -> AppendResult:
     try:
         with transaction.atomic():
@@ -459,6 +471,8 @@ def _append_careful(
                 if item.id is None or item.id not in existing:
                     added.add(item, text, counts[index])
             if not added.count:
+                if also is not None:
+                    sql.update_row(also)
                 return AppendResult(
                     events=[existing[item.id] for item, _, _ in prepared if item.id is not None],
                     created=0,
@@ -472,6 +486,8 @@ def _append_careful(
                 session.pk, deltas=added.deltas(), values={**updates, **added.values()}
             )
             assert row is not None  # locked above
+            if also is not None:
+                sql.update_row(also)
             return _store(row, prepared, counts, existing)
     except IntegrityError:
         if not seen:

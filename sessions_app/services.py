@@ -34,6 +34,7 @@ from sessions_app.errors import InvalidInput
 from sessions_app.model_registry import ModelRegistry
 from sessions_app.models import Event, EventType, Session
 from sessions_app.session_settings import validate_settings
+from sessions_app.sql import RowUpdate
 
 __all__ = [
     "COMPACT_COMMAND",
@@ -41,6 +42,7 @@ __all__ = [
     "MAX_REPORTED_TOKENS",
     "MAX_REPORTED_TOTAL",
     "AppendResult",
+    "RowUpdate",
     "EventInput",
     "TokenUsage",
     "check_text",
@@ -246,6 +248,7 @@ def event_append(
     session: Session,
     events: Sequence[EventInput],
     session_updates: Mapping[str, Any] | None = None,
+    also_update: RowUpdate | None = None,
 ) -> AppendResult:
     """Append one or more events atomically.
 
@@ -256,6 +259,10 @@ def event_append(
     `session_updates` (field name to plain value) are set on the session row in the same
     UPDATE as the counters, when something new is stored: the gateway's per-session
     bookkeeping rides along without a statement of its own.
+
+    `also_update` is another row brought up to date in the append's own transaction (in its
+    one statement on PostgreSQL) whenever the append succeeds, a full replay included: a
+    caller's bookkeeping row commits with the events, with no commit of its own.
     """
     if not events:
         raise InvalidInput(
@@ -283,7 +290,11 @@ def event_append(
         prepared.append((item, text, is_json))
 
     return append_prepared(
-        session=session, prepared=prepared, ids=seen, session_updates=session_updates or {}
+        session=session,
+        prepared=prepared,
+        ids=seen,
+        session_updates=session_updates or {},
+        also=also_update,
     )
 
 

@@ -42,6 +42,7 @@ from __future__ import annotations
 import uuid
 import weakref
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, TypeVar, cast
 
@@ -208,6 +209,70 @@ def _update_returning_sql(
     )
 
 
+# --- another row, updated with the append ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RowUpdate:
+    """A row of another table that an append brings up to date in its own transaction (on
+    PostgreSQL in its one statement): `deltas` added to counters (concurrent appends add up),
+    `values` set, and `updated_at` set to now when the model has it. The append engine knows
+    nothing of the row's meaning (a caller's bookkeeping, such as the gateway's thread)."""
+
+    model: type[Model]
+    pk: Any
+    deltas: Mapping[str, int] = field(default_factory=dict)
+    values: Mapping[str, Any] = field(default_factory=dict)
+
+
+def _row_update_params(update: RowUpdate) -> list[Any]:
+    meta = update.model._meta
+    params: list[Any] = list(update.deltas.values())
+    values = dict(update.values)
+    if _has_updated_at(update.model):
+        values.setdefault("updated_at", timezone.now())
+    for name, value in values.items():
+        params.append(cast(Field, meta.get_field(name)).get_db_prep_save(value, connection))
+    params.append(meta.pk.get_db_prep_value(update.pk, connection))  # type: ignore[union-attr]
+    return params
+
+
+def _has_updated_at(model: type[Model]) -> bool:
+    return any(f.name == "updated_at" for f in model._meta.concrete_fields)
+
+
+def _row_update_names(update: RowUpdate) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    values = tuple(update.values)
+    if _has_updated_at(update.model) and "updated_at" not in values:
+        values += ("updated_at",)
+    return tuple(update.deltas), values
+
+
+@lru_cache(maxsize=64)
+def _row_update_sql(
+    vendor: str, model: type[Model], deltas: tuple[str, ...], values: tuple[str, ...]
+) -> str:
+    meta = model._meta
+    quote = connection.ops.quote_name
+
+    def column(name: str) -> str:
+        found = meta.get_field(name)
+        assert isinstance(found, Field) and found.column
+        return quote(found.column)
+
+    sets = [f"{column(name)} = {column(name)} + %s" for name in deltas]
+    sets += [f"{column(name)} = %s" for name in values]
+    pk = quote(cast(Field, meta.pk).column)
+    return f"UPDATE {quote(meta.db_table)} SET {', '.join(sets)} WHERE {pk} = %s"  # noqa: S608
+
+
+def update_row(update: RowUpdate) -> None:
+    """Run `update` as a statement of its own (inside the caller's transaction)."""
+    sql = _row_update_sql(connection.vendor, update.model, *_row_update_names(update))
+    with connection.cursor() as cursor:
+        cursor.execute(sql, _row_update_params(update))
+
+
 # --- inserting events --------------------------------------------------------------------------
 
 # Field types whose Python value needs the backend's adaptation (UUID hex on SQLite, JSON,
@@ -298,8 +363,10 @@ def append_in_one_statement(
     values: Mapping[str, Any],
     at_most: Mapping[str, int],
     events: list[Event],
+    also: RowUpdate | None = None,
 ) -> Session | None:
-    """`update_session_returning` and `insert_events` as one statement; returns the session
+    """`update_session_returning`, `insert_events` and `also` (`update_row`) as one
+    statement; returns the session
     row as updated, or None when the UPDATE matched no row (then no event is stored either:
     their seq would be NULL, and the statement fails whole with IntegrityError).
 
@@ -312,8 +379,12 @@ def append_in_one_statement(
     for event, row_values in zip(events, rows, strict=True):
         row_values[seq_index] = -event.seq  # the statement subtracts it from last_seq
         params.extend(row_values)
+    also_sql = ""
+    if also is not None:
+        also_sql = _row_update_sql(connection.vendor, also.model, *_row_update_names(also))
+        params.extend(_row_update_params(also))
     sql = _append_statement_sql(
-        connection.vendor, tuple(deltas), tuple(values), tuple(at_most), len(rows)
+        connection.vendor, tuple(deltas), tuple(values), tuple(at_most), len(rows), also_sql
     )
     found = instances(Session, sql, params)
     return found[0] if found else None
@@ -331,8 +402,10 @@ def _append_statement_sql(
     values: tuple[str, ...],
     at_most: tuple[str, ...],
     rows: int,
+    also: str = "",
 ) -> str:
-    """The one-statement append for these field names and this many events."""
+    """The one-statement append for these field names and this many events (and `also`, an
+    UPDATE of another row, as a CTE of its own: PostgreSQL runs every data-modifying CTE)."""
     quote = connection.ops.quote_name
     table, columns_, _, _ = _event_insert_parts(vendor)
     seq_index = _event_seq_index()
@@ -344,5 +417,6 @@ def _append_statement_sql(
     return (
         f"WITH updated AS ({update}), "  # noqa: S608
         f"inserted AS (INSERT INTO {table} ({columns_}) VALUES {', '.join([row] * rows)}) "
-        f"SELECT {columns(Session)} FROM updated"
+        + (f", also AS ({also}) " if also else "")
+        + f"SELECT {columns(Session)} FROM updated"  # noqa: S608
     )

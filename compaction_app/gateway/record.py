@@ -38,7 +38,13 @@ from sessions_app import sql, tokens
 from sessions_app.errors import Conflict, LedgerError
 from sessions_app.models import ROLE_FOR_TYPE, Event, Session, Thread
 from sessions_app.pricing import saved_tokens
-from sessions_app.services import EventInput, TokenUsage, event_append, session_create
+from sessions_app.services import (
+    EventInput,
+    RowUpdate,
+    TokenUsage,
+    event_append,
+    session_create,
+)
 
 logger = logging.getLogger("compaction_app.gateway")
 
@@ -319,19 +325,35 @@ def record_request(
 _COUNTERS = ("calls", "prompt_tokens", "completion_tokens")
 
 
-def _remember(thread: Thread, length: int, last_hash: str, last_chain: str, **more: Any) -> None:
-    """Remember the thread's history as this call leaves it (last writer wins: a hint)."""
-    updates: dict[str, Any] = {
+def _remember(
+    thread: Thread, length: int, last_hash: str, last_chain: str, **more: Any
+) -> RowUpdate:
+    """The update that remembers the thread's history as this call leaves it (last writer
+    wins: a hint), for the reply's append to carry in its own transaction (one commit per
+    call). The instance is brought up to date now."""
+    values: dict[str, Any] = {
         "length": length,
         "last_hash": last_hash,
         "last_chain": last_chain,
         "updated_at": timezone.now(),
     }
+    deltas: dict[str, int] = {}
     for name, value in more.items():
         # Counters add up (concurrent calls of one thread); the rest is the last call's.
-        updates[name] = F(name) + value if name in _COUNTERS else value
-    Thread.objects.filter(pk=thread.pk).update(**updates)
+        if name in _COUNTERS:
+            deltas[name] = value
+        else:
+            values[name] = value
     thread.length, thread.last_hash, thread.last_chain = length, last_hash, last_chain
+    return RowUpdate(model=Thread, pk=thread.pk, deltas=deltas, values=values)
+
+
+def _remember_alone(update: RowUpdate | None) -> None:
+    """Apply the thread's update on its own (no append carried it)."""
+    if update is not None:
+        Thread.objects.filter(pk=update.pk).update(
+            **update.values, **{name: F(name) + value for name, value in update.deltas.items()}
+        )
 
 
 def full_chains(count: int, convert: Converter) -> list[str]:
@@ -419,8 +441,9 @@ def record_reply(
         )
     # In the append's own UPDATE, so the usage it broadcasts already carries the drift.
     updates = dict(changes)
+    remembered = None
     if thread is not None:
-        _remember(
+        remembered = _remember(
             thread,
             length + 1,
             digest,
@@ -433,14 +456,20 @@ def record_reply(
 
     if not inputs:
         Session.objects.filter(pk=session_id).update(**updates)
+        _remember_alone(remembered)
         return []
     # A retried request gets its reply again at the same position, usually with other usage
     # figures: the reply recorded first stands, and a retry records nothing twice
     # (event_append would refuse the changed body as an idempotency conflict).
     try:
-        return event_append(session=session, events=inputs, session_updates=updates).events
+        # The thread's row commits with the reply: one commit per recorded call.
+        return event_append(
+            session=session, events=inputs, session_updates=updates, also_update=remembered
+        ).events
     except Conflict:
+        # Nothing of that append was stored, the thread's update neither.
         pass
+    _remember_alone(remembered)
     ids = [item.id for item in inputs]
     recorded = set(Event.objects.filter(pk__in=ids).values_list("pk", flat=True))
     fresh = [item for item in inputs if item.id not in recorded]

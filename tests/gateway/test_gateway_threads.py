@@ -170,3 +170,29 @@ def test_it_shows_threads_on_the_session_page_main_first_and_bookkeeping_failure
     assert 'id="threads"' in page
     assert "side thread" in page
     assert "recording a reply failed: RuntimeError" in page
+
+
+def test_it_adds_up_a_threads_counters_over_concurrent_calls_and_retries(
+    gateway_url, upstream, alice
+):
+    # The thread's row is updated inside each reply's append: concurrent calls of one thread
+    # still add up, and a retry (its reply already stored: the append's careful way) still
+    # counts as a call.
+    def call(number: int):
+        own = openai_client(
+            gateway_url, key=token_for(alice), session="shared-thread", **{"X-Ledger-Thread": "w"}
+        )
+        return own.chat.completions.create(
+            model="gpt-4o", messages=[SYSTEM, {"role": "user", "content": f"Job {number}."}]
+        )
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=4) as pool:
+        replies = list(pool.map(call, range(8)))
+    retried = call(3)
+    after.wait_idle()
+    thread = Thread.objects.get(session__client_key="shared-thread", key="w")
+    assert thread.calls == 9
+    assert thread.completion_tokens == sum(r.usage.completion_tokens for r in [*replies, retried])
+    assert thread.prompt_tokens == sum(r.usage.prompt_tokens for r in [*replies, retried])
+    session = Session.objects.get(client_key="shared-thread")
+    assert Event.objects.filter(session=session, type="AGENT_MESSAGE").count() == 8

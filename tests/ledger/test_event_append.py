@@ -11,10 +11,11 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from sessions_app.errors import Conflict, Unprocessable
-from sessions_app.models import Event, EventType, Session
+from sessions_app.models import Event, EventType, Session, Thread
 from sessions_app.services import (
     MAX_REPORTED_TOTAL,
     EventInput,
+    RowUpdate,
     TokenUsage,
     event_append,
     session_create,
@@ -185,3 +186,30 @@ def test_it_counts_a_replayed_bounded_usage_as_a_replay_not_as_new_tokens(sessio
     Session.objects.filter(pk=session.pk).update(reported_total_tokens=MAX_REPORTED_TOTAL - 1)
     result = event_append(session=session, events=[user("a", event_id=stored, token_usage=usage)])
     assert result.created == 0
+
+
+def test_it_updates_another_row_in_the_appends_own_statements(session):
+    thread = Thread.objects.create(session=session, key="t")
+
+    def also(calls: int, length: int) -> RowUpdate:
+        return RowUpdate(
+            model=Thread, pk=thread.pk, deltas={"calls": calls}, values={"length": length}
+        )
+
+    stored = uuid.uuid4()
+    with CaptureQueriesContext(connection) as captured:
+        event_append(session=session, events=[user("a", event_id=stored)], also_update=also(1, 5))
+    # The same statements as without it on PostgreSQL (a part of its one statement); one
+    # more inside the append's transaction on SQLite.
+    assert len(statements(captured)) == (1 if connection.vendor == "postgresql" else 3)
+    row = Thread.objects.get(pk=thread.pk)
+    assert (row.calls, row.length) == (1, 5)
+    # A replay (the careful way) applies it too; counters add up.
+    event_append(session=session, events=[user("a", event_id=stored)], also_update=also(2, 6))
+    row = Thread.objects.get(pk=thread.pk)
+    assert (row.calls, row.length) == (3, 6)
+    # A refused append applies nothing.
+    with pytest.raises(Conflict):
+        event_append(session=session, events=[user("b", event_id=stored)], also_update=also(5, 9))
+    row = Thread.objects.get(pk=thread.pk)
+    assert (row.calls, row.length) == (3, 6)
