@@ -89,6 +89,10 @@ def forget_threads(*, session_id: Any) -> None:
 def session_usage(*, session: Session, usage: dict[str, Any]) -> dict[str, Any]:
     """The session's usage document as the dashboard and USAGE_UPDATED show it: its main
     thread's for a session with several threads, exactly as REST /usage answers."""
+    if not session.last_serving_model:
+        # No gateway reply was ever recorded: no thread has answered, and the ledger's
+        # figures are the session's (no look-up on the REST append path).
+        return usage
     key = _THREADS_KEY.format(session.pk)
     try:
         known = cache.get(key)

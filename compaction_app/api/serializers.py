@@ -18,7 +18,13 @@ class CompactionRequestSerializer(serializers.Serializer):
     dryRun = StrictBooleanField(required=False)
     targetRatio = serializers.FloatField(required=False, min_value=0.01, max_value=1.0)
     # A thread's key (GET /sessions/{id}/threads); default: the main thread, if any.
-    thread = StrictCharField(required=False, allow_blank=False, max_length=200)
+    thread = StrictCharField(
+        required=False,
+        allow_blank=False,
+        max_length=200,
+        help_text="One of the session's threads (GET /sessions/{id}/threads); default: the main "
+        "thread, if any. A key naming no thread of the session → 400 unknown_thread.",
+    )
 
 
 class DroppedEvidenceSerializer(serializers.Serializer):

@@ -410,6 +410,17 @@ def _within_cross_field_rules(case: Any) -> bool:
             window = None
         if window is not None and max_tokens > window:
             return False
+    thread = body.get("thread")
+    if case.path.endswith("/compactions") and isinstance(thread, str) and session_id:
+        # `thread` must name one of the session's threads (its description says so).
+        from sessions_app.models import Thread
+
+        try:
+            named = Thread.objects.filter(session_id=session_id, key=thread).exists()
+        except (ValueError, ValidationError):
+            named = True  # a made-up session id: a 404 whatever the body
+        if not named:
+            return False
     changes = body.get("settings")
     if not isinstance(changes, dict):
         return True

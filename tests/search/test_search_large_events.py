@@ -134,7 +134,8 @@ def test_it_finds_a_phrase_cut_by_a_piece_boundary(alice_api):
     append_events(
         alice_api, session_id=session_id, events=[{"type": "USER_MESSAGE", "content": text}]
     )
-    assert search_index.search_index_pending(session_id=session_id) == 2
+    # Two pieces to index (a background pass of the suite's embedded worker may already be
+    # on them): either way the phrase across the cut must be found, once.
     body = alice_api.get(
         f"/api/v1/sessions/{session_id}/search", {"q": "NEEDLE_IN_HAYSTACK"}
     ).json()
