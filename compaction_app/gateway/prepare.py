@@ -119,8 +119,10 @@ class Call:
 
 
 def may_compact(*, session: Session, body: dict[str, Any], model: str, enabled: bool) -> bool:
-    """Whether fitting `model` may run a synchronous compaction (the hard limit): the same
-    numbers `fit` decides on, without doing anything."""
+    """Whether fitting `model` may run a synchronous compaction: past the compact threshold
+    (a thread's crossing compacts once, down to fitTargetRatio) or at the hard limit. Judged
+    on the session's active context, which holds every thread's, so it errs towards the
+    long-work executor; the same numbers `fit` decides on, without doing anything."""
     if not enabled:
         return False
     definitions = definitions_tokens(body)
@@ -131,7 +133,7 @@ def may_compact(*, session: Session, body: dict[str, Any], model: str, enabled: 
         compact_threshold=settings.compact_threshold,
         hard_threshold=settings.hard_limit_threshold,
     )
-    return level == "hard"
+    return level != "ok"
 
 
 def prepare(

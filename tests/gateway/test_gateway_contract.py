@@ -221,3 +221,37 @@ def test_it_raises_the_sdks_own_error_classes_on_gateway_errors(gateway_url, ups
         client.messages.create(
             model="claude-3.5-sonnet", max_tokens=5, messages=[{"role": "user", "content": "x"}]
         )
+
+
+def test_it_compacts_a_threshold_crossing_off_the_short_hop_threads(
+    gateway_url, upstream, alice, monkeypatch
+):
+    """Cache-stable fitting compacts once when a thread crosses compactThreshold, below the
+    hard limit: with a remote summarizer that can take its whole timeout too, so it runs on
+    the long-work executor like the hard limit's."""
+    seen: list[str] = []
+    original = prepare.fit
+
+    def watched(**kwargs):
+        seen.append(threading.current_thread().name)
+        return original(**kwargs)
+
+    monkeypatch.setattr(prepare, "fit", watched)
+    client = openai_client(gateway_url, key=token_for(alice), session="crossing-hop")
+    history = [{"role": "system", "content": "You are a coding agent."}]
+    for turn in range(6):
+        history.append({"role": "user", "content": f"Look at module {turn} and fix it. " * 12})
+        reply = client.chat.completions.create(model="gpt-4o", messages=history)
+        history.append({"role": "assistant", "content": reply.choices[0].message.content})
+    session = session_update(
+        session=Session.objects.get(client_key="crossing-hop"),
+        settings={"autoCompact": False, "keepRecentEvents": 1},
+    )
+    # Between the compact threshold (0.8) and the hard limit (0.95).
+    session_update(session=session, context_limit=int((session.context_tokens + 12) / 0.87))
+    history.append({"role": "user", "content": "Status?"})
+    seen.clear()
+    raw = client.chat.completions.with_raw_response.create(model="gpt-4o", messages=history)
+    assert raw.headers["X-Ledger-Compacted"] == "true"
+    assert CompactionRun.objects.get(session=session).status == "completed"
+    assert seen and all(name.startswith("gateway-long") for name in seen)
