@@ -97,7 +97,8 @@ class TokenUsageSerializer(serializers.Serializer):
         max_value=MAX_REPORTED_TOKENS,
         required=False,
         allow_null=True,
-        help_text="Part of promptTokens the provider read from its prompt cache.",
+        help_text="Part of promptTokens the provider read from its prompt cache "
+        "(with cacheWriteTokens, at most promptTokens: else 400).",
     )
     cacheWriteTokens = StrictIntegerField(
         min_value=0,

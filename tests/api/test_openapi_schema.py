@@ -400,6 +400,24 @@ def _within_cross_field_rules(case: Any) -> bool:
 
     body = case.body if isinstance(getattr(case, "body", None), dict) else {}
     session_id = (case.path_parameters or {}).get("session_id")
+    if case.path.endswith("/events") and case.method.upper() == "POST":
+        # A usage's cache figures are parts of its promptTokens (their descriptions say so).
+        raw = getattr(case, "body", None)
+        for item in raw if isinstance(raw, list) else [raw]:
+            usage = item.get("tokenUsage") if isinstance(item, dict) else None
+            if not isinstance(usage, dict):
+                continue
+
+            def number(key: str, usage: dict = usage) -> int:
+                value = usage.get(key)
+                return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+            prompt = usage.get("promptTokens")
+            parts = number("cachedInputTokens") + number("cacheWriteTokens")
+            if isinstance(prompt, int) and not isinstance(prompt, bool) and parts > prompt:
+                return False
+            if number("cacheWrite1hTokens") > number("cacheWriteTokens"):
+                return False
     max_tokens = body.get("maxTokens")
     if case.path.endswith("/recall") and isinstance(max_tokens, int) and session_id:
         # maxTokens must not exceed the session's contextLimit (its description says so).
