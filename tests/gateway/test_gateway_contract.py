@@ -184,8 +184,17 @@ def test_it_refuses_a_conversation_that_opens_with_a_system_message():
         anthropic.parse_request({"model": "m", "messages": [{"role": "system", "content": "x"}]})
 
 
-def test_it_compacts_at_the_hard_limit_off_the_short_hop_threads(
-    gateway_url, upstream, alice, monkeypatch
+@pytest.mark.parametrize(
+    ("session_key", "fill"),
+    [
+        ("long-hop", 0.97),  # the hard limit (0.95)
+        # Between the compact threshold (0.8) and the hard limit: cache-stable fitting
+        # compacts once there, and a remote summarizer can take its whole timeout too.
+        ("crossing-hop", 0.87),
+    ],
+)
+def test_it_compacts_off_the_short_hop_threads(
+    gateway_url, upstream, alice, monkeypatch, session_key, fill
 ):
     seen: list[str] = []
     original = prepare.fit
@@ -195,7 +204,7 @@ def test_it_compacts_at_the_hard_limit_off_the_short_hop_threads(
         return original(**kwargs)
 
     monkeypatch.setattr(prepare, "fit", watched)
-    client = openai_client(gateway_url, key=token_for(alice), session="long-hop")
+    client = openai_client(gateway_url, key=token_for(alice), session=session_key)
     history = [{"role": "system", "content": "You are a coding agent."}]
     for turn in range(6):
         history.append({"role": "user", "content": f"Look at module {turn} and fix it. " * 12})
@@ -203,10 +212,10 @@ def test_it_compacts_at_the_hard_limit_off_the_short_hop_threads(
         history.append({"role": "assistant", "content": reply.choices[0].message.content})
     assert all(name.startswith("gateway-db") for name in seen)  # cheap fits: the same hop
     session = session_update(
-        session=Session.objects.get(client_key="long-hop"),
+        session=Session.objects.get(client_key=session_key),
         settings={"autoCompact": False, "keepRecentEvents": 1},
     )
-    session_update(session=session, context_limit=int((session.context_tokens + 12) / 0.97))
+    session_update(session=session, context_limit=int((session.context_tokens + 12) / fill))
     history.append({"role": "user", "content": "Status?"})
     seen.clear()
     raw = client.chat.completions.with_raw_response.create(model="gpt-4o", messages=history)
@@ -221,37 +230,3 @@ def test_it_raises_the_sdks_own_error_classes_on_gateway_errors(gateway_url, ups
         client.messages.create(
             model="claude-3.5-sonnet", max_tokens=5, messages=[{"role": "user", "content": "x"}]
         )
-
-
-def test_it_compacts_a_threshold_crossing_off_the_short_hop_threads(
-    gateway_url, upstream, alice, monkeypatch
-):
-    """Cache-stable fitting compacts once when a thread crosses compactThreshold, below the
-    hard limit: with a remote summarizer that can take its whole timeout too, so it runs on
-    the long-work executor like the hard limit's."""
-    seen: list[str] = []
-    original = prepare.fit
-
-    def watched(**kwargs):
-        seen.append(threading.current_thread().name)
-        return original(**kwargs)
-
-    monkeypatch.setattr(prepare, "fit", watched)
-    client = openai_client(gateway_url, key=token_for(alice), session="crossing-hop")
-    history = [{"role": "system", "content": "You are a coding agent."}]
-    for turn in range(6):
-        history.append({"role": "user", "content": f"Look at module {turn} and fix it. " * 12})
-        reply = client.chat.completions.create(model="gpt-4o", messages=history)
-        history.append({"role": "assistant", "content": reply.choices[0].message.content})
-    session = session_update(
-        session=Session.objects.get(client_key="crossing-hop"),
-        settings={"autoCompact": False, "keepRecentEvents": 1},
-    )
-    # Between the compact threshold (0.8) and the hard limit (0.95).
-    session_update(session=session, context_limit=int((session.context_tokens + 12) / 0.87))
-    history.append({"role": "user", "content": "Status?"})
-    seen.clear()
-    raw = client.chat.completions.with_raw_response.create(model="gpt-4o", messages=history)
-    assert raw.headers["X-Ledger-Compacted"] == "true"
-    assert CompactionRun.objects.get(session=session).status == "completed"
-    assert seen and all(name.startswith("gateway-long") for name in seen)
