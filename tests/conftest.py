@@ -27,7 +27,12 @@ def pytest_sessionfinish(session, exitstatus):
 def pytest_unconfigure(config):
     """A test that leaves a thread which never ends (an event loop whose task ignores its
     cancellation, say) would hang the interpreter's exit, and CI with it, after every result
-    is printed. Past the grace time, print every thread's stack and leave with a failure."""
+    is printed. Past the grace time, print every thread's stack and leave with a failure.
+
+    Not in a pytest-xdist worker: a worker that is done waits, alive, for the controller to
+    end the run, and the controller terminates a worker that does not exit (10 s)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
 
     def watchdog() -> None:
         time.sleep(EXIT_GRACE_SECONDS)
