@@ -147,8 +147,9 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- Redis: channel layer, Celery broker, cache ---------------------------------------------
 # Under pytest each process gets its own queue, channel prefix and cache prefix (like its own
-# test database), so two test runs sharing one Redis never consume each other's tasks or
-# share throttle counters.
+# test database), so two test runs sharing one Redis, or the parallel workers of one run (the
+# suite runs under pytest-xdist), never consume each other's tasks or share throttle counters;
+# a prefix given in the environment is suffixed too.
 _TEST_SUFFIX = f"-test-{os.getpid()}" if "pytest" in sys.modules else ""
 REDIS_URL = env_str("REDIS_URL")
 # How long connecting to Redis may take before the caller gives up: a broadcast, a throttle
@@ -184,7 +185,7 @@ if REDIS_URL:
                         "health_check_interval": 30,
                     }
                 ],
-                "prefix": env_str("CHANNELS_PREFIX", "ledger" + _TEST_SUFFIX),
+                "prefix": env_str("CHANNELS_PREFIX", "ledger") + _TEST_SUFFIX,
             },
         }
     }
@@ -230,7 +231,7 @@ CELERY_RESULT_BACKEND = None
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
-CELERY_TASK_DEFAULT_QUEUE = env_str("CELERY_QUEUE", "context-ledger" + _TEST_SUFFIX)
+CELERY_TASK_DEFAULT_QUEUE = env_str("CELERY_QUEUE", "context-ledger") + _TEST_SUFFIX
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # A running compaction beats every COMPACTION_STALE_SECONDS / 4; the sweeper fails a running
 # run whose heartbeat is older than this, and re-queues a pending one queued longer ago.

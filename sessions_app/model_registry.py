@@ -202,6 +202,13 @@ class ModelRegistry:
                 model = provider.find_model(ref)
                 if model is not None and model.context_window is not None:
                     return provider, model
+        # Some listed ids no match clause accepts (a reseller's "glm-4p7"): the id as listed by
+        # all_models() must still resolve, or GET /models would offer names sessions refuse.
+        for ref in dict.fromkeys((key, bare)):
+            for provider in _ordered_providers():
+                for model in provider.models:
+                    if model.id.lower() == ref and model.context_window is not None:
+                        return provider, model
         return None
 
     def all_models(self) -> list[ModelInfo]:
@@ -214,10 +221,31 @@ class ModelRegistry:
 
     def _build_all(self) -> list[ModelInfo]:
         entries: dict[str, ModelInfo] = {}
+        seen: set[str] = set()  # lower-cased: lookups are case-insensitive, ids are not
         for provider in _ordered_providers():
             for model in provider.models:
                 if model.context_window is None or model.id in entries:
                     continue
+                name = model.id.lower()
+                # A session named by this id gets what lookup() answers, which may be another
+                # provider's entry (a first party's clause, an aggregator's "vendor/model" id,
+                # the same id in another case): list that. Only ids another provider could
+                # claim are looked up (a full lookup of every id takes seconds).
+                if (
+                    "/" in name
+                    or name in seen
+                    or any(
+                        other.id != provider.id
+                        and other.model_match is not None
+                        and other.model_match.is_match(name)
+                        for other in _providers()
+                    )
+                ):
+                    info = self.lookup(model.id)
+                    if info is not None:
+                        entries[model.id] = info
+                        seen.add(name)
+                        continue
                 encoding, native = _encoding_for(model.id, None)
                 entries[model.id] = ModelInfo(
                     model=model.id,
@@ -227,6 +255,7 @@ class ModelRegistry:
                     provider=provider.id,
                     canonical_id=model.id,
                 )
+                seen.add(name)
         # First-party spellings such as "claude-3.5-sonnet" are names clients really send, so
         # list them too, but only when a lookup of the spelling lands on the same entry.
         for provider in _ordered_providers():

@@ -165,3 +165,14 @@ def test_it_returns_no_cost_for_unknown_models_or_bad_input():
     )
     assert estimate_cost_usd("", input_tokens=10, output_tokens=10) is None
     assert estimate_cost_usd("gpt-4o", input_tokens=-1, output_tokens=10) is None
+
+
+def test_it_resolves_every_listed_model_to_the_window_it_is_listed_with(registry):
+    # GET /models offered reseller ids (glm-4p7, codestral) that session create refused, and
+    # listed others with a reseller's window while a session of that name got another one.
+    listed = registry.all_models()
+    assert {"glm-4p7", "codestral"} <= {info.model for info in listed}
+    for info in listed:
+        found = registry.lookup(info.model)
+        assert found is not None, info.model
+        assert (found.context_limit, found.encoding) == (info.context_limit, info.encoding)
