@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 # number per operation; the coverage phase's boundary cases (every listed model among them)
 # come on top.
 ST_OPTIONS = ["--seed", "1", "--generation-deterministic", "--max-examples", "10", "--workers", "1"]
-RUN_SECONDS = 170
+RUN_SECONDS = 300
 
 
 @pytest.fixture
