@@ -14,6 +14,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from sessions_app.api.openapi import errors
+
 # Relative to /api/v1/; `{session_id}` and `{compaction_id}` are placeholders, spelled as in the schema.
 ENDPOINTS = {
     "sessions": "sessions",
@@ -41,17 +43,21 @@ class ApiRootView(APIView):
     @extend_schema(
         summary="The API root: links to every endpoint, the schema and the docs",
         auth=[],
-        responses=inline_serializer(
-            "ApiRoot",
-            {
-                "version": serializers.CharField(),
-                "endpoints": serializers.DictField(child=serializers.CharField()),
-                "schema": serializers.CharField(),
-                "docs": serializers.CharField(),
-                "gateway": serializers.DictField(child=serializers.CharField()),
-                "authentication": serializers.CharField(),
-            },
-        ),
+        responses={
+            200: inline_serializer(
+                "ApiRoot",
+                {
+                    "version": serializers.CharField(),
+                    "endpoints": serializers.DictField(child=serializers.CharField()),
+                    "schema": serializers.CharField(),
+                    "docs": serializers.CharField(),
+                    "gateway": serializers.DictField(child=serializers.CharField()),
+                    "authentication": serializers.CharField(),
+                },
+            ),
+            # A token that is sent is checked, even here (an invalid one is a 401).
+            **errors(401, 406, common=False),
+        },
     )
     def get(self, request: Request) -> Response:
         base = request.build_absolute_uri("/api/v1/")

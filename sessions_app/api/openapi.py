@@ -1,5 +1,5 @@
 """OpenAPI documentation shared by the API's views: the error body and its responses, and the
-page envelopes. tests/test_openapi_schema.py checks real responses against the result."""
+page envelopes. tests/api/test_openapi_schema.py checks real responses against the result."""
 
 from __future__ import annotations
 
@@ -31,6 +31,7 @@ _ERROR_TEXTS = {
     401: "Not authenticated (not_authenticated, authentication_failed).",
     403: "Not allowed (permission_denied).",
     404: "Not found, or not yours (not_found).",
+    406: "The Accept header excludes application/json, the only type answered (not_acceptable).",
     409: "Conflict (idempotency_conflict, compaction_in_progress, not_revertible).",
     413: "Body too large (request_too_large, too_many_events).",
     415: "Body is not JSON (unsupported_media_type).",
@@ -40,16 +41,17 @@ _ERROR_TEXTS = {
 }
 
 # Every authenticated endpoint can answer these.
-COMMON = (401, 403, 429)
+COMMON = (401, 403, 406, 429)
 # ...and every endpoint that reads a JSON body these.
 BODY = (400, 413, 415)
 
 
-def errors(*codes: int) -> dict[int, OpenApiResponse]:
-    """Responses with the error body for `codes` plus the ones every endpoint has."""
+def errors(*codes: int, common: bool = True) -> dict[int, OpenApiResponse]:
+    """Responses with the error body for `codes` plus (with `common`) the ones every
+    authenticated endpoint has."""
     return {
         code: OpenApiResponse(ErrorSerializer, description=_ERROR_TEXTS[code])
-        for code in sorted({*codes, *COMMON})
+        for code in sorted({*codes, *(COMMON if common else ())})
     }
 
 
@@ -85,6 +87,27 @@ PAGE_PARAMETERS = [
 
 
 # --- bounds drf-spectacular cannot see ---------------------------------------------------------
+
+# Text the API stores cannot hold a NUL character (PostgreSQL cannot store it; the rule is the
+# same on both profiles): 400 invalid_content. Stated as a pattern on every stored string.
+NO_NUL = r"^[^\u0000]*$"
+
+
+# The characters Python's str.strip() removes (str.isspace): a text of nothing else is blank.
+# Spelled out because JSON Schema's regular expressions (ECMA-262) have their own \s.
+BLANK_CHARACTERS = (
+    r"\u0009-\u000d\u001c-\u0020\u0085\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000"
+)
+# A text that is not blank (unanchored: it holds one character strip() keeps).
+NOT_BLANK = f"[^{BLANK_CHARACTERS}]"
+# Not blank, and no NUL.
+NOT_BLANK_NO_NUL = rf"^[^\u0000]*[^\u0000{BLANK_CHARACTERS}][^\u0000]*$"
+
+
+def _without_nul(schema: dict[str, Any]) -> dict[str, Any]:
+    """A string schema that also refuses NUL."""
+    assert "pattern" not in schema, schema
+    return {**schema, "pattern": NO_NUL}
 
 
 def _settings_schema() -> dict[str, Any]:
@@ -135,7 +158,7 @@ def _creatable_models(registry: Any) -> list[str]:
 def complete_schema(result: dict[str, Any], generator: Any, request: Any, public: bool) -> Any:
     """drf-spectacular postprocessing hook (SPECTACULAR_SETTINGS): the bounds the services
     enforce that the serializers do not declare, so every request the document allows is
-    accepted (tests/test_openapi_schema.py runs schemathesis on it)."""
+    accepted (tests/api/test_openapi_schema.py runs schemathesis on it)."""
     from django.conf import settings
 
     from sessions_app.services import MAX_CONTEXT_LIMIT, model_registry
@@ -156,9 +179,12 @@ def complete_schema(result: dict[str, Any], generator: Any, request: Any, public
             "type": "string",
             "minLength": 1,
             "maxLength": 200,
+            "pattern": NOT_BLANK_NO_NUL,
             "description": "A known model (GET /api/v1/models), or any other name together "
             "with contextLimit; otherwise 400 unknown_model.",
         }
+        create["title"] = _without_nul(create["title"])
+        create["systemPrompt"] = _without_nul(create["systemPrompt"])
         schemas["SessionCreate"]["anyOf"] = [
             {"properties": {"model": {"enum": model["enum"]}}},
             {"required": ["contextLimit"], "properties": {"contextLimit": context_limit}},
@@ -169,6 +195,7 @@ def complete_schema(result: dict[str, Any], generator: Any, request: Any, public
         patch = schemas["PatchedSessionPatch"]
         patch["properties"]["contextLimit"] = context_limit
         patch["properties"]["settings"] = _settings_schema()
+        patch["properties"]["title"] = _without_nul(patch["properties"]["title"])
         patch["additionalProperties"] = False
     if "PatchedEventPatch" in schemas:
         schemas["PatchedEventPatch"]["required"] = ["pinned"]
@@ -209,19 +236,30 @@ def complete_schema(result: dict[str, Any], generator: Any, request: Any, public
             if variant.get("type") == "array":
                 variant["minItems"] = 1
                 variant["maxItems"] = settings.API_MAX_EVENTS_PER_REQUEST
+                variant["description"] = (
+                    "Appended together or not at all; an id given twice in one list is "
+                    "400 duplicate_id."
+                )
     if "EventIn" in schemas:
         event = schemas["EventIn"]
         event["properties"]["content"] = {
-            "oneOf": [{"type": "string"}, {"type": "array", "items": {}}, {"type": "object"}],
-            "description": "A string, or structured parts (a JSON array or object).",
+            "oneOf": [
+                {"type": "string", "pattern": NO_NUL},
+                {"type": "array", "items": {}},
+                {"type": "object"},
+            ],
+            "description": "A string, or structured parts (a JSON array or object); no string "
+            "in it (keys included) may hold a NUL character.",
         }
+        for name in ("name", "toolCallId"):
+            event["properties"][name] = _without_nul(event["properties"][name])
         event["properties"]["metadata"]["description"] = (
             "Any JSON object; no string in it (keys included) may hold a NUL character."
         )
         # What EventInSerializer.validate requires per type.
         special = ["TOOL_CALL", "TOOL_RESULT", "CONTEXT_REFRESH"]
         others = [t for t in event_types_enum(schemas) if t not in special]
-        text = {"type": "string", "minLength": 1, "maxLength": 200}
+        text = {"type": "string", "minLength": 1, "maxLength": 200, "pattern": NO_NUL}
         event["oneOf"] = [
             {
                 "properties": {"type": {"enum": ["TOOL_CALL"]}, "name": text, "toolCallId": text},
@@ -234,14 +272,15 @@ def complete_schema(result: dict[str, Any], generator: Any, request: Any, public
             {
                 "properties": {
                     "type": {"enum": ["CONTEXT_REFRESH"]},
-                    "content": {"type": "string", "pattern": r"^\[CONTEXT REFRESH\]"},
+                    "content": {"type": "string", "pattern": r"^\[CONTEXT REFRESH\][^\u0000]*$"},
                 },
             },
             {"properties": {"type": {"enum": others}}},
         ]
     if "RecallIn" in schemas:
         schemas["RecallIn"]["properties"]["query"]["minLength"] = 1
-        schemas["RecallIn"]["properties"]["query"]["pattern"] = r"\S"
+        schemas["RecallIn"]["properties"]["query"]["pattern"] = NOT_BLANK
+    _link_compactions(result.get("paths", {}))
     for path, item in result.get("paths", {}).items():
         for method, operation in item.items():
             if not isinstance(operation, dict):
@@ -256,6 +295,34 @@ def complete_schema(result: dict[str, Any], generator: Any, request: Any, public
                 if parameter.get("name") == "thread" and parameter.get("in") == "query":
                     parameter["schema"] = {"type": "string", "minLength": 1, "maxLength": 200}
     return result
+
+
+def _link_compactions(paths: dict[str, Any]) -> None:
+    """OpenAPI links from where a compaction's id is answered to the operations that take it
+    (clients, and schemathesis's stateful phase, follow them to real runs)."""
+    by_id = {"compactions_retrieve": "Get", "compactions_revert_create": "Revert"}
+    targets = {
+        operation["operationId"]: operation
+        for item in paths.values()
+        for operation in item.values()
+        if isinstance(operation, dict) and operation.get("operationId") in by_id
+    }
+    sources = [
+        ("/sessions/{session_id}/compactions", "post", "202", "$response.body#/id"),
+        ("/sessions/{session_id}/context", "post", "200", "$response.body#/compaction/id"),
+    ]
+    for suffix, method, status, expression in sources:
+        for path, item in paths.items():
+            response = item.get(method, {}).get("responses", {}).get(status)
+            if not path.endswith(suffix) or response is None:
+                continue
+            response["links"] = {
+                f"{by_id[operation_id]}Compaction": {
+                    "operationId": operation_id,
+                    "parameters": {"compaction_id": expression},
+                }
+                for operation_id in targets
+            }
 
 
 def event_types_enum(schemas: dict[str, Any]) -> list[str]:

@@ -11,7 +11,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from sessions_app import recall, search, selectors
-from sessions_app.api.openapi import BODY, errors, integer
+from sessions_app.api.openapi import BODY, NOT_BLANK, errors, integer
 from sessions_app.api.serializers import StrictCharField
 from sessions_app.errors import InvalidInput
 from sessions_app.services import MAX_CONTEXT_LIMIT
@@ -28,7 +28,12 @@ _SEARCH_PARAMETERS = [
     OpenApiParameter(
         "q",
         # Not blank, and at most MAX_QUERY_CHARS: what search.check_query enforces.
-        {"type": "string", "minLength": 1, "maxLength": search.MAX_QUERY_CHARS, "pattern": r"\S"},
+        {
+            "type": "string",
+            "minLength": 1,
+            "maxLength": search.MAX_QUERY_CHARS,
+            "pattern": NOT_BLANK,
+        },
         required=True,
         description="Words, identifiers or paths.",
     ),

@@ -24,6 +24,8 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+from tests.support.api_rules import within_documented_rules
+
 
 def generated_schema() -> dict[str, Any]:
     from drf_spectacular.generators import SchemaGenerator
@@ -85,7 +87,9 @@ def api_schema(db):
     """The generated OpenAPI schema, loaded by schemathesis and bound to the WSGI app."""
     import schemathesis
 
-    loaded = schemathesis.openapi.from_dict(generated_schema())
+    # Its own configuration: the repository's schemathesis.toml (and its hooks, which read a
+    # live server) is for `st run` (tests/api/test_openapi_live.py).
+    loaded = schemathesis.openapi.from_dict(generated_schema(), config=schemathesis.Config())
     loaded.app = LedgerWSGIApp()
     return loaded
 
@@ -169,6 +173,10 @@ class Walk:
         return response.get_json(silent=True)
 
 
+# The error statuses the walk checks are documented on the operation that answered them.
+CHECKED_ERRORS = (400, 401, 404, 406, 409, 413, 422)
+
+
 def test_it_documents_every_response_of_every_operation(api_schema, alice, settings):
     from rest_framework.authtoken.models import Token
 
@@ -178,8 +186,12 @@ def test_it_documents_every_response_of_every_operation(api_schema, alice, setti
     V = "/api/v1"
     S = V + "/sessions/{session_id}"
 
-    # The API root (public: links only).
+    # The API root (public: links only; a token that is sent is checked all the same).
     walk("GET", V + "/", 200, headers={})
+    walk("GET", V + "/", 401, headers={"Authorization": "Token not-a-token"})
+    # Every operation answers JSON only.
+    walk("GET", V + "/", 406, headers={"Accept": "text/html"})
+    walk("GET", V + "/models", 406, headers={**walk.auth, "Accept": "application/xml"})
 
     # Sessions.
     session = walk(
@@ -368,9 +380,9 @@ def test_it_documents_every_response_of_every_operation(api_schema, alice, setti
         for method_lower, operation in item.items()
         for method in [method_lower.upper()]
         for status in operation["responses"]
-        if int(status) in (400, 404, 409, 413, 422)
+        if int(status) in CHECKED_ERRORS
     }
-    assert {key for key in walk.seen if key[2] in (400, 404, 409, 413, 422)} <= documented_errors
+    assert {key for key in walk.seen if key[2] in CHECKED_ERRORS} <= documented_errors
 
 
 # --- generated cases ---------------------------------------------------------------------------
@@ -389,87 +401,46 @@ CASES = [(method, path, GenerationMode.POSITIVE) for method, path in documented_
 ]
 
 
-def _within_cross_field_rules(case: Any) -> bool:
-    """The one rule a JSON schema cannot state (the settings object's description does):
-    compactThreshold must not exceed hardLimitThreshold, the stored values standing in for
-    the ones a request leaves out."""
-    from django.core.exceptions import ValidationError
+class DatabaseState:
+    """The rules' StoredState (tests/support/api_rules.py), read from the test database."""
 
-    from sessions_app.models import Session
-    from sessions_app.session_settings import DEFAULTS
+    @staticmethod
+    def _session(session_id: str) -> Any:
+        from django.core.exceptions import ValidationError
 
-    body = case.body if isinstance(getattr(case, "body", None), dict) else {}
-    session_id = (case.path_parameters or {}).get("session_id")
-    if _has_nul(getattr(case, "body", None)):
-        # NUL is refused in any text of a body, keys included (docs/api.md, "Errors and
-        # rules"): a string the schema cannot rule out.
-        return False
-    if case.path.endswith("/events") and case.method.upper() == "POST":
-        # A usage's cache figures are parts of its promptTokens (their descriptions say so).
-        raw = getattr(case, "body", None)
-        for item in raw if isinstance(raw, list) else [raw]:
-            usage = item.get("tokenUsage") if isinstance(item, dict) else None
-            if not isinstance(usage, dict):
-                continue
+        from sessions_app.models import Session
 
-            def number(key: str, usage: dict = usage) -> int:
-                value = usage.get(key)
-                return value if isinstance(value, int) and not isinstance(value, bool) else 0
-
-            prompt = usage.get("promptTokens")
-            parts = number("cachedInputTokens") + number("cacheWriteTokens")
-            if isinstance(prompt, int) and not isinstance(prompt, bool) and parts > prompt:
-                return False
-            if number("cacheWrite1hTokens") > number("cacheWriteTokens"):
-                return False
-    max_tokens = body.get("maxTokens")
-    if case.path.endswith("/recall") and isinstance(max_tokens, int) and session_id:
-        # maxTokens must not exceed the session's contextLimit (its description says so).
         try:
-            limit = Session.objects.filter(pk=session_id).values_list("context_limit", flat=True)
-            window = limit.first()
-        except (ValueError, ValidationError):
-            window = None
-        if window is not None and max_tokens > window:
-            return False
-    thread = body.get("thread")
-    if case.path.endswith("/compactions") and isinstance(thread, str) and session_id:
-        # `thread` must name one of the session's threads (its description says so).
+            return Session.objects.filter(pk=session_id).first()
+        except (ValueError, ValidationError):  # a made-up id: a 404 whatever the body
+            return None
+
+    def stored_settings(self, session_id: str) -> dict[str, Any] | None:
+        session = self._session(session_id)
+        return None if session is None else dict(session.settings or {})
+
+    def context_limit(self, session_id: str) -> int | None:
+        session = self._session(session_id)
+        return None if session is None else session.context_limit
+
+    def has_thread(self, session_id: str, key: str) -> bool | None:
         from sessions_app.models import Thread
 
-        try:
-            named = Thread.objects.filter(session_id=session_id, key=thread).exists()
-        except (ValueError, ValidationError):
-            named = True  # a made-up session id: a 404 whatever the body
-        if not named:
-            return False
-    changes = body.get("settings")
-    if not isinstance(changes, dict):
-        return True
-    base = dict(DEFAULTS)
-    if case.method.upper() == "PATCH" and session_id:
-        try:
-            stored = (
-                Session.objects.filter(pk=session_id).values_list("settings", flat=True).first()
-            )
-        except (ValueError, ValidationError):  # a made-up id: a 404 whatever the body
-            stored = None
-        base.update(stored or {})
-    merged = {**base, **changes}
-    compact, hard = merged.get("compactThreshold"), merged.get("hardLimitThreshold")
-    if not all(isinstance(v, int | float) and not isinstance(v, bool) for v in (compact, hard)):
-        return True
-    return compact <= hard
+        if self._session(session_id) is None:
+            return None
+        return Thread.objects.filter(session_id=session_id, key=key).exists()
 
 
-def _has_nul(value: object) -> bool:
-    if isinstance(value, str):
-        return "\x00" in value
-    if isinstance(value, dict):
-        return any(_has_nul(key) or _has_nul(item) for key, item in value.items())
-    if isinstance(value, list):
-        return any(_has_nul(item) for item in value)
-    return False
+def _within_documented_rules(case: Any) -> bool:
+    """A valid generated case keeps the rules its schema cannot state (api_rules)."""
+    body = getattr(case, "body", None)
+    return within_documented_rules(
+        method=case.method,
+        path=case.path,
+        body=body if isinstance(body, dict | list | str) else None,
+        path_parameters=case.path_parameters,
+        state=DatabaseState(),
+    )
 
 
 @pytest.mark.parametrize(("method", "path", "mode"), CASES)
@@ -483,7 +454,7 @@ def test_it_answers_generated_requests_as_documented(api_schema, ledger_world, m
     )
 
     if mode == GenerationMode.POSITIVE:
-        strategy = strategy.filter(_within_cross_field_rules)
+        strategy = strategy.filter(_within_documented_rules)
 
     @given(case=strategy)
     @hypothesis_settings(

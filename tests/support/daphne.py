@@ -10,7 +10,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
-from tests.support.helpers import closed_port, stop_process, wait_listening
+from tests.support.helpers import closed_port, drain_output, stop_process, wait_listening
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -31,6 +31,7 @@ def daphne_process(env: Mapping[str, str], *, start_seconds: float = 60) -> Iter
     )
     try:
         wait_listening(port, server, what="daphne", seconds=start_seconds)
+        drain_output(server)
         yield port
     finally:
         stop_process(server, seconds=20)

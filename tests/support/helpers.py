@@ -255,6 +255,20 @@ def wait_listening(
     raise RuntimeError(f"{what} did not start listening")
 
 
+def drain_output(process: subprocess.Popen[Any]) -> None:
+    """Read a started server's piped output in the background for as long as it runs: its
+    access log and request warnings would fill a pipe nobody reads (64 KB), and the server
+    would stall on its next write."""
+
+    def drain(stream: Any) -> None:
+        for _line in stream:
+            pass
+
+    for stream in (process.stdout, process.stderr):
+        if stream is not None:
+            threading.Thread(target=drain, args=(stream,), name="drain", daemon=True).start()
+
+
 def stop_process(process: subprocess.Popen[Any], *, seconds: float = 10.0) -> None:
     """Terminate `process`; kill it if it has not stopped within `seconds`."""
     process.terminate()

@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.support.helpers import stop_process, wait_listening
+from tests.support.helpers import drain_output, stop_process, wait_listening
 
 ROOT = Path(__file__).resolve().parents[2]
 # The parent's production-profile variables must not reach the child: it would share (and
@@ -70,6 +70,7 @@ def live_ledger(**env: str) -> Iterator[LiveLedger]:
                 raise RuntimeError("live ledger failed to start: " + process.stderr.read()[-3000:])
             tokens = json.loads(line)
             wait_listening(port, process, what="live ledger")
+            drain_output(process)
             yield LiveLedger(base_url=f"http://127.0.0.1:{port}", tokens=tokens)
         finally:
             stop_process(process)

@@ -1,0 +1,143 @@
+"""The API's documented rules that its OpenAPI document cannot state, for schema-driven
+testing: a JSON schema compares no two fields and knows nothing stored, so a request it
+allows can still be refused by one of these. Generated valid requests are kept to them, so
+schemathesis's "valid data is accepted" check (positive_data_acceptance) holds the API to
+everything else the document says.
+
+Each rule is documented where a client reads it (the field's description in the schema,
+docs/api.md and docs/operations.md):
+- no text stored from a body holds a NUL character, keys and nested values of `metadata` and
+  of structured `content` included (plain strings carry the rule as a pattern);
+- `compactThreshold` must not exceed `hardLimitThreshold`, the stored values (or the
+  defaults) standing in for the ones a request leaves out;
+- a usage's `cachedInputTokens` and `cacheWriteTokens` are parts of its `promptTokens`;
+- an event id appears at most once in one append;
+- recall's `maxTokens` is at most the session's `contextLimit`;
+- a compaction's `thread` names one of the session's threads.
+
+The rules read what is stored through a `StoredState`: the database in the in-process
+schema test (tests/api/test_openapi_schema.py), the live server's API for `st run`
+(tests/support/schemathesis_hooks.py). Pure: no Django import at module level.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+from sessions_app.session_settings import DEFAULTS
+
+
+class StoredState(Protocol):
+    """What the rules read of a session; None for a session that does not exist (or is not
+    the caller's): any body is then a 404, so no rule applies."""
+
+    def stored_settings(self, session_id: str) -> Mapping[str, Any] | None: ...
+
+    def context_limit(self, session_id: str) -> int | None: ...
+
+    def has_thread(self, session_id: str, key: str) -> bool | None: ...
+
+
+def has_nul(value: object) -> bool:
+    """Whether any string in a JSON value, object keys included, holds a NUL character."""
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(has_nul(key) or has_nul(item) for key, item in value.items())
+    if isinstance(value, list):
+        return any(has_nul(item) for item in value)
+    return False
+
+
+def _integer(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _number(value: object) -> float | None:
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _usage_within_prompt(usage: Mapping[str, Any]) -> bool:
+    parts = (_integer(usage.get("cachedInputTokens")) or 0) + (
+        _integer(usage.get("cacheWriteTokens")) or 0
+    )
+    prompt = _integer(usage.get("promptTokens"))
+    if prompt is not None and parts > prompt:
+        return False
+    return (_integer(usage.get("cacheWrite1hTokens")) or 0) <= (
+        _integer(usage.get("cacheWriteTokens")) or 0
+    )
+
+
+def _distinct_ids(items: list[Any]) -> bool:
+    seen: set[object] = set()
+    for item in items:
+        raw = item.get("id") if isinstance(item, dict) else None
+        if not isinstance(raw, str):
+            continue
+        try:
+            key: object = uuid.UUID(raw)
+        except ValueError:
+            key = raw
+        if key in seen:
+            return False
+        seen.add(key)
+    return True
+
+
+def within_documented_rules(
+    *,
+    method: str,
+    path: str,
+    body: Any,
+    path_parameters: Mapping[str, Any] | None,
+    state: StoredState,
+) -> bool:
+    """Whether a request (its operation's `path` template, e.g. /api/v1/sessions/{session_id},
+    and what was generated for it) keeps every rule above."""
+    method = method.upper()
+    session_id = (path_parameters or {}).get("session_id")
+    session_id = session_id if isinstance(session_id, str) else None
+    if has_nul(body):
+        return False
+    if method == "POST" and path.endswith("/events"):
+        if isinstance(body, list) and not _distinct_ids(body):
+            return False
+        for item in body if isinstance(body, list) else [body]:
+            usage = item.get("tokenUsage") if isinstance(item, dict) else None
+            if isinstance(usage, dict) and not _usage_within_prompt(usage):
+                return False
+    if not isinstance(body, dict):
+        return True
+    max_tokens = _integer(body.get("maxTokens"))
+    if path.endswith("/recall") and max_tokens is not None and session_id:
+        window = state.context_limit(session_id)
+        if window is not None and max_tokens > window:
+            return False
+    thread = body.get("thread")
+    if (
+        path.endswith("/compactions")
+        and isinstance(thread, str)
+        and session_id
+        and state.has_thread(session_id, thread) is False
+    ):
+        return False
+    changes = body.get("settings")
+    if not isinstance(changes, dict) or not (
+        path.endswith("/sessions") or path.endswith("{session_id}")
+    ):
+        return True
+    base: dict[str, Any] = dict(DEFAULTS)
+    if method == "PATCH" and session_id:
+        stored = state.stored_settings(session_id)
+        if stored is None:
+            return True  # no such session: a 404 whatever the body
+        base.update(stored)
+    merged = {**base, **changes}
+    compact = _number(merged.get("compactThreshold"))
+    hard = _number(merged.get("hardLimitThreshold"))
+    if compact is None or hard is None:
+        return True  # a wrong type: the schema's business, not a rule between fields
+    return compact <= hard
