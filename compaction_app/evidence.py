@@ -40,6 +40,7 @@ __all__ = [
     "held",
     "loss_report",
     "parameters_of",
+    "quoted_line",
     "shape_of",
     "template_of",
 ]
@@ -1166,13 +1167,46 @@ _OUTCOME = re.compile(
     re.I,
 )
 _WORD = re.compile(r"[A-Za-z]{2}")
-_DIFF_CHANGE = re.compile(r"^[+-](?![+-])\S")
+# An added line of a diff (`+TIMEOUT_MS=1500`): the state after the change. The removed line
+# beside it is what the change replaced.
+_DIFF_ADDED = re.compile(r"^\+(?!\+)\S")
 _COMMAND_ECHO = re.compile(r"^\s*(?:\$|❯|>>>|\w+@[\w.-]+:[~\w/.-]*[$#])\s")
+
+
+# What frames a line rather than tells: its margin (indentation, trailing blanks, pytest's `E`
+# marker) and rules drawn with one mark repeated (pytest's `==== 1 failed in 2s ====` and
+# `____ test_name ____`, a build tool's `-----`). A summary quotes a line without them (they
+# cost a token per few marks), and a later run re-scores that quote against the session's
+# counts, so templates are counted without them too: else an indented line repeated twenty
+# times would look like news once quoted.
+_RULE = re.compile(r"([=_*#~+.-])\1{3,}")
+_FRAME_ENDS = re.compile(r"^(?:E )?(?:([=_*#~+.-])\1{3,} ?)?|(?: ?([=_*#~+.-])\2{3,})?$")
+
+
+def quoted_line(line: str) -> str:
+    """A line of tool output as a summary quotes it: blanks collapsed, without what frames it
+    (its margin, pytest's `E` marker, rules drawn at its ends)."""
+    line = " ".join(line.split())
+    bare = _FRAME_ENDS.sub("", line)
+    return bare if _WORD.search(bare) else line
 
 
 def template_of(line: str) -> str:
     """`line` with its parameters masked (`#`) and its blanks collapsed: its template."""
-    return " ".join(_PARAMETER.sub("#", line).split())
+    return _masked(line)
+
+
+def _masked(text: str) -> str:
+    """The template of each line of `text`. Rules go first, anywhere in a line (one `re.sub` in
+    C that starts only at a mark; a regex for a line's ends would be tried at every blank of
+    megabytes); then, blanks collapsed, plain replacements drop the one blank left at either
+    end of a line and pytest's marker."""
+    text = _BLANKS.sub(" ", _RULE.sub("", f"\n{text}\n"))
+    text = text.replace("\n ", "\n").replace("\nE ", "\n").replace(" \n", "\n")
+    # A diff's `+`/`-` is structure, not part of the value after it: `+TIMEOUT_MS=1500` has
+    # the template `+ #` of a changed setting, not the `#` of any listing's line.
+    text = text.replace("\n+", "\n+ ").replace("\n-", "\n- ")
+    return _PARAMETER.sub("#", text)[1:-1]
 
 
 def parameters_of(line: str) -> list[str]:
@@ -1210,7 +1244,7 @@ class Salience:
     def _masked_lines(self, text: str) -> list[str]:
         masked = self._masked.get(text)
         if masked is None:
-            masked = _BLANKS.sub(" ", _PARAMETER.sub("#", text)).split("\n")
+            masked = _masked(text).split("\n")
             self._masked[text] = masked
         return masked
 
@@ -1223,7 +1257,7 @@ class Salience:
         self.parameters.update(_PARAMETER.findall(text))
 
     def template_count(self, line: str) -> int:
-        return self.templates.get(_BLANKS.sub(" ", _PARAMETER.sub("#", line)), 0)
+        return self.templates.get(_masked(line), 0)
 
     def information(
         self,
@@ -1277,13 +1311,13 @@ class Salience:
             outcome = _OUTCOME.search(line) is not None
         if _CODE_SHAPE.match(line):
             score -= 6
-        elif _DIFF_CHANGE.match(line):
-            score += 2  # a changed line of a diff: what the change was
-        if signal:
+        elif _DIFF_ADDED.match(line):
+            score += 2  # an added line of a diff: what the change made
+        if signal and outcome:
+            score += 5  # a closing line that reports a failure (`1 failed`): one report, not two
+        elif signal or outcome:
             score += 3
-        if outcome:
-            score += 3
-        elif not signal and not named:
+        elif not named:
             score -= 1  # a new sentence that names nothing and reports nothing
         return score, outcome, signal
 

@@ -18,7 +18,7 @@ import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from compaction_app.evidence import FILE_PATH, URL, Salience, extract, shape_of
+from compaction_app.evidence import FILE_PATH, URL, Salience, extract, quoted_line, shape_of
 from sessions_app.event_types import EventType
 from sessions_app.tokens import truncate_to_tokens
 
@@ -420,6 +420,18 @@ _CHARS_PER_POINT = 60
 _ISSUE_KINDS = frozenset({"exit", "signal", "error", "error_code", "http_status"})
 
 
+# At a small budget each bullet is a large share of the summary: a 30-token line is an eighth
+# of 256 tokens and a hundredth of 4,000. An item loses a point per 1/64 of the budget it takes
+# (about 4 characters a token, its citation included), so at 256 tokens three short facts
+# outrank one long line that tells as much, while at the auto budget the ranking barely moves.
+_ROOM_SHARE = 64
+_CITATION_CHARS = 12
+
+
+def _room_cost(item: _Item, max_tokens: int) -> float:
+    return _ROOM_SHARE * (len(item.text) + _CITATION_CHARS) / (4 * max(max_tokens, 1))
+
+
 def _tool_line_section(signal: bool, outcome: bool, kinds: Sequence[str]) -> str:
     """Where a salient tool-output line goes: failures and error evidence under issues, a
     command's closing summary under status, anything else under key technical context."""
@@ -805,9 +817,7 @@ class LocalSummarizer(Summarizer):
         lines = _lines_matching(content, _TOOL_ERROR_NEEDLES, _TOOL_ERROR)
         shapes: set[str] = set()
         for raw in lines:
-            line = raw.strip()
-            if line.startswith("E "):
-                line = line[1:].strip()
+            line = quoted_line(raw)
             item = f"{label} output: {line}"
             if len(shapes) >= _MAX_TOOL_ERRORS:
                 # Past the first few error lines, only repeats of one of them are counted
@@ -830,9 +840,7 @@ class LocalSummarizer(Summarizer):
         for found in extract(content, seq=seq):
             on_line.setdefault(found.line, []).append(found.kind)
         for rank, candidate in enumerate(salience.candidates(content)):
-            line = candidate.line
-            if line.startswith("E "):
-                line = line[1:].strip()
+            line = quoted_line(candidate.line)
             text = f"{label} output: {line}"
             if _key(_clip(text)) in added:
                 continue
@@ -890,7 +898,7 @@ class LocalSummarizer(Summarizer):
         for item in sorted(ranked, key=lambda i: (-adjusted[id(i)], -i.score, -i.order)):
             by_section.setdefault(item.section, []).append(item)
         effective = {
-            id(item): adjusted[id(item)] - 2 * rank
+            id(item): adjusted[id(item)] - 2 * rank - _room_cost(item, max_tokens)
             for section_items in by_section.values()
             for rank, item in enumerate(section_items)
         }

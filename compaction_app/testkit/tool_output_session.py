@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CORPUS", "Fixture", "buried_session", "facts_kept", "load_corpus"]
+__all__ = ["CORPUS", "Fixture", "buried_session", "chat_messages", "facts_kept", "load_corpus"]
 
 CORPUS = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "tool_outputs"
 
@@ -202,3 +202,32 @@ def buried_session(
     events.append({"type": "USER_MESSAGE", "content": "What is the state now?"})
     events.append({"type": "AGENT_MESSAGE", "content": "Summarizing the day so far."})
     return events
+
+
+def chat_messages(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """`events` (REST shape) as a client sends them on the OpenAI Chat Completions wire: each
+    tool call an assistant message with its `tool_calls`, each result a `tool` message."""
+    roles = {"SYSTEM_PROMPT": "system", "USER_MESSAGE": "user", "AGENT_MESSAGE": "assistant"}
+    messages: list[dict[str, Any]] = []
+    for event in events:
+        if event["type"] == "TOOL_CALL":
+            messages.append(
+                {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": event["toolCallId"],
+                            "type": "function",
+                            "function": {"name": event["name"], "arguments": event["content"]},
+                        }
+                    ],
+                }
+            )
+        elif event["type"] == "TOOL_RESULT":
+            messages.append(
+                {"role": "tool", "tool_call_id": event["toolCallId"], "content": event["content"]}
+            )
+        else:
+            messages.append({"role": roles[event["type"]], "content": event["content"]})
+    return messages

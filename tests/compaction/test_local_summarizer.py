@@ -695,3 +695,81 @@ def test_it_keeps_every_row_of_one_output_that_names_another_release() -> None:
     # Rows of one output do not supersede each other as a later message's value would.
     assert "checkout-4.18.2" in summary
     assert "Rollback to 43" in summary
+
+
+LONG_FAILURES = {
+    "payouts_external_id_key": (
+        "psycopg.errors.UniqueViolation: duplicate key value violates unique constraint "
+        '"payouts_external_id_key" DETAIL: Key (external_id)=(755630) already exists. CONTEXT: '
+        'COPY payouts, line 8123: "755630,2025-11-02,EUR,1200.00,acct_9f2c41"'
+    ),
+    "ledger_entries_account_fkey": (
+        'psycopg.errors.ForeignKeyViolation: insert or update on table "ledger_entries" violates '
+        'foreign key constraint "ledger_entries_account_fkey" DETAIL: Key (account_id)='
+        '(acct_77d1e0) is not present in table "accounts".'
+    ),
+}
+SHORT_FACTS = {
+    "SEARCH_TIMEOUT_MS=1500": (
+        "$ git diff deploy/prod.env\n-SEARCH_TIMEOUT_MS=6000\n+SEARCH_TIMEOUT_MS=1500"
+    ),
+    "search-worker-5a66887c05-f2ad0": (
+        "$ kubectl get pods -n shop\n"
+        "search-worker-5a66887c05-f2ad0   0/1     CrashLoopBackOff   36         23m"
+    ),
+    "631311f": (
+        "$ git bisect run pytest -q tests/test_payouts.py\n"
+        "631311fc1a9c173229af0bb038176cd57671b921 is the first bad commit"
+    ),
+    "refunds_archive_2024": (
+        '$ psql -c "insert into refunds_archive_2024 select 1"\n'
+        'ERROR:  relation "refunds_archive_2024" does not exist'
+    ),
+}
+
+
+def one_off_failures_session() -> list[SummaryMessage]:
+    """Two long failure lines and four short ones, each in its own output among routine runs."""
+    outputs = [
+        LONG_FAILURES["payouts_external_id_key"],
+        SHORT_FACTS["SEARCH_TIMEOUT_MS=1500"],
+        LONG_FAILURES["ledger_entries_account_fkey"],
+        *list(SHORT_FACTS.values())[1:],
+    ]
+    messages = [seq_msg(1, "USER_MESSAGE", "Find out why the refunds and payouts jobs fail.")]
+    seq = 2
+    for output in outputs:
+        messages += routine_results(seq, 12)
+        messages.append(seq_msg(seq + 12, "TOOL_RESULT", output, "bash"))
+        seq += 13
+    return messages + routine_results(seq, 12)
+
+
+def test_it_prefers_short_one_off_facts_to_long_lines_at_a_tiny_budget() -> None:
+    counter = real_counter()
+    summary = LocalSummarizer(count_tokens=counter).summarize(
+        previous_summary="",
+        messages=one_off_failures_session(),
+        max_tokens=256,
+        kept_text="Find out why the refunds and payouts jobs fail.",
+    )
+    assert counter(summary) <= 256
+    # A 90-token line is a third of this budget: three short one-off facts tell more.
+    assert [fact for fact in SHORT_FACTS if fact not in summary] == [], summary
+    assert sum(fact in summary for fact in LONG_FAILURES) >= 1
+
+
+def test_it_quotes_a_line_without_the_rules_drawn_around_it() -> None:
+    run = (
+        "$ pytest tests/test_refunds.py -q\n"
+        "....F\n"
+        "FAILED tests/test_refunds.py::test_refund_rounding - AssertionError\n"
+        "===================== 1 failed, 4 passed in 0.31s ====================="
+    )
+    messages = [seq_msg(1, "USER_MESSAGE", "Run the refunds tests.")]
+    messages += [*routine_results(2, 20), seq_msg(30, "TOOL_RESULT", run, "bash")]
+    summary = LocalSummarizer(count_tokens=real_counter()).summarize(
+        previous_summary="", messages=messages, max_tokens=2000
+    )
+    assert "bash output: 1 failed, 4 passed in 0.31s [#30]" in summary
+    assert "==" not in summary

@@ -250,3 +250,63 @@ def test_it_offers_the_outcome_of_a_command_not_its_echo() -> None:
         "error: quota exceeded for project acme-prod",
         "$ make deploy RELEASE=r-2026-11-20",
     ]
+
+
+def pytest_failures(n: int) -> str:
+    return "\n".join(
+        f"{'_' * 20} test_refund_rounding {'_' * 20}\n"
+        f"E       AssertionError: assert {100 + 7 * k} == {7 + 3 * k}\n"
+        f"{'=' * 20} 1 failed, {30 + k} passed in {1 + k % 5}.{k}1s {'=' * 20}"
+        for k in range(n)
+    )
+
+
+def test_it_scores_a_quoted_line_as_the_line_it_quotes() -> None:
+    from compaction_app.evidence import Salience, quoted_line
+
+    text = pytest_failures(20)
+    salience = Salience([text])
+    lines = text.splitlines()
+    # A summary quotes a line without its margin, pytest's marker or the rules around it...
+    assert [quoted_line(line) for line in lines[:3]] == [
+        "test_refund_rounding",
+        "AssertionError: assert 100 == 7",
+        "1 failed, 30 passed in 1.01s",
+    ]
+    # ...and a later run, re-scoring that quote, still sees a line repeated twenty times.
+    for line in lines[:3]:
+        assert salience.template_count(quoted_line(line)) == 20
+        assert salience.information(quoted_line(line)) == salience.information(line)
+
+
+def test_it_ranks_the_added_line_of_a_diff_above_the_line_it_replaced() -> None:
+    from compaction_app.evidence import Salience, template_of
+
+    listing = "\n".join(f"tests/test_orders_{n}.py" for n in range(80))
+    diff = "--- a/deploy/prod.env\n+++ b/deploy/prod.env\n-SEARCH_TIMEOUT_MS=6000\n+SEARCH_TIMEOUT_MS=1500"
+    salience = Salience([listing, diff])
+    # The `+` is the diff's structure: the line is a changed setting, not a listing's entry.
+    assert template_of("+SEARCH_TIMEOUT_MS=1500") == "+ #"
+    assert template_of("tests/test_orders_7.py") == "#"
+    added, *_ = salience.information("+SEARCH_TIMEOUT_MS=1500")
+    removed, *_ = salience.information("-SEARCH_TIMEOUT_MS=6000")
+    entry, *_ = salience.information("tests/test_orders_7.py")
+    assert added > removed > entry
+
+
+def test_it_counts_a_closing_line_that_reports_a_failure_as_one_report() -> None:
+    from compaction_app.evidence import Salience
+
+    run = (
+        "FAILED tests/test_refunds.py::test_refund_rounding - AssertionError\n"
+        "===================== 1 failed, 52 passed in 3.10s ====================="
+    )
+    earlier = "\n".join(
+        f"{'=' * 21} {40 + k} passed, 1 skipped in 2.{k}0s {'=' * 21}" for k in range(5)
+    )
+    salience = Salience([earlier, run])
+    failed_test, *_ = salience.information(run.splitlines()[0])
+    tally, outcome, signal = salience.information(run.splitlines()[1])
+    assert outcome and signal
+    # The failing test's name tells what the run's tally only counts.
+    assert failed_test >= tally

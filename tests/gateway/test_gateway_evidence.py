@@ -1,0 +1,67 @@
+"""Facts of real tools' output through the gateway (issue 24): a session of routine tool output
+with real outputs buried in it, sent on the Chat Completions wire, is compacted in the call path
+with the same summarizer as the REST path, and what the gateway forwards still holds the facts
+written beside each output."""
+
+from __future__ import annotations
+
+import pytest
+
+from compaction_app.gateway import after
+from compaction_app.models import CompactionRun, Trigger
+from compaction_app.testkit.tool_output_session import (
+    buried_session,
+    chat_messages,
+    facts_kept,
+    load_corpus,
+)
+from sessions_app.models import Session
+from sessions_app.threads import main_thread
+from tests.support.gateway_live import openai_client, token_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+MODEL = "gpt-4.1"
+
+
+def forwarded_text(body: dict) -> str:
+    return "\n".join(m["content"] for m in body["messages"] if isinstance(m.get("content"), str))
+
+
+def test_it_forwards_the_facts_of_buried_tool_outputs_after_summarizing_in_the_call_path(
+    gateway_url, upstream, alice, alice_api
+):
+    corpus = {fixture.name: fixture for fixture in load_corpus()}
+    fixtures = [corpus["kubectl_describe_pod"], corpus["go_panic"]]
+    events = buried_session(fixtures, routine=60)
+    # The session so far, then (once the window is set) its closing question.
+    history = chat_messages(events[:-2])
+    client = openai_client(gateway_url, key=token_for(alice), session="buried")
+    reply = client.chat.completions.create(model=MODEL, messages=history)
+    after.wait_idle()
+    session = Session.objects.get(client_key="buried")
+    tokens = main_thread(session=session).context_tokens
+    response = alice_api.patch(
+        f"/api/v1/sessions/{session.pk}",
+        {
+            # Between compactThreshold and the hard limit once the question is added; a low
+            # fitTargetRatio, so clearing old tool results alone cannot reach it: it summarizes.
+            "contextLimit": int(tokens / 0.88),
+            "settings": {"maxSummaryTokens": 2000, "fitTargetRatio": 0.1},
+        },
+        format="json",
+    )
+    assert response.status_code == 200, response.content
+    history += [
+        {"role": "assistant", "content": reply.choices[0].message.content},
+        {"role": "user", "content": events[-2]["content"]},
+    ]
+    raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=history)
+    assert raw.headers["X-Ledger-Compacted"] == "true"
+    run = CompactionRun.objects.get(session=session, trigger=Trigger.GATEWAY)
+    assert (run.status, run.strategy, run.summarizer) == ("completed", "summarize", "local")
+    sent = forwarded_text(upstream.requests[-1].body)
+    for fixture in fixtures:
+        # The output was folded (not forwarded as it came), its facts are in the summary.
+        assert fixture.text not in sent
+        assert facts_kept(sent, fixture.facts) == list(fixture.facts), fixture.name
