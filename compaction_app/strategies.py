@@ -14,12 +14,13 @@ Context cost = sum of message costs + 3 (reply primer) when any message remains,
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Protocol
 
 # OpenAI's chat accounting; sessions_app.tokens is pure (tiktoken loads lazily), no Django.
 from sessions_app.tokens import MESSAGE_OVERHEAD, REPLY_PRIMER, context_tokens
 
+from .evidence import Salience, quoted_line
 from .types import (
     COMPACTION,
     CONTEXT_REFRESH,
@@ -42,6 +43,7 @@ __all__ = [
     "StrategyFn",
     "clear_tool_results",
     "context_cost",
+    "kept_lines",
     "plan_compaction",
     "strategy_names",
     "summarize",
@@ -320,9 +322,65 @@ def summarize(
 # --- clear_tool_results ----------------------------------------------------------------------
 
 
-def tool_placeholder(*, name: str, tokens_freed: int) -> str:
-    """The text that replaces a cleared tool result."""
-    return f"{CLEARED_PREFIX} {name or 'tool'} output, {tokens_freed} tokens freed]"
+# What a cleared tool result keeps of its output: its most salient lines, ranked against the
+# whole context by the summarizer's own selection (`evidence.Salience.candidates`): a one-off
+# FailedScheduling reason, a TSnnnn code at file:line:col, `BUILD FAILED in …`, a CVE. Their
+# text is bounded by the smaller of two limits, so clearing still frees most of what it touches
+# (the gateway clears first only when that alone reaches `fitTargetRatio`; a heavier
+# placeholder would make it summarize, and move the cached prefix, more often):
+# * half the output's tokens: clearing frees about half or more of every output it clears. A
+#   share as small as 12 % kept 18 of the corpus's 99 facts (tests/fixtures/tool_outputs/:
+#   outputs of 57-616 tokens whose decisive lines are 20-60 tokens each), half keeps 75;
+# * 160 tokens: 4-8 lines, room for the few facts an output is cleared for; past 320 tokens
+#   the share no longer binds, so an output of 2,000 tokens still frees over 90 % and a
+#   20k-token log keeps 160 tokens, not thousands (search and recall hold the rest).
+# Routine output (the same template again and again) offers no candidates and keeps nothing.
+KEPT_MAX_SHARE = 0.5
+KEPT_MAX_TOKENS = 160
+_KEPT_HEADING = "; kept lines:"
+
+
+def tool_placeholder(*, name: str, tokens_freed: int, kept: Sequence[str] = ()) -> str:
+    """The text that replaces a cleared tool result: the tool, the tokens freed and, when any
+    are kept, the output's most salient lines, one a line, in their order in the output."""
+    head = f"{CLEARED_PREFIX} {name or 'tool'} output, {tokens_freed} tokens freed"
+    if not kept:
+        return f"{head}]"
+    return head + _KEPT_HEADING + "]" + _kept_block(kept)
+
+
+def kept_lines(
+    count_tokens: TokenCounter, *, event: PlanEvent, salience: Salience
+) -> tuple[str, ...]:
+    """The lines of `event`'s output its placeholder keeps: the best of `salience.candidates`
+    (the same ranking the local summarizer quotes from), taken best first while their text
+    stays within min(`KEPT_MAX_SHARE` of the output's tokens, `KEPT_MAX_TOKENS`), then put back
+    in their order in the output. Deterministic: same session, same lines."""
+    room = min(int(event.token_count * KEPT_MAX_SHARE), KEPT_MAX_TOKENS)
+    if room <= 0:
+        return ()
+    chosen: list[tuple[int, str]] = []
+    used = 0
+    for candidate in salience.candidates(event.content):
+        line = quoted_line(candidate.line)
+        if not line or any(line == kept for _, kept in chosen):
+            continue
+        # Each line costs its tokens plus its newline (one token in cl100k/o200k); measured
+        # alone so the bound never depends on how neighbouring lines merge into tokens.
+        cost = count_tokens(line) + 1
+        if used + cost > room:
+            continue  # a shorter, lower-ranked line may still fit
+        chosen.append((candidate.index, line))
+        used += cost
+    # The bound holds for the block as the placeholder writes it (a line ending in punctuation
+    # may share a token with its newline): drop the lowest-ranked lines until it does.
+    while chosen and count_tokens(_kept_block(line for _, line in sorted(chosen))) > room:
+        chosen.pop()
+    return tuple(line for _, line in sorted(chosen))
+
+
+def _kept_block(lines: Iterable[str]) -> str:
+    return "".join(f"\n{line}" for line in lines)
 
 
 def _placeholder_cost(count_tokens: TokenCounter, *, name: str, text: str) -> int:
@@ -331,26 +389,27 @@ def _placeholder_cost(count_tokens: TokenCounter, *, name: str, text: str) -> in
 
 
 def _price_placeholder(
-    count_tokens: TokenCounter, *, event: PlanEvent
+    count_tokens: TokenCounter, *, event: PlanEvent, kept: Sequence[str] = ()
 ) -> tuple[str, int, int] | None:
     """(placeholder, its exact message cost, tokens freed), or None when it would not save.
 
     The placeholder states the tokens it frees, which depends on its own cost: iterate to the
     fixed point (one or two steps in practice; the digits of a number barely move its cost).
     If a digit boundary makes it oscillate, the last text is kept and `tokens_freed` stays
-    exact even if the stated number is off by one.
+    exact even if the stated number is off by one. Kept lines are dropped when, with them,
+    the placeholder would not save tokens.
     """
     freed = event.token_count
     text, cost = "", 0
     for _ in range(6):
-        text = tool_placeholder(name=event.name, tokens_freed=max(freed, 0))
+        text = tool_placeholder(name=event.name, tokens_freed=max(freed, 0), kept=kept)
         cost = _placeholder_cost(count_tokens, name=event.name, text=text)
         if event.token_count - cost == freed:
             break
         freed = event.token_count - cost
     freed = event.token_count - cost
     if freed <= 0:
-        return None
+        return _price_placeholder(count_tokens, event=event) if kept else None
     return text, cost, freed
 
 
@@ -375,11 +434,17 @@ def clear_tool_results(
     keep = max(budget.keep_recent_tool_results, 0)
     older = results[: len(results) - keep] if keep else results
     cleared: list[ClearedResult] = []
+    salience: Salience | None = None
     for event in older:
         # Re-clearing a placeholder could "save" a token by shrinking its number: pointless churn.
         if event.pinned or event.content.startswith(CLEARED_PREFIX):
             continue
-        priced = _price_placeholder(count_tokens, event=event)
+        if salience is None:
+            # Rarity is judged against the whole context being compacted, as the summarizer
+            # judges it against what it folds; built once, and only when something is cleared.
+            salience = Salience(e.content for e in events)
+        kept = kept_lines(count_tokens, event=event, salience=salience)
+        priced = _price_placeholder(count_tokens, event=event, kept=kept)
         if priced is None:
             continue
         text, cost, freed = priced

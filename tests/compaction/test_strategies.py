@@ -541,3 +541,67 @@ def test_it_does_not_clear_a_result_twice() -> None:
         count_tokens=words,
     )
     assert plan.is_empty
+
+
+def _priced(events: list[dict], counter) -> list[PlanEvent]:  # type: ignore[no-untyped-def]
+    """REST-shaped events as a strategy sees them, each priced exactly as the ledger stores it."""
+    from sessions_app import tokens
+
+    roles = {TOOL_RESULT: "tool", TOOL_CALL: "assistant", SYSTEM_PROMPT: "system"}
+    return [
+        PlanEvent(
+            id=f"e{n}",
+            seq=n,
+            type=event["type"],
+            token_count=tokens.message_tokens(
+                counter,
+                role=roles.get(event["type"], "user"),
+                content=event["content"],
+                name=event.get("name", ""),
+            ),
+            tool_call_id=event.get("toolCallId", ""),
+            name=event.get("name", ""),
+            content=event["content"],
+        )
+        for n, event in enumerate(events, start=1)
+    ]
+
+
+def test_it_keeps_the_salient_lines_of_a_cleared_output_in_its_placeholder() -> None:
+    tokens = pytest.importorskip("sessions_app.tokens")
+    from compaction_app.strategies import CLEARED_PREFIX, KEPT_MAX_SHARE, KEPT_MAX_TOKENS
+    from compaction_app.testkit.tool_output_session import buried_session, facts_kept, load_corpus
+
+    counter = tokens.get_counter("o200k_base")
+    corpus = {fixture.name: fixture for fixture in load_corpus()}
+    fixtures = [corpus[n] for n in ("kubectl_describe_pod", "tsc_errors", "pytest_failure")]
+    events = _priced(buried_session(fixtures, routine=60), counter)
+
+    def plan() -> Plan:
+        return plan_compaction(
+            strategy="clear_tool_results",
+            events=events,
+            budget=budget(keep_recent_tool_results=2),
+            count_tokens=counter.count,
+        )
+
+    first = plan()
+    cleared = {c.event_id: c for c in first.cleared}
+    for fixture in fixtures:
+        (event,) = [e for e in events if e.content == fixture.text]
+        c = cleared[event.id]
+        # Cleared (other code finds it by the prefix), yet the output's facts stay in view.
+        assert c.placeholder.startswith(f"{CLEARED_PREFIX} bash output, {c.tokens_freed} tokens")
+        assert facts_kept(c.placeholder, fixture.facts) == list(fixture.facts), fixture.name
+        # Priced exactly, as the ledger will store it.
+        assert c.token_count == tokens.message_tokens(
+            counter, role="tool", content=c.placeholder, name="bash"
+        )
+        assert c.tokens_freed == event.token_count - c.token_count > 0
+        # Bounded: the kept lines cost at most half the output and at most 160 tokens.
+        kept = c.placeholder[c.placeholder.index("\n") :]
+        room = min(int(event.token_count * KEPT_MAX_SHARE), KEPT_MAX_TOKENS)
+        assert 0 < counter.count(kept) <= room
+    assert first.tokens_after == first.tokens_before - sum(c.tokens_freed for c in first.cleared)
+    # Deterministic: the same events give the same placeholders, byte for byte.
+    assert plan().cleared == first.cleared
