@@ -1,7 +1,8 @@
 """Facts of real tools' output through the gateway (issue 24): a session of routine tool output
 with real outputs buried in it, sent on the Chat Completions wire, is compacted in the call path
-with the same summarizer as the REST path, and what the gateway forwards still holds the facts
-written beside each output."""
+with the same summarizer as the REST path (or, by default, its old tool results cleared to
+placeholders that keep each output's salient lines), and what the gateway forwards still holds
+the facts written beside each output."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from compaction_app.testkit.tool_output_session import (
 )
 from sessions_app.models import Session
 from sessions_app.threads import main_thread
+from tests.gateway.test_gateway_cache_stable import prefix_stable
 from tests.support.gateway_live import openai_client, token_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -65,3 +67,47 @@ def test_it_forwards_the_facts_of_buried_tool_outputs_after_summarizing_in_the_c
         # The output was folded (not forwarded as it came), its facts are in the summary.
         assert fixture.text not in sent
         assert facts_kept(sent, fixture.facts) == list(fixture.facts), fixture.name
+
+
+def test_it_forwards_the_facts_of_buried_tool_outputs_after_clearing_them_by_default(
+    gateway_url, upstream, alice, alice_api
+):
+    corpus = {fixture.name: fixture for fixture in load_corpus()}
+    fixtures = [corpus["kubectl_describe_pod"], corpus["tsc_errors"]]
+    events = buried_session(fixtures, routine=60)
+    history = chat_messages(events[:-2])
+    client = openai_client(gateway_url, key=token_for(alice), session="buried-cleared")
+    reply = client.chat.completions.create(model=MODEL, messages=history)
+    after.wait_idle()
+    session = Session.objects.get(client_key="buried-cleared")
+    tokens = main_thread(session=session).context_tokens
+    # Between compactThreshold and the hard limit once the question is added, with the
+    # default fitTargetRatio (0.5): clearing the old tool results alone reaches it.
+    response = alice_api.patch(
+        f"/api/v1/sessions/{session.pk}", {"contextLimit": int(tokens / 0.88)}, format="json"
+    )
+    assert response.status_code == 200, response.content
+    history += [
+        {"role": "assistant", "content": reply.choices[0].message.content},
+        {"role": "user", "content": events[-2]["content"]},
+    ]
+    raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=history)
+    assert raw.headers["X-Ledger-Compacted"] == "true"
+    after.wait_idle()
+    run = CompactionRun.objects.get(session=session, trigger=Trigger.GATEWAY)
+    assert (run.status, run.strategy) == ("completed", "clear_tool_results")
+    cleared = upstream.requests[-1]
+    sent = forwarded_text(cleared.body)
+    for fixture in fixtures:
+        # The output was cleared, not forwarded as it came; its facts are in its placeholder.
+        assert fixture.text not in sent
+        assert facts_kept(sent, fixture.facts) == list(fixture.facts), fixture.name
+    # The placeholders are stored once: the next call forwards the same prefix, byte for byte.
+    history += [
+        {"role": "assistant", "content": raw.parse().choices[0].message.content},
+        {"role": "user", "content": "And the pods?"},
+    ]
+    client.chat.completions.create(model=MODEL, messages=history)
+    after.wait_idle()
+    assert prefix_stable(cleared, upstream.requests[-1])
+    assert CompactionRun.objects.filter(session=session).count() == 1
