@@ -26,8 +26,8 @@ OpenAI upstream.
      maxSummaryTokens 4,000 or 2,000) and the facts are counted in the messages it forwards
      to the stand-in. `fitTargetRatio` is 0.1: with the default 0.5, clearing the old tool
      results alone reaches the mark, so the gateway clears them instead of summarizing (no
-     summary: the outputs' facts stay in the ledger for search and recall); that default run
-     is measured too, as one total.
+     summary: each placeholder keeps its output's most salient lines, the rest stays in the
+     ledger for search and recall); that default run is measured too, in its own column.
 2. Linearity: `summarize` + `local` with default settings on `session_gen.py`'s session at 1×
    (≈ 235k tokens) and 4× (≈ 940k tokens) the history, from `POST /compactions` to
    `COMPACTION_COMPLETE` on the websocket, best of `--repeats` runs each; the figure is the
@@ -229,7 +229,7 @@ def _run_child(repeats: int, outputs: int) -> dict[str, Any]:
     return payload
 
 
-# (label, heading, target): the budgets of both paths (the gateway's default fit is one total).
+# (label, heading, target): the budgets of both paths (the gateway's default fit has no target).
 COLUMNS: tuple[tuple[str, str, float], ...] = (
     ("auto", "REST, auto (4,000)", TARGETS[None]),
     ("2000", "REST, 2,000", TARGETS[2000]),
@@ -242,8 +242,10 @@ DEFAULT_FIT = "gateway default"
 def _report(result: dict[str, Any]) -> tuple[str, bool]:
     families = result["families"]
     lines = [
-        "| tool family | outputs | " + " | ".join(h for _, h, _ in COLUMNS) + " |",
-        "|---|---:|" + "---:|" * len(COLUMNS),
+        "| tool family | outputs | "
+        + " | ".join(h for _, h, _ in COLUMNS)
+        + " | gateway, default fit (clears) |",
+        "|---|---:|" + "---:|" * (len(COLUMNS) + 1),
     ]
     totals = {label: [0, 0] for label, _, _ in COLUMNS}
     totals[DEFAULT_FIT] = [0, 0]
@@ -258,8 +260,7 @@ def _report(result: dict[str, Any]) -> tuple[str, bool]:
             kept, total = families[family].get(label, [0, 0])
             totals[label][0] += kept
             totals[label][1] += total
-            if label != DEFAULT_FIT:
-                cells.append(f"{kept}/{total}")
+            cells.append(f"{kept}/{total}")
         lines.append(f"| {family} | {outputs[family]} | {' | '.join(cells)} |")
     ok = True
     cells = []
@@ -269,13 +270,15 @@ def _report(result: dict[str, Any]) -> tuple[str, bool]:
         good = share >= target
         ok = ok and good
         cells.append(f"**{kept}/{total} = {share:.1%}** (≥ {target:.0%} {'✅' if good else '❌'})")
-    lines.append(f"| **all** | {sum(outputs.values())} | {' | '.join(cells)} |")
     kept, total = totals[DEFAULT_FIT]
+    cells.append(f"**{kept}/{total} = {kept / total if total else 0:.1%}**")
+    lines.append(f"| **all** | {sum(outputs.values())} | {' | '.join(cells)} |")
     lines += [
         "",
         f"Gateway with the default fitTargetRatio (0.5): it clears the old tool results instead "
-        f"of summarizing; facts in what it forwards: {kept}/{total} = "
-        f"{kept / total if total else 0:.1%} (the rest stay in the ledger: search, recall).",
+        f"of summarizing, each placeholder keeping its output's most salient lines; facts in "
+        f"what it forwards: {kept}/{total} = {kept / total if total else 0:.1%} (the rest stay "
+        f"in the ledger: search, recall).",
     ]
     timing = result["timing"]
     one, four = timing["1x"], timing["4x"]
