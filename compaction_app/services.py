@@ -748,9 +748,18 @@ def compaction_run_sync(
             session.context_limit * target_ratio
         ):
             strategy = "clear_tool_results"
-    if compaction_plan(
-        session=session, strategy=strategy, target_ratio=target_ratio, strict=strict, thread=thread
-    ).plan.is_empty:
+    # A clearing plan was just found not empty: planning it again would only repeat the
+    # salience ranking of every old output for its placeholders (linear in the context).
+    if (
+        strategy != "clear_tool_results"
+        and compaction_plan(
+            session=session,
+            strategy=strategy,
+            target_ratio=target_ratio,
+            strict=strict,
+            thread=thread,
+        ).plan.is_empty
+    ):
         return None
     run = compaction_request(
         session=session,
