@@ -605,3 +605,20 @@ def test_it_keeps_the_salient_lines_of_a_cleared_output_in_its_placeholder() -> 
     assert first.tokens_after == first.tokens_before - sum(c.tokens_freed for c in first.cleared)
     # Deterministic: the same events give the same placeholders, byte for byte.
     assert plan().cleared == first.cleared
+
+
+def test_it_clears_to_the_bare_placeholder_when_kept_lines_would_free_nothing() -> None:
+    b = Builder()
+    b.add(USER_MESSAGE, 10)
+    b.add(TOOL_CALL, 10, call="c1", name="grep")
+    line = "error: build failed at step 7 in module_x"  # 8 words: salient, a failure
+    b.add(TOOL_RESULT, 23, call="c1", name="grep", content=line)
+    (c,) = plan_compaction(
+        strategy="clear_tool_results",
+        events=b.events,
+        budget=budget(keep_recent_tool_results=0),
+        count_tokens=words,
+    ).cleared
+    # With its line the placeholder would cost 3 + 1 + (10 + 8) + 1 = 23 words: nothing freed.
+    assert c.placeholder == "[tool result cleared: grep output, 10 tokens freed]"
+    assert (c.token_count, c.tokens_freed) == (13, 10)
