@@ -1,5 +1,6 @@
-"""The API's JSON parser: DRF's, with a bound on nesting depth; and the strict JSON loader
-the gateway shares with it."""
+"""The API's JSON parser: strict JSON with a bound on nesting depth, read from the request's
+stream so that a large body is held once; and the strict JSON loader the gateway shares
+with it."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from rest_framework.parsers import JSONParser
+from rest_framework import parsers as drf_parsers
+from rest_framework import renderers
+from rest_framework.exceptions import ParseError
 
 from sessions_app.errors import InvalidInput
 
@@ -50,16 +53,40 @@ def _refuse_constant(name: str) -> Any:
 def strict_loads(raw: bytes | str) -> Any:
     """`json.loads` without Python's extensions: NaN, Infinity and -Infinity are refused
     (ValueError) instead of becoming floats that no provider and no JSON client accepts.
-    The REST parser below is held to the same rule by DRF's STRICT_JSON (on by default)."""
+    The REST parser below uses it too."""
     return json.loads(raw, parse_constant=_refuse_constant)
 
 
-class LedgerJSONParser(JSONParser):
+class LedgerJSONParser(drf_parsers.BaseParser):
+    """JSON bodies, as DRF's JSONParser reads them (the request's charset, STRICT_JSON's
+    refusal of NaN and Infinity, `ParseError` for anything malformed), plus the nesting bound.
+
+    Not a JSONParser subclass on purpose: for those DRF parses `BytesIO(request.body)`, and
+    `request.body` keeps the raw bytes for the rest of the request. This parser reads the
+    stream itself and lets go of each form as soon as the next exists (bytes, then text,
+    then the parsed value), so a large body is held at most twice at any moment while it is
+    parsed, and once after (issue 22, row 14)."""
+
+    media_type = "application/json"
+    renderer_class = renderers.JSONRenderer
+
     def parse(self, stream: Any, media_type: Any = None, parser_context: Any = None) -> Any:
+        # The request's charset, text encodings only (DRF 3.18, newer than its stubs).
+        encoding = drf_parsers.get_encoding(parser_context or {})  # type: ignore[attr-defined]
         try:
-            data = super().parse(stream, media_type, parser_context)
+            text = _read_text(stream, encoding)
+            data = strict_loads(text)
         except RecursionError:
             # The C decoder gives up on very deep input before returning anything.
             raise nesting_error() from None
+        except ValueError as exc:  # UnicodeDecodeError included
+            raise ParseError(f"JSON parse error - {exc}") from None
+        del text
         check_depth(data)
         return data
+
+
+def _read_text(stream: Any, encoding: str) -> str:
+    """The whole body as text; its bytes are dropped on return."""
+    raw: bytes = stream.read()
+    return raw.decode(encoding)
