@@ -147,3 +147,10 @@ def test_it_answers_an_append_without_a_content_over_the_bound(alice_api, sessio
     single = {"id": answered[0]["id"], **sent[0]}
     retried = alice_api.post(path, single, format="json")
     assert retried.status_code == 200 and retried.json()["content"] is None
+    # With a new large event beside it: the careful way stores that one.
+    mixed = alice_api.post(
+        path, [single, {"type": "USER_MESSAGE", "content": long_text + "!"}], format="json"
+    )
+    assert mixed.status_code == 201
+    assert [event["content"] for event in mixed.json()] == [None, None]
+    assert Event.objects.get(pk=mixed.json()[1]["id"]).content == long_text + "!"
