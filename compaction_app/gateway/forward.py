@@ -84,9 +84,6 @@ class Body:
         for start in range(0, len(text), PIECE_BYTES):
             yield text[start : start + PIECE_BYTES].encode("utf-8", "surrogatepass")
 
-    def __bytes__(self) -> bytes:
-        return b"".join(self.pieces())
-
 
 async def _stream(body: Body) -> AsyncIterator[bytes]:
     for piece in body.pieces():

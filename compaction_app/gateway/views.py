@@ -47,7 +47,12 @@ from compaction_app.gateway.stream import relay
 from compaction_app.gateway.wire import ParsedRequest, Wire
 from compaction_app.realtime import broadcast
 from sessions_app import tokens
-from sessions_app.api.parsers import MAX_JSON_DEPTH, check_depth, strict_loads
+from sessions_app.api.parsers import (
+    MAX_JSON_DEPTH,
+    check_depth,
+    release_freed_memory,
+    strict_loads,
+)
 from sessions_app.errors import InvalidInput
 from sessions_app.models import ROLE_FOR_TYPE
 from sessions_app.services import model_registry
@@ -97,6 +102,7 @@ def _read_json(request: HttpRequest) -> tuple[forward.Body, Any]:
             "the request body is too large", status=413, code="request_too_large"
         ) from None
     _release_body(request)
+    release_freed_memory(len(raw))
     try:
         encoding = json.detect_encoding(raw)
         if encoding in ("utf-8", "utf-8-sig"):

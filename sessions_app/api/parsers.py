@@ -4,8 +4,11 @@ with it."""
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from functools import lru_cache
 from typing import Any
 
 from rest_framework import parsers as drf_parsers
@@ -89,4 +92,34 @@ class LedgerJSONParser(drf_parsers.BaseParser):
 def _read_text(stream: Any, encoding: str) -> str:
     """The whole body as text; its bytes are dropped on return."""
     raw: bytes = stream.read()
+    release_freed_memory(len(raw))
     return raw.decode(encoding)
+
+
+# Bodies from this size on are followed by release_freed_memory's trim.
+RELEASE_AFTER_BYTES = 1 << 20
+
+
+@lru_cache(maxsize=1)
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        trim: Callable[[int], int] = libc.malloc_trim
+    except (OSError, AttributeError):  # not glibc
+        return None
+    return trim
+
+
+def release_freed_memory(size: int) -> None:
+    """Once a body of `size` bytes has arrived, give the memory freed while it was handed
+    over back to the system (glibc's malloc_trim; elsewhere nothing).
+
+    daphne passes a body to the application in 8 KiB messages, all queued at once: as much
+    memory again as the body, freed once Django has spooled it, but kept by the allocator in
+    small pieces the request's own large allocations do not reuse. A server's resident memory
+    went up by 4x an 8 MB append where what the request itself holds is 3x (issue 22, row 14).
+    Cheap next to a request that size (a few ms); skipped for smaller ones."""
+    if size >= RELEASE_AFTER_BYTES:
+        trim = _malloc_trim()
+        if trim is not None:
+            trim(0)

@@ -9,11 +9,13 @@ import gc
 import json
 import random
 import tracemalloc
+from pathlib import Path
 
 import pytest
 from asgiref.sync import async_to_sync
 
 from sessions_app import tokens
+from sessions_app.api import parsers
 from sessions_app.api.serializers import APPEND_ANSWER_MAX_CONTENT_CHARS
 from sessions_app.models import Event
 from tests.support.helpers import api_token
@@ -154,3 +156,25 @@ def test_it_answers_an_append_without_a_content_over_the_bound(alice_api, sessio
     assert mixed.status_code == 201
     assert [event["content"] for event in mixed.json()] == [None, None]
     assert Event.objects.get(pk=mixed.json()[1]["id"]).content == long_text + "!"
+
+
+def resident_bytes() -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise LookupError("VmRSS")
+
+
+@pytest.mark.skipif(parsers._malloc_trim() is None, reason="glibc's malloc_trim only")
+def test_it_gives_back_the_memory_freed_while_a_body_arrived():
+    # As daphne hands a body over: 8 KiB pieces, all at once, between other allocations that
+    # outlive them (so the freed pieces cannot fall back into the top of the heap).
+    pieces, others = [], []
+    for _ in range(4000):
+        pieces.append(bytes(8192))
+        others.append(bytes(600))
+    del pieces
+    before = resident_bytes()
+    parsers.release_freed_memory(32_000_000)
+    # At least a page of most pieces (a piece and its header straddle pages).
+    assert before - resident_bytes() > 8_000_000
