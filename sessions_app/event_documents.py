@@ -16,7 +16,7 @@ def event_out(events: list[Event], *, content_max_chars: int | None = None) -> l
     tests/test_api_serializers.py keeps the two identical.
 
     `content_max_chars`: an event whose stored content is longer is shown with `content`
-    null (an append's answer; APPEND_ANSWER_MAX_CONTENT_CHARS in sessions_app/api/serializers.py)."""
+    null (an append's answer: sessions_app/api/serializers.py, APPEND_ANSWER_MAX_CONTENT_CHARS)."""
     return [_event_dict(event, content_max_chars) for event in events]
 
 

@@ -342,8 +342,9 @@ def insert_events(events: list[Event]) -> None:
         # protocol takes two).
         values = ", ".join([f"({placeholders})"] * len(rows))
         params = [value for row in rows for value in row]
+        statement = f"INSERT INTO {table} ({columns_}) VALUES {values}"  # noqa: S608
         with cursor_for(params) as cursor:
-            cursor.execute(f"INSERT INTO {table} ({columns_}) VALUES {values}", params)  # noqa: S608
+            cursor.execute(statement, params)
         mark_stored(events)
         return
     with connection.cursor() as cursor:
