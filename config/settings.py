@@ -302,6 +302,10 @@ STATIC_ROOT = BASE_DIR / "staticfiles"
 # --- API ------------------------------------------------------------------------------------
 API_MAX_BODY_BYTES = env_int("API_MAX_BODY_BYTES", 32 * 1024 * 1024, minimum=1024)
 DATA_UPLOAD_MAX_MEMORY_SIZE = API_MAX_BODY_BYTES
+# Under ASGI Django spools a request's body before the view runs: in memory up to this size,
+# in a temporary file beyond. The view reads its own copy, so a spool kept in memory (2.5 MB
+# by default) was one more copy of a body held for the whole request (issue 22, row 14).
+FILE_UPLOAD_MAX_MEMORY_SIZE = 256 * 1024
 # `manage.py serve` (compaction_app/http_server.py): a request body must arrive within this
 # many seconds of its request line (else 408, connection closed), and a connection with
 # nothing to send is closed after HTTP_IDLE_TIMEOUT_SECONDS.

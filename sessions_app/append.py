@@ -68,6 +68,9 @@ class EventInput:
     # On a gateway reply: what fitting kept from being sent on the call it answers (the
     # client's request minus what was forwarded, in tokens); see sessions_app.pricing.
     saved_tokens: int = 0
+    # The event's cost as `tokens.messages_batch_tokens` gives it with the session's counter,
+    # when the caller has already counted it (the gateway's window check): not counted again.
+    token_count: int | None = None
 
 
 @dataclass(frozen=True)
@@ -101,7 +104,11 @@ def append_prepared(
     `also` in the same transaction (whenever the append succeeds, a full replay included).
     See `services.event_append` for the contract."""
     counter = tokens.counter_for_model(session.model)
-    counts: dict[int, int] = {}
+    counts: dict[int, int] = {
+        index: entry[0].token_count
+        for index, entry in enumerate(prepared)
+        if entry[0].token_count is not None
+    }
 
     def count(indexes: list[int]) -> None:
         missing = [i for i in indexes if i not in counts]

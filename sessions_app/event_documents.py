@@ -10,11 +10,14 @@ from typing import Any
 from sessions_app.models import Event
 
 
-def event_out(events: list[Event]) -> list[dict[str, Any]]:
+def event_out(events: list[Event], *, content_max_chars: int | None = None) -> list[dict[str, Any]]:
     """sessions_app.api.serializers.EventOutSerializer's output, built by hand: a bulk append
     answers thousands of events and DRF's per-field machinery was ~15% of its time.
-    tests/test_api_serializers.py keeps the two identical."""
-    return [_event_dict(event) for event in events]
+    tests/test_api_serializers.py keeps the two identical.
+
+    `content_max_chars`: an event whose stored content is longer is shown with `content`
+    null (an append's answer: sessions_app/api/serializers.py, APPEND_ANSWER_MAX_CONTENT_CHARS)."""
+    return [_event_dict(event, content_max_chars) for event in events]
 
 
 def iso_datetime(value: Any) -> str:
@@ -23,7 +26,13 @@ def iso_datetime(value: Any) -> str:
     return text[:-6] + "Z" if text.endswith("+00:00") else text
 
 
-def _event_dict(event: Event) -> dict[str, Any]:
+def _content(event: Event, max_chars: int | None) -> Any:
+    if max_chars is not None and len(event.content) > max_chars:
+        return None
+    return json.loads(event.content) if event.content_is_json else event.content
+
+
+def _event_dict(event: Event, content_max_chars: int | None = None) -> dict[str, Any]:
     usage = None
     if not (
         event.prompt_tokens is None
@@ -42,7 +51,7 @@ def _event_dict(event: Event) -> dict[str, Any]:
         "seq": event.seq,
         "type": event.type,
         "role": event.role,
-        "content": json.loads(event.content) if event.content_is_json else event.content,
+        "content": _content(event, content_max_chars),
         "name": event.name,
         "toolCallId": event.tool_call_id,
         "tokenCount": event.token_count,

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+from collections import deque
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -95,7 +96,7 @@ class StreamingBodyLimit:
             await self.app(scope, receive, send)
             return
 
-        chunks: list[bytes] = []
+        chunks: deque[bytes] = deque()
         size = 0
         while True:
             message = await receive()
@@ -109,16 +110,15 @@ class StreamingBodyLimit:
             chunks.append(chunk)
             if not message.get("more_body", False):
                 break
-        body = b"".join(chunks)
         headers = [(name, value) for name, value in headers if name.lower() != b"transfer-encoding"]
-        headers.append((b"content-length", str(len(body)).encode("ascii")))
-        replayed = False
+        headers.append((b"content-length", str(size).encode("ascii")))
 
         async def replay() -> Message:
-            nonlocal replayed
-            if not replayed:
-                replayed = True
-                return {"type": "http.request", "body": body, "more_body": False}
+            # Handed on as they arrived and let go of: joined, the body would be held here
+            # for the whole request on top of Django's copy of it.
+            if chunks:
+                chunk = chunks.popleft()
+                return {"type": "http.request", "body": chunk, "more_body": bool(chunks)}
             return await receive()
 
         await self.app({**scope, "headers": headers}, replay, send)

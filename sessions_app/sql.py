@@ -32,6 +32,9 @@ Reading rows: `instances(model, sql, params)` with `columns(model)`
     one round trip that commits alone, where BEGIN, UPDATE, INSERT and COMMIT took four. No ORM
     call sends one statement for both.
 
+On PostgreSQL a statement carrying a long text (an event's content) binds it on the server
+(`cursor_for`); the others keep Django's client-side binding.
+
 Not here: the search statements (`search.py`, `search_index.py`) and the search schema's DDL
 (`search_schema.py`) are FTS5 and tsvector queries, which have no ORM call to replace. In every
 statement here identifiers come from the models and `quote_name`, values are parameters.
@@ -104,7 +107,7 @@ def instances(model: type[M], sql: str, params: Sequence[Any]) -> list[M]:
     """Run `sql` (selecting `columns(model)`) and return its rows as `model` instances, as
     loaded from the database (values converted as the ORM converts them)."""
     connection = connections[DEFAULT_DB_ALIAS]
-    with connection.cursor() as cursor:
+    with cursor_for(params) as cursor:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
     if not rows:
@@ -121,6 +124,37 @@ def instances(model: type[M], sql: str, params: Sequence[Any]) -> list[M]:
             values[index] = value
         found.append(model.from_db(connection.alias, names, values))
     return found
+
+
+# A text parameter longer than this is sent to PostgreSQL bound, not inlined (cursor_for).
+BIND_TEXT_CHARS = 1 << 16
+
+
+def cursor_for(params: Sequence[Any]) -> Any:
+    """A cursor of the default connection for a statement with these parameters.
+
+    Django's psycopg cursors bind on the client: psycopg writes each value into the statement
+    as a quoted literal, so a 30 MB content was held as its escaped copy and again inside the
+    statement's text (2.25x in Python, 4x resident). A statement carrying a long text goes
+    through a server-binding cursor instead: the value is sent as a parameter of its own, one
+    encoded copy (1x, 2x resident). Only then: the append's small statements keep Django's
+    cursor (and the plans PostgreSQL makes for their literal values)."""
+    if connection.vendor != "postgresql" or not any(
+        isinstance(value, str) and len(value) > BIND_TEXT_CHARS for value in params
+    ):
+        return connection.cursor()
+    # Defined by Django for psycopg 3 only (unknown to the stubs).
+    from django.db.backends.postgresql.base import (  # type: ignore[attr-defined]
+        ServerBindingCursor,
+    )
+
+    connection.ensure_connection()
+    with connection.wrap_database_errors:
+        raw = ServerBindingCursor(connection.connection)
+    # As connection.cursor() wraps its own: error translation, execute wrappers, debug log.
+    if connection.queries_logged:
+        return connection.make_debug_cursor(raw)
+    return connection.make_cursor(raw)
 
 
 # --- the gateway's caller and session ----------------------------------------------------------
@@ -303,16 +337,18 @@ def insert_events(events: list[Event]) -> None:
     table, columns_, placeholders, _ = _event_insert_parts(connection.vendor)
     sql = f"INSERT INTO {table} ({columns_}) VALUES ({placeholders})"  # noqa: S608
     rows = _event_rows(events)
+    if len(rows) <= _SINGLE_STATEMENT_ROWS:
+        # A few rows (an agent's turn): one multi-row INSERT, one round trip (COPY's
+        # protocol takes two).
+        values = ", ".join([f"({placeholders})"] * len(rows))
+        params = [value for row in rows for value in row]
+        statement = f"INSERT INTO {table} ({columns_}) VALUES {values}"  # noqa: S608
+        with cursor_for(params) as cursor:
+            cursor.execute(statement, params)
+        mark_stored(events)
+        return
     with connection.cursor() as cursor:
-        if len(rows) <= _SINGLE_STATEMENT_ROWS:
-            # A few rows (an agent's turn): one multi-row INSERT, one round trip (COPY's
-            # protocol takes two).
-            values = ", ".join([f"({placeholders})"] * len(rows))
-            cursor.execute(
-                f"INSERT INTO {table} ({columns_}) VALUES {values}",  # noqa: S608
-                [value for row in rows for value in row],
-            )
-        elif connection.vendor == "postgresql":
+        if connection.vendor == "postgresql":
             # COPY streams the rows in one round trip; executemany costs one per batch.
             copy_sql = f"COPY {table} ({columns_}) FROM STDIN"
             # The raw psycopg cursor: wrap its errors so a unique violation is IntegrityError.

@@ -12,7 +12,8 @@ put in an error message.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
+from typing import Any
 
 import aiohttp
 from django.conf import settings
@@ -40,6 +41,53 @@ _RETURNED_PREFIXES = ("x-ratelimit-", "anthropic-ratelimit-", "openai-")
 _RETURNED = frozenset({"retry-after", "x-request-id", "request-id", "retry-after-ms"})
 
 _sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
+
+
+# A body is handed to the HTTP client in pieces of this size (see Body).
+PIECE_BYTES = 1 << 16
+
+
+class Body:
+    """A request body to send upstream: its exact bytes, produced piece by piece.
+
+    Given a large body whole, the HTTP client writes it to the socket in one call and the
+    transport copies whatever the socket did not take at once: most of a 30 MB body. Pieces
+    are written one at a time, each after the previous one drained. A body kept as text (the
+    gateway keeps the client's body as its decoded text, see views._read_json) is encoded one
+    piece at a time: UTF-8 encodes a text's pieces to exactly the pieces of its encoding
+    (surrogatepass: a lone surrogate json.loads(bytes) let through goes back as it came)."""
+
+    def __init__(self, data: bytes | str, *, length: int | None = None, prefix: bytes = b""):
+        self._data = data
+        self._prefix = prefix
+        if length is None:
+            length = len(prefix) + (
+                len(data)
+                if isinstance(data, bytes) or data.isascii()
+                else sum(len(piece) for piece in self._text_pieces(data))
+            )
+        self.length = length
+
+    def pieces(self) -> Iterator[bytes]:
+        if self._prefix:
+            yield self._prefix
+        data = self._data
+        if isinstance(data, str):
+            yield from self._text_pieces(data)
+        else:
+            for start in range(0, len(data), PIECE_BYTES):
+                yield data[start : start + PIECE_BYTES]
+
+    @staticmethod
+    def _text_pieces(text: str) -> Iterator[bytes]:
+        # Characters, not bytes: a piece of text encodes to at most 4 bytes a character.
+        for start in range(0, len(text), PIECE_BYTES):
+            yield text[start : start + PIECE_BYTES].encode("utf-8", "surrogatepass")
+
+
+async def _stream(body: Body) -> AsyncIterator[bytes]:
+    for piece in body.pieces():
+        yield piece
 
 
 class UpstreamError(Exception):
@@ -127,16 +175,23 @@ def is_retryable_status(status: int) -> bool:
 
 
 async def send(
-    *, url: str, headers: dict[str, str], content: bytes, method: str = "POST"
+    *, url: str, headers: dict[str, str], content: bytes | Body, method: str = "POST"
 ) -> UpstreamResponse:
     """Send (POST unless told) and return once the response headers arrived (the body is read
     by the caller, streamed or not). Raises UpstreamError on connection errors and timeouts."""
     timeout = float(settings.LEDGER_UPSTREAM_TIMEOUT_SECONDS)
+    if isinstance(content, bytes) and len(content) > PIECE_BYTES:
+        content = Body(content)
+    data: Any = content or None
+    if isinstance(content, Body):
+        # Its exact length up front: the pieces go out as a plain body, not chunked.
+        headers = {**headers, "content-length": str(content.length)}
+        data = _stream(content) if content.length else None
     try:
         response = await _session().request(
             method,
             url,
-            data=content or None,
+            data=data,
             headers=headers,
             allow_redirects=False,
             # As before with httpx: each read may wait `timeout`, connecting at most 10 s.

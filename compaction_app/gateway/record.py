@@ -263,18 +263,17 @@ def record_request(
         )
     thread = matched
     new = [(index, convert(index)) for index in range(start, count)]
+    # Each draft's cost, when the window check below counted it: the append takes it as is
+    # rather than tokenizing every new message a second time.
+    costs: dict[tuple[int, int], int] = {}
     if window is not None and new:
         counter = tokens.counter_for_model(session.model)
         for index, message in new:
-            cost = (
-                sum(
-                    tokens.messages_batch_tokens(
-                        counter,
-                        [(ROLE_FOR_TYPE[d.type], d.content, d.name) for d in message.drafts],
-                    )
-                )
-                + tokens.REPLY_PRIMER
+            parts = tokens.messages_batch_tokens(
+                counter, [(ROLE_FOR_TYPE[d.type], d.content, d.name) for d in message.drafts]
             )
+            costs.update(((index, part), cost) for part, cost in enumerate(parts))
+            cost = sum(parts) + tokens.REPLY_PRIMER
             if cost > window:
                 raise GatewayError(
                     f"message {index} alone is {cost} tokens; the context window of "
@@ -294,6 +293,7 @@ def record_request(
             tool_call_id=draft.tool_call_id,
             message_hash=message.hash,
             metadata={"thread": thread.key},
+            token_count=costs.get((index, part)),
         )
         for index, message in new
         for part, draft in enumerate(message.drafts)

@@ -13,6 +13,8 @@ included.
 from __future__ import annotations
 
 import asyncio
+import codecs
+import io
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -45,7 +47,12 @@ from compaction_app.gateway.stream import relay
 from compaction_app.gateway.wire import ParsedRequest, Wire
 from compaction_app.realtime import broadcast
 from sessions_app import tokens
-from sessions_app.api.parsers import MAX_JSON_DEPTH, check_depth, strict_loads
+from sessions_app.api.parsers import (
+    MAX_JSON_DEPTH,
+    check_depth,
+    release_freed_memory,
+    strict_loads,
+)
 from sessions_app.errors import InvalidInput
 from sessions_app.models import ROLE_FOR_TYPE
 from sessions_app.services import model_registry
@@ -81,15 +88,37 @@ def _method_not_allowed(wire: Wire, allowed: tuple[str, ...]) -> JsonResponse:
     return response
 
 
-def _read_json(request: HttpRequest) -> tuple[bytes, Any]:
+def _read_json(request: HttpRequest) -> tuple[forward.Body, Any]:
+    """The body as it is forwarded when nothing is fitted (its exact bytes), and parsed.
+
+    A large body is held at most twice at any moment (issue 22, row 14): the bytes are
+    decoded, then let go of (Django's copy included) before the text is parsed, and the text
+    is kept to forward: as UTF-8 it gives back exactly the bytes it came from. Parsing the
+    bytes directly held the bytes, the text json.loads decodes them to, and the result."""
     try:
         raw = request.body
     except RequestDataTooBig:
         raise GatewayError(
             "the request body is too large", status=413, code="request_too_large"
         ) from None
+    _release_body(request)
+    release_freed_memory(len(raw))
     try:
-        body = strict_loads(raw)  # NaN/Infinity refused (hardening, issue 22)
+        encoding = json.detect_encoding(raw)
+        if encoding in ("utf-8", "utf-8-sig"):
+            # utf-8-sig: the body starts with a byte-order mark, which json.loads(bytes)
+            # skips; it is forwarded as sent.
+            prefix = codecs.BOM_UTF8 if encoding == "utf-8-sig" else b""
+            # surrogatepass, as json.loads(bytes) decodes (and Body encodes back).
+            text = raw.decode(encoding, "surrogatepass")
+            source = forward.Body(text, length=len(raw), prefix=prefix)
+            del raw
+            body = strict_loads(text)
+        else:
+            # UTF-16 or UTF-32 (JSON allows them; no provider SDK sends them): parsed and
+            # forwarded as the bytes they are.
+            source = forward.Body(raw)
+            body = strict_loads(raw)
     except (ValueError, UnicodeDecodeError):
         raise GatewayError("the request body is not valid JSON", code="malformed_json") from None
     except RecursionError:
@@ -100,7 +129,15 @@ def _read_json(request: HttpRequest) -> tuple[bytes, Any]:
         check_depth(body)
     except InvalidInput:
         raise _too_deep() from None
-    return raw, body
+    return source, body
+
+
+def _release_body(request: HttpRequest) -> None:
+    """Drop the request's own hold on its body. `HttpRequest.body` keeps the bytes (and a
+    stream over them) on the request until it ends, which for a call streaming its reply can
+    be minutes; nothing reads them again (the view keeps what it forwards)."""
+    vars(request).pop("_body", None)
+    request._stream = io.BytesIO()  # type: ignore[attr-defined]
 
 
 def _too_deep() -> GatewayError:
@@ -146,7 +183,8 @@ async def conversation(request: HttpRequest, wire: Wire) -> HttpResponseBase:
 class _Request:
     """A validated conversation request."""
 
-    raw: bytes
+    # The client's body, as it is forwarded when fitting changes nothing.
+    raw: forward.Body
     body: dict[str, Any]
     parsed: ParsedRequest
     fit_enabled: bool
@@ -248,7 +286,8 @@ async def _forward(
                 if last:
                     return _error(wire, exc, _ledger_headers(call, fitted))
                 continue
-        content = sent.raw if fitted.body is None else json.dumps(fitted.body).encode()
+        # A fitted body is sent as text too: encoded whole, it was held twice more.
+        content = sent.raw if fitted.body is None else forward.Body(json.dumps(fitted.body))
         try:
             response = await forward.send(url=url, headers=headers, content=content)
         except forward.UpstreamError as exc:

@@ -591,7 +591,9 @@ class _Base(Generic[_Transport]):
     # events
     @_ApiMethod
     def append(self, session_id: str, event: Mapping[str, Any]) -> _Op[Event]:
-        """Append one event (`{"type": ..., "content": ..., "id"?: ...}`; snake_case keys work)."""
+        """Append one event (`{"type": ..., "content": ..., "id"?: ...}`; snake_case keys work).
+        The stored event comes back, its `content` None when longer than 262,144 characters
+        (the server does not echo it; `events()` reads it back)."""
         path = f"sessions/{session_id}/events"
         return Event.from_api((yield from self._call("POST", path, json=_event_body(event))))
 

@@ -162,10 +162,22 @@ class EventPatchSerializer(serializers.Serializer):
     pinned = StrictBooleanField()
 
 
+# An append's answer echoes each stored event, but not a content longer than this (characters
+# of its stored text): it shows such a content as null, and GET .../events/{eventId} has it.
+# Echoing a content renders it twice more (JSON text, then bytes) on top of the parsed copy,
+# and the server then buffers it again while sending: a 30 MB event cost 4x its size in the
+# answer alone (issue 22, row 14). One of this size costs about 768 KB to answer.
+APPEND_ANSWER_MAX_CONTENT_CHARS = 1 << 18
+
+
 class EventOutSerializer(serializers.ModelSerializer):
     sessionId = serializers.UUIDField(source="session_id", read_only=True)
     role = serializers.CharField(read_only=True)
-    content = serializers.SerializerMethodField()
+    content = serializers.SerializerMethodField(
+        help_text="A string, or structured parts (an array or an object). In an append's "
+        f"answer null for a content longer than {APPEND_ANSWER_MAX_CONTENT_CHARS:,} "
+        "characters (GET the event to read it)."
+    )
     toolCallId = serializers.CharField(source="tool_call_id", read_only=True)
     tokenCount = serializers.IntegerField(source="token_count", read_only=True)
     tokenProvenance = serializers.CharField(source="token_provenance", read_only=True)

@@ -165,11 +165,16 @@ class SessionEventsView(APIView):
         request=EVENT_OR_LIST_IN,
         responses={
             201: OpenApiResponse(
-                EVENT_OR_LIST_OUT, description="Stored: the event, or the list, as sent."
+                EVENT_OR_LIST_OUT,
+                description="Stored: the event, or the list, as sent. An event whose content "
+                f"is longer than {s.APPEND_ANSWER_MAX_CONTENT_CHARS:,} characters (as stored: "
+                "structured content as its JSON text) is answered with content null; "
+                "GET .../events/{eventId} returns it.",
             ),
             200: OpenApiResponse(
                 EVENT_OR_LIST_OUT,
-                description="Every event was an identical retry of a stored one.",
+                description="Every event was an identical retry of a stored one (answered as "
+                "the 201, large contents null).",
             ),
             202: OpenApiResponse(
                 OpenApiTypes.OBJECT, description="/compact: the compaction run that started."
@@ -219,7 +224,9 @@ class SessionEventsView(APIView):
                 _unprefix_fields(exc)
             raise
         code = status.HTTP_201_CREATED if result.created else status.HTTP_200_OK
-        payload: Any = s.event_out(result.events)
+        payload: Any = s.event_out(
+            result.events, content_max_chars=s.APPEND_ANSWER_MAX_CONTENT_CHARS
+        )
         return Response(payload[0] if single else payload, status=code)
 
 

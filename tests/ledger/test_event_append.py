@@ -213,3 +213,21 @@ def test_it_updates_another_row_in_the_appends_own_statements(session):
         event_append(session=session, events=[user("b", event_id=stored)], also_update=also(5, 9))
     row = Thread.objects.get(pk=thread.pk)
     assert (row.calls, row.length) == (3, 6)
+
+
+def test_it_takes_a_callers_count_instead_of_counting_again(session, monkeypatch):
+    # The gateway counts each new message for its window check before it appends them.
+    from sessions_app import tokens
+
+    counter = tokens.counter_for_model(session.model)
+    counted: list[str] = []
+    real = counter.count_batch
+    monkeypatch.setattr(counter, "count_batch", lambda texts: counted.extend(texts) or real(texts))
+    before = Session.objects.get(pk=session.pk).ledger_tokens
+    result = event_append(
+        session=session, events=[user("counted before", token_count=7), user("not yet")]
+    )
+    assert [event.token_count for event in result.events][0] == 7
+    assert "counted before" not in counted and "not yet" in counted
+    stored = Session.objects.get(pk=session.pk)
+    assert stored.ledger_tokens == before + 7 + result.events[1].token_count
