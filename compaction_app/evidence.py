@@ -1325,6 +1325,14 @@ class Salience:
         """The lines of `text` that tell the most, best first, at most `limit`, none below
         `minimum` points; a command's echo (`$ make test`) is never one alone: its outcome is
         (the echo joins a failure, just below it)."""
+        return self.ranked(text, limit=limit, minimum=minimum)[0]
+
+    def ranked(
+        self, text: str, *, limit: int = 16, minimum: int = 4
+    ) -> tuple[list[Candidate], list[Candidate]]:
+        """`candidates`, plus the next-best lines (below `minimum` or past `limit`), best
+        first: what a summary with room left over may still quote. One scoring pass serves
+        both, so asking for the spares costs a summary nothing extra."""
         raw_lines = text.split("\n")
         masked = self._masked_lines(text)
         if len(masked) != len(raw_lines):  # pragma: no cover - the mask never spans lines
@@ -1354,6 +1362,7 @@ class Salience:
             if templates.get(template, 0) <= 1 and len(template) >= 4:
                 maybe.add(index)
         found: list[Candidate] = []
+        spare: list[Candidate] = []
         seen: set[str] = set()
         for index in sorted(maybe):
             raw = raw_lines[index]
@@ -1369,10 +1378,11 @@ class Salience:
                 signal=(index in failing and _may_fail(raw)) or line in failed_lines,
                 outcome=index in concluding,
             )
-            if information >= minimum:
-                seen.add(line)
-                found.append(Candidate(line, information, outcome, signal, index, count))
+            seen.add(line)
+            candidate = Candidate(line, information, outcome, signal, index, count)
+            (found if information >= minimum else spare).append(candidate)
         found.sort(key=lambda c: (-c.information, c.index))
+        spare.sort(key=lambda c: (-c.information, c.index))
         failures = [c for c in found if c.signal]
         if failures and _COMMAND_ECHO.match(raw_lines[0]):
             # The command that failed, just below its failure: its arguments (a run id, a
@@ -1382,7 +1392,7 @@ class Salience:
                 found.index(failures[0]) + 1,
                 Candidate(echo, failures[0].information - 2, False, True, 0),
             )
-        return found[:limit]
+        return found[:limit], found[limit:] + spare
 
 
 _FAILURE_KINDS = frozenset({"error", "error_code", "exit", "signal"})

@@ -18,7 +18,15 @@ import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from compaction_app.evidence import FILE_PATH, URL, Salience, extract, quoted_line, shape_of
+from compaction_app.evidence import (
+    FILE_PATH,
+    URL,
+    Salience,
+    extract,
+    quoted_line,
+    shape_of,
+    template_of,
+)
 from sessions_app.event_types import EventType
 from sessions_app.tokens import truncate_to_tokens
 
@@ -250,6 +258,7 @@ class _Item:
     first: int = 0  # seq range the item was seen in (its citation); 0 = unknown
     last: int = 0
     count: int = 1  # > 1 for a collapsed repeated pattern
+    spare: bool = False  # a next-best tool line, offered only when the budget has room left
 
 
 _CITE = re.compile(r"\s*(?:…\s*)?(?:×(\d+)\s*)?\[#(\d+)(?:-#(\d+))?\]\s*$")
@@ -285,6 +294,19 @@ class _Collector:
         self._order = 0
         # Citations of the previous summary's items, by their text's key.
         self.cites: dict[str, tuple[int, int, int]] = {}
+        # Next-best tool-output lines, one per template (see `add_spare`).
+        self.spares: dict[str, _Item] = {}
+
+    def add_spare(self, text: str, score: int, *, template: str, seq: int) -> None:
+        """Offer a tool-output line below the salient cut, for a budget the salient lines
+        leave unused; one line per template (the best), so twenty lines of one listing do
+        not take the room of twenty different facts."""
+        text = _clip(text)
+        existing = self.spares.get(template)
+        if existing is not None and existing.score >= score:
+            return
+        self._order += 1
+        self.spares[template] = _Item(_TECH, text, score, self._order, seq, seq, spare=True)
 
     def add(
         self,
@@ -414,6 +436,10 @@ def _shape_penalties(ranked: Sequence[_Item]) -> list[int]:
 # --- the summarizer ----------------------------------------------------------------------------
 
 _COLLAPSE_AFTER = 3
+# A spare line (see `_Collector.add_spare`) ranks by its salience plus this per evidence item.
+_SPARE_POINTS_PER_ITEM = 2
+_SPARE_CHARS_PER_POINT = 15
+_COMMAND_ECHO = re.compile(r"^\s*(?:\$|❯|>>>|\w+@[\w.-]+:[~\w/.-]*[$#])\s")
 # A long line costs more of the budget for what it tells: a point per this many characters.
 _CHARS_PER_POINT = 60
 # Kinds of evidence that make a tool-output line an issue (collapsed with its repeats).
@@ -769,7 +795,9 @@ class LocalSummarizer(Summarizer):
             for text in previous.get(_WORKING, []):
                 if text.startswith("Recent tool calls:"):
                     collector.add(_WORKING, text, 5)
-        candidates = _latest_statements(list(collector.items.values()))
+        keys = set(collector.items)
+        spares = [i for i in collector.spares.values() if _key(i.text) not in keys]
+        candidates = _latest_statements([*collector.items.values(), *spares])
         return self._fit(_novel(candidates, self.kept_text), max_tokens=max_tokens)
 
     # --- extraction ---------------------------------------------------------------------------
@@ -839,7 +867,8 @@ class LocalSummarizer(Summarizer):
         on_line: dict[str, list[str]] = {}
         for found in extract(content, seq=seq):
             on_line.setdefault(found.line, []).append(found.kind)
-        for rank, candidate in enumerate(salience.candidates(content)):
+        salient, spares = salience.ranked(content)
+        for rank, candidate in enumerate(salient):
             line = quoted_line(candidate.line)
             text = f"{label} output: {line}"
             if _key(_clip(text)) in added:
@@ -859,6 +888,24 @@ class LocalSummarizer(Summarizer):
                 # two facts.
                 collapse=section == _ISSUES and candidate.repeats > _COLLAPSE_AFTER,
             )
+        # The next-best lines fill what budget the salient ones leave: those that name things
+        # (identifiers, paths, numbers: what the loss report counts), ranked by what they tell
+        # plus how many such items they carry. Never a command's echo: without its outcome
+        # it says only what was tried.
+        for candidate in spares:
+            kinds = on_line.get(candidate.line, ())
+            if not kinds or _COMMAND_ECHO.match(candidate.line):
+                continue
+            line = quoted_line(candidate.line)
+            text = f"{label} output: {line}"
+            if _key(_clip(text)) in added:
+                continue
+            score = (
+                candidate.information
+                + _SPARE_POINTS_PER_ITEM * len(kinds)
+                - len(line) // _SPARE_CHARS_PER_POINT
+            )
+            collector.add_spare(text, score, template=template_of(line), seq=seq)
 
     def _salience(self) -> Salience:
         if self.salience is None:
@@ -887,6 +934,8 @@ class LocalSummarizer(Summarizer):
         # Diversity of sentence shapes first: an agent repeating one template with a new path
         # each time ("I updated the two in {path}; ...") must neither outrank one-off facts
         # nor take their places in the per-section ranking below.
+        spares = sorted((i for i in items if i.spare), key=lambda i: (-i.score, i.order))
+        items = [i for i in items if not i.spare]
         ranked = sorted(items, key=lambda i: (-i.score, -i.order))
         adjusted = {
             id(item): item.score - penalty
@@ -907,11 +956,26 @@ class LocalSummarizer(Summarizer):
         # max_tokens tokens holds more than ~12 characters per token of bullet text.
         pool: list[_Item] = []
         chars = 0
+        cap = max_tokens * 12 + 200
         for item in ranked:
             chars += len(item.text) + 3
-            if chars > max_tokens * 12 + 200:
+            if chars > cap:
                 break
             pool.append(item)
+        else:
+            # Every salient item is in the pool, so the budget may have room they leave
+            # unused: the spare lines follow them, each only if it names something the pool
+            # does not already hold (a prefix of the pool is what gets rendered).
+            held = {e.key for item in pool for e in extract(item.text)}
+            for item in spares:
+                new = {e.key for e in extract(item.text)} - held
+                if not new:
+                    continue
+                chars += len(item.text) + 3
+                if chars > cap:
+                    break
+                held |= new
+                pool.append(item)
         return self._fill(pool, max_tokens=max_tokens)
 
     def _fill(self, pool: list[_Item], *, max_tokens: int) -> str:
