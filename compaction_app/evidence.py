@@ -1330,9 +1330,9 @@ class Salience:
     def ranked(
         self, text: str, *, limit: int = 16, minimum: int = 4
     ) -> tuple[list[Candidate], list[Candidate]]:
-        """`candidates`, plus the next-best lines (below `minimum` or past `limit`), best
-        first: what a summary with room left over may still quote. One scoring pass serves
-        both, so asking for the spares costs a summary nothing extra."""
+        """`candidates`, plus the next-best lines (below `minimum` or past `limit`, never a
+        command's echo), best first: what a summary with room left over may still quote. One
+        scoring pass serves both, so asking for the spares costs a summary nothing extra."""
         raw_lines = text.split("\n")
         masked = self._masked_lines(text)
         if len(masked) != len(raw_lines):  # pragma: no cover - the mask never spans lines
@@ -1392,7 +1392,9 @@ class Salience:
                 found.index(failures[0]) + 1,
                 Candidate(echo, failures[0].information - 2, False, True, 0),
             )
-        return found[:limit], found[limit:] + spare
+        # A command's echo is offered only beside its failure, never as a spare on its own.
+        past = [c for c in found[limit:] if not _COMMAND_ECHO.match(c.line)]
+        return found[:limit], past + spare
 
 
 _FAILURE_KINDS = frozenset({"error", "error_code", "exit", "signal"})

@@ -438,8 +438,8 @@ def _shape_penalties(ranked: Sequence[_Item]) -> list[int]:
 _COLLAPSE_AFTER = 3
 # A spare line (see `_Collector.add_spare`) ranks by its salience plus this per evidence item.
 _SPARE_POINTS_PER_ITEM = 2
+# ... less a point per this many characters of it (about four tokens).
 _SPARE_CHARS_PER_POINT = 15
-_COMMAND_ECHO = re.compile(r"^\s*(?:\$|❯|>>>|\w+@[\w.-]+:[~\w/.-]*[$#])\s")
 # A long line costs more of the budget for what it tells: a point per this many characters.
 _CHARS_PER_POINT = 60
 # Kinds of evidence that make a tool-output line an issue (collapsed with its repeats).
@@ -890,11 +890,13 @@ class LocalSummarizer(Summarizer):
             )
         # The next-best lines fill what budget the salient ones leave: those that name things
         # (identifiers, paths, numbers: what the loss report counts), ranked by what they tell
-        # plus how many such items they carry. Never a command's echo: without its outcome
-        # it says only what was tried.
+        # plus how many such items they carry, less a point per few characters (a short
+        # line naming one thing costs less room than a long one naming as much). Never a
+        # command's echo (`ranked` offers none): without its outcome it says only what was
+        # tried.
         for candidate in spares:
             kinds = on_line.get(candidate.line, ())
-            if not kinds or _COMMAND_ECHO.match(candidate.line):
+            if not kinds:
                 continue
             line = quoted_line(candidate.line)
             text = f"{label} output: {line}"

@@ -6,9 +6,11 @@ import re
 
 import pytest
 
+from compaction_app.evidence import loss_report
 from compaction_app.summarizers import local as local_summarizer
 from compaction_app.summarizers.base import SummaryMessage, summarizer_class
 from compaction_app.summarizers.local import SECTIONS, LocalSummarizer
+from compaction_app.testkit.realistic_gen import generate_realistic_session
 from compaction_app.testkit.session_gen import generate_session
 from sessions_app.tokens import truncate_to_tokens
 
@@ -773,3 +775,35 @@ def test_it_quotes_a_line_without_the_rules_drawn_around_it() -> None:
     )
     assert "bash output: 1 failed, 4 passed in 0.31s [#30]" in summary
     assert "==" not in summary
+
+
+_ROLES = {"USER_MESSAGE": "user", "TOOL_RESULT": "tool"}
+
+
+def test_it_fills_the_budget_the_salient_lines_leave_with_lines_that_name_things() -> None:
+    # An ops session whose few salient lines fill half of a 4,000-token budget: the rest
+    # goes to the next-best lines (commit hashes, paths, identifiers), each still cited.
+    counter = real_counter()
+    session = generate_realistic_session()
+    messages = [
+        SummaryMessage(
+            str(seq),
+            event["type"],
+            _ROLES.get(event["type"], "assistant"),
+            event["content"],
+            event.get("name", ""),
+            seq,
+        )
+        for seq, event in enumerate(session.events, 1)
+        if event["type"] != "SYSTEM_PROMPT"
+    ]
+    summary = LocalSummarizer(count_tokens=counter).summarize(
+        previous_summary="", messages=messages, max_tokens=4_000
+    )
+    assert 3_800 <= counter(summary) <= 4_000
+    bullets = [line for line in summary.splitlines() if line.startswith("- ")]
+    assert all(re.search(r"\[#\d+(?:-#\d+)?\]$", line) for line in bullets)
+    report = loss_report(
+        folded=[(m.seq, m.content) for m in messages if m.role == "tool"], active=[summary]
+    )
+    assert report["keptPercent"] >= 3.0
