@@ -1224,6 +1224,7 @@ class Candidate:
     signal: bool  # reports a failure, a warning or a conflict
     index: int  # line number in its output
     repeats: int = 1  # lines of its template in the session
+    template: str = ""  # its template (`template_of`), when known
 
 
 class Salience:
@@ -1379,7 +1380,7 @@ class Salience:
                 outcome=index in concluding,
             )
             seen.add(line)
-            candidate = Candidate(line, information, outcome, signal, index, count)
+            candidate = Candidate(line, information, outcome, signal, index, count, masked[index])
             (found if information >= minimum else spare).append(candidate)
         found.sort(key=lambda c: (-c.information, c.index))
         spare.sort(key=lambda c: (-c.information, c.index))

@@ -907,7 +907,9 @@ class LocalSummarizer(Summarizer):
                 + _SPARE_POINTS_PER_ITEM * len(kinds)
                 - len(line) // _SPARE_CHARS_PER_POINT
             )
-            collector.add_spare(text, score, template=template_of(line), seq=seq)
+            collector.add_spare(
+                text, score, template=candidate.template or template_of(line), seq=seq
+            )
 
     def _salience(self) -> Salience:
         if self.salience is None:
