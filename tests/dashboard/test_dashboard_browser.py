@@ -222,9 +222,14 @@ def test_it_previews_runs_and_reverts_a_compaction_live_as_staff(
     assert page.locator("#chart svg.chart-wide .mark").count() == 1
     assert (page.locator("#summary pre").text_content() or "").strip()
     assert page.locator("#preview").count() == 0  # the finished run cleared the preview
-    # Expand the events folded under the compaction.
-    page.locator("#timeline details.fold > summary").first.click()
-    assert page.locator("#timeline details.fold li.entry").first.is_visible()
+    # Expand the events folded under the compaction. The run's last push may swap the
+    # timeline in just after a click (closing the fold again): open it until its entries show.
+    deadline = time.monotonic() + TIMEOUT_MS / 1000
+    while not page.locator("#timeline details.fold li.entry").first.is_visible():
+        assert time.monotonic() < deadline, "the folded events never showed"
+        if not page.locator("#timeline details.fold").first.evaluate("d => d.open"):
+            page.locator("#timeline details.fold > summary").first.click()
+        time.sleep(0.1)
     shot(page, "session-page.png")
 
     page.locator("#revert-btn").click()
