@@ -45,8 +45,11 @@ def test_it_indexes_the_appends_of_one_window_in_one_pass(alice, worker, passes,
                 events=[EventInput(type=EventType.USER_MESSAGE, content=f"needle_{number}_{turn}")],
             )
     wait_until(lambda: passes, timeout=15)
-    # Six appends in three sessions, one pass, every event indexed by it.
-    assert passes == [6]
+    # Six appends in three sessions, one pass, every event indexed by it. (On a loaded machine
+    # the last append may land after the window closed and queue a pass of its own: it finds
+    # nothing left to index.)
+    assert passes[0] == 6
+    assert not any(passes[1:])
     assert all(_unindexed(str(session.pk)) == 0 for session in sessions)
 
 
