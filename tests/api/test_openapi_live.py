@@ -37,27 +37,11 @@ def live_api(request) -> Iterator[tuple[str, str]]:
         with live_ledger() as live:
             yield live.base_url, live.tokens["alice"]
         return
-    from django.conf import settings
-    from django.db import connection
-
-    from tests.support.daphne import daphne_process
+    from tests.support.daphne import daphne_process, production_env
     from tests.support.helpers import api_token
 
     alice = request.getfixturevalue("alice")
-    database = connection.settings_dict
-    env = dict(
-        os.environ,
-        DATABASE_URL=(
-            f"postgres://{database['USER']}@{database['HOST']}:{database['PORT']}/"
-            f"{database['NAME']}"
-        ),
-        REDIS_URL=settings.REDIS_URL,
-        CHANNELS_PREFIX=settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"],
-        CELERY_QUEUE=settings.CELERY_TASK_DEFAULT_QUEUE,
-        DJANGO_SECRET_KEY=settings.SECRET_KEY,
-        DB_POOL_MIN_SIZE="0",
-        API_THROTTLE_RATE="off",
-    )
+    env = production_env(API_THROTTLE_RATE="off")
     with daphne_process(env) as port:
         yield f"http://127.0.0.1:{port}", api_token(alice)
 

@@ -24,7 +24,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from compaction_app.realtime import broadcast
-from tests.support.daphne import daphne_process
+from tests.support.daphne import daphne_process, production_env
 from tests.support.helpers import api_token, create_session
 
 IDLE_SECONDS = 30
@@ -38,21 +38,7 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def daphne_url(django_db_setup, django_db_blocker):
     """A daphne process serving the app on this test run's database, channel prefix and queue."""
-    from django.db import connection
-
-    database = connection.settings_dict
-    env = dict(
-        os.environ,
-        DATABASE_URL=(
-            f"postgres://{database['USER']}@{database['HOST']}:{database['PORT']}/"
-            f"{database['NAME']}"
-        ),
-        REDIS_URL=settings.REDIS_URL,
-        CHANNELS_PREFIX=settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"],
-        CELERY_QUEUE=settings.CELERY_TASK_DEFAULT_QUEUE,
-        DJANGO_SECRET_KEY=settings.SECRET_KEY,
-        DB_POOL_MIN_SIZE="0",
-    )
+    env = production_env()
     with daphne_process(env) as port:
         yield f"ws://127.0.0.1:{port}"
 

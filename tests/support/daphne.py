@@ -4,6 +4,7 @@ production channel layer)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping
@@ -13,6 +14,28 @@ from pathlib import Path
 from tests.support.helpers import closed_port, drain_output, stop_process, wait_listening
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def production_env(**extra: str) -> dict[str, str]:
+    """This process's environment for a daphne on this test run's PostgreSQL database, Redis,
+    channel prefix, queue and secret (the production profile), plus `extra`."""
+    from django.conf import settings
+    from django.db import connection
+
+    database = connection.settings_dict
+    return dict(
+        os.environ,
+        DATABASE_URL=(
+            f"postgres://{database['USER']}@{database['HOST']}:{database['PORT']}/"
+            f"{database['NAME']}"
+        ),
+        REDIS_URL=settings.REDIS_URL,
+        CHANNELS_PREFIX=settings.CHANNEL_LAYERS["default"]["CONFIG"]["prefix"],
+        CELERY_QUEUE=settings.CELERY_TASK_DEFAULT_QUEUE,
+        DJANGO_SECRET_KEY=settings.SECRET_KEY,
+        DB_POOL_MIN_SIZE="0",
+        **extra,
+    )
 
 
 @contextmanager
