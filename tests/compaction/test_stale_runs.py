@@ -158,7 +158,9 @@ def test_it_fails_a_pending_run_whose_task_was_lost_too_often(alice_api, stale_a
     request_compaction(alice_api, session_id=session_id)
 
 
-def test_it_leaves_runs_with_a_recent_heartbeat_alone(alice_api, settings):
+def test_it_leaves_runs_with_a_recent_heartbeat_alone(alice_api, settings, worker):
+    # `worker`: the requeued run's task must be drained before the tables are truncated (the
+    # shared worker thread picks it up, and its row lock deadlocked the flush).
     settings.COMPACTION_STALE_SECONDS = 60.0
     running_id = grown_session(alice_api, events=coding_turns(count=3))
     pending_id = grown_session(alice_api, events=coding_turns(count=3))
