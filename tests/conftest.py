@@ -18,6 +18,15 @@ EXIT_GRACE_SECONDS = 60
 _exit_status = 1
 
 
+def pytest_sessionstart(session):
+    """.ci/run starts the production-profile run beside this one once the venv the README's
+    test command installs is ready: this file says so."""
+    started = os.environ.get("LEDGER_CI_STARTED")
+    if started and not os.environ.get("PYTEST_XDIST_WORKER"):
+        with open(started, "a"):
+            pass
+
+
 def pytest_sessionfinish(session, exitstatus):
     global _exit_status
     _exit_status = int(exitstatus)
@@ -42,6 +51,32 @@ def pytest_unconfigure(config):
         os._exit(_exit_status or 1)
 
     threading.Thread(target=watchdog, name="exit-watchdog", daemon=True).start()
+
+
+# The fixtures through which a test reaches the run's profile (its database, and with it the
+# worker, the live server and the channel layer those use).
+_PROFILE_FIXTURES = frozenset(
+    {"db", "transactional_db", "live_url", "gateway_url", "worker", "celery_worker_thread"}
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test marked `profile_independent` is left out of the production-profile run in CI
+    (`-m "not profile_independent"`): one that reaches the profile's database anyway would then
+    never run on PostgreSQL, so the mark is refused on it."""
+    wrong = [
+        item.nodeid
+        for item in items
+        if item.get_closest_marker("profile_independent") is not None
+        and (
+            item.get_closest_marker("django_db") is not None
+            or _PROFILE_FIXTURES & set(getattr(item, "fixturenames", ()))
+        )
+    ]
+    if wrong:
+        raise pytest.UsageError(
+            "marked profile_independent but uses the database: " + ", ".join(wrong[:5])
+        )
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -14,6 +14,8 @@ from compaction_app.testkit.realistic_gen import generate_realistic_session
 from compaction_app.testkit.session_gen import generate_session
 from sessions_app.tokens import truncate_to_tokens
 
+pytestmark = pytest.mark.profile_independent
+
 
 def words(text: str) -> int:
     return len(text.split())

@@ -17,6 +17,8 @@ from compaction_app.testkit.provider_standin import (
 from tests.support.helpers import summarizer_error
 from tests.support.remote_summarizers import REMOTES, USER_TURN
 
+pytestmark = pytest.mark.profile_independent
+
 REMOTE = REMOTES["openai"]
 API_KEY = REMOTE.api_key
 

@@ -20,6 +20,8 @@ from compaction_app.testkit.provider_standin import (
 from tests.support.helpers import closed_port, rough_token_count, summarizer_error
 from tests.support.remote_summarizers import REMOTES, USER_TURN, Remote
 
+pytestmark = pytest.mark.profile_independent
+
 MESSAGES = [
     USER_TURN,
 ]

@@ -28,6 +28,8 @@ from compaction_app.types import (
     PlanEvent,
 )
 
+pytestmark = pytest.mark.profile_independent
+
 
 def words(text: str) -> int:
     return len(text.split())

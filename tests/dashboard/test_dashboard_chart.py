@@ -14,6 +14,8 @@ from compaction_app.dashboard.chart import (
     downsample,
 )
 
+pytestmark = pytest.mark.profile_independent
+
 
 def test_it_accumulates_visible_event_tokens_with_the_reply_primer():
     series = context_series(

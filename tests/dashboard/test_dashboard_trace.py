@@ -5,7 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from decimal import Decimal
 
+import pytest
+
 from compaction_app.dashboard.trace import CLAMP_LINES, Body, FoldGroup, build_trace
+
+pytestmark = pytest.mark.profile_independent
 
 
 @dataclass

@@ -9,6 +9,7 @@ the upstream): the gateway accepts them as they are.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
@@ -35,19 +36,24 @@ FINAL = "The notes say: remember the milk."
 def _install_clients() -> None:
     """The test command sets up everything: the pinned CLIs come from the lock file with
     `npm ci` the first time (npm is the machine's; nothing is fetched but the registry's
-    packages). Once per process, and only when they are missing."""
+    packages). Only when they are missing, and under a lock: CI runs the suite on both
+    profiles at once, and two `npm ci` in one folder would delete each other's files."""
     folder = CLIENTS.parent.parent
     npm = shutil.which("npm")
-    if npm is None or (CLAUDE.exists() and CODEX.exists()):
+    if npm is None:
         return
-    subprocess.run(
-        [npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"],
-        cwd=folder,
-        stdin=subprocess.DEVNULL,
-        capture_output=True,
-        timeout=600,
-        check=False,
-    )
+    with open(folder / ".install.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if CLAUDE.exists() and CODEX.exists():
+            return
+        subprocess.run(
+            [npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"],
+            cwd=folder,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=600,
+            check=False,
+        )
 
 
 def _needs(binary: Path) -> None:

@@ -1,6 +1,10 @@
 """Provider usage read per wire format into the reply's neutral figures (pure, no database)."""
 
+import pytest
+
 from compaction_app.gateway import usage
+
+pytestmark = pytest.mark.profile_independent
 
 
 def test_it_reads_openai_chat_cached_tokens():

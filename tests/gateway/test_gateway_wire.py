@@ -16,6 +16,8 @@ from compaction_app.gateway.messages import (
     message_hash,
 )
 
+pytestmark = pytest.mark.profile_independent
+
 
 def test_it_hashes_role_content_and_tool_ids_stably():
     base = message_hash("user", "hi", ())

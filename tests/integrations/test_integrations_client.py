@@ -20,6 +20,8 @@ from compaction_app.integrations.client import (
 from tests.support.helpers import closed_port
 from tests.support.live_ledger import live_ledger
 
+pytestmark = pytest.mark.profile_independent
+
 TURNS = [
     {"type": "USER_MESSAGE", "content": f"Please fix bug #{n} in src/app_{n}.py now."}
     for n in range(6)

@@ -29,6 +29,8 @@ from compaction_app.integrations.langgraph import (
     exact_token_counter,
 )
 
+pytestmark = pytest.mark.profile_independent
+
 ROOT = Path(__file__).resolve().parents[2]
 MAX_TOKENS = 400
 SUMMARY_TOKENS = 128

@@ -14,6 +14,8 @@ from sessions_app.context_window import (
     window_level,
 )
 
+pytestmark = pytest.mark.profile_independent
+
 
 def item(key, kind="AGENT_MESSAGE", cost=10, call=""):
     return WindowItem(key=key, type=kind, cost=cost, tool_call_id=call)

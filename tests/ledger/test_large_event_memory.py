@@ -8,7 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from sessions_app import tokens
+
+pytestmark = pytest.mark.profile_independent
 
 
 def one_line(chars: int) -> str:

@@ -11,6 +11,8 @@ from sessions_app.model_registry import (
 )
 from sessions_app.pricing import estimate_cost_usd
 
+pytestmark = pytest.mark.profile_independent
+
 
 @pytest.fixture(scope="module")
 def registry():

@@ -1,6 +1,8 @@
 """The bill's arithmetic, without a database: cache reads and writes at their own rates,
 savings at the uncached input rate, and no number at all for a model without a price."""
 
+import pytest
+
 from sessions_app.pricing import (
     NANO_PER_USD,
     CallUsage,
@@ -10,6 +12,8 @@ from sessions_app.pricing import (
     saved_tokens,
     usd,
 )
+
+pytestmark = pytest.mark.profile_independent
 
 MTOK = 1_000_000
 

@@ -11,6 +11,8 @@ import pytest
 
 from sessions_app import tokens
 
+pytestmark = pytest.mark.profile_independent
+
 SAMPLES = [
     "def f(x):\n    return x + 1\n\nclass A:\n    pass\n",
     "Hello, world!\nIt's 42 o'clock.\n'tis fine\n\n\nNext\r\nline\r\n2024-01-01\n",

@@ -25,6 +25,8 @@ from sessions_app.tokens import (
     unregister_model_counter,
 )
 
+pytestmark = pytest.mark.profile_independent
+
 ENCODINGS = ["cl100k_base", "o200k_base"]
 
 # Reference counts computed once with the verified tiktoken Encoding and agreeing with both

@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.profile_independent
+
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("config", "sessions_app", "compaction_app")
 

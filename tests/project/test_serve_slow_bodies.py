@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.profile_independent
+
 ROOT = Path(__file__).resolve().parents[2]
 SLOW_CONNECTIONS = 20
 BODY_TIMEOUT = 2

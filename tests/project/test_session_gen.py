@@ -9,6 +9,8 @@ import pytest
 
 from compaction_app.testkit.session_gen import generate_session, main, to_chat_messages
 
+pytestmark = pytest.mark.profile_independent
+
 TYPES = {"SYSTEM_PROMPT", "USER_MESSAGE", "AGENT_MESSAGE", "TOOL_CALL", "TOOL_RESULT"}
 
 

@@ -7,7 +7,11 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 import sessions_app
+
+pytestmark = pytest.mark.profile_independent
 
 ROOT = Path(sessions_app.__file__).parent
 

@@ -8,6 +8,8 @@ from django.core.exceptions import ImproperlyConfigured
 
 from config import env
 
+pytestmark = pytest.mark.profile_independent
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

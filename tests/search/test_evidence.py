@@ -8,6 +8,8 @@ import pytest
 
 from compaction_app.evidence import KINDS, extract, extract_many, loss_report, shape_of
 
+pytestmark = pytest.mark.profile_independent
+
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "transcripts"
 
 

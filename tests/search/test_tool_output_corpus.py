@@ -29,6 +29,7 @@ ROLES = {
 }
 
 
+@pytest.mark.profile_independent
 def test_it_has_a_corpus_of_real_tools_with_facts_written_beside_each_output() -> None:
     assert len(CORPUS) >= 40
     assert len({fixture.family for fixture in CORPUS}) >= 15
@@ -57,6 +58,7 @@ def summarize_buried(fixture, max_tokens: int) -> str:
     )
 
 
+@pytest.mark.profile_independent
 @pytest.mark.parametrize(("budget", "share"), [(AUTO, 0.95), (2000, 0.85)])
 def test_it_keeps_the_facts_of_each_buried_output_in_the_summary(budget: int, share: float):
     total = kept = 0
@@ -70,6 +72,7 @@ def test_it_keeps_the_facts_of_each_buried_output_in_the_summary(budget: int, sh
     assert kept >= share * total, lost
 
 
+@pytest.mark.profile_independent
 def test_it_never_keeps_a_command_echo_without_its_outcome() -> None:
     fixture = next(f for f in CORPUS if f.name == "psql_select")
     summary = summarize_buried(fixture, AUTO)
