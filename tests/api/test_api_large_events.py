@@ -16,7 +16,7 @@ from sessions_app import tokens
 from sessions_app.api import parsers
 from sessions_app.api.serializers import APPEND_ANSWER_MAX_CONTENT_CHARS
 from sessions_app.models import Event
-from tests.support.helpers import api_token, least_traced_peak
+from tests.support.helpers import api_token, asgi_answer, asgi_http_scope, least_traced_peak
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -55,25 +55,15 @@ def post_asgi(path: str, body: bytes, *, token: str, chunked: bool = False) -> t
         if chunked
         else [(b"content-length", str(len(body)).encode())]
     )
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "root_path": "",
-        "headers": [
-            (b"host", b"testserver"),
+    scope = asgi_http_scope(
+        "POST",
+        path,
+        [
             (b"authorization", f"Token {token}".encode()),
             (b"content-type", b"application/json"),
             *framing,
         ],
-        "client": ("127.0.0.1", 50000),
-        "server": ("testserver", 80),
-    }
+    )
     position = 0
     sent: list[dict] = []
 
@@ -90,8 +80,7 @@ def post_asgi(path: str, body: bytes, *, token: str, chunked: bool = False) -> t
         sent.append(message)
 
     async_to_sync(application)(scope, receive, send)
-    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
-    answer = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    status, answer = asgi_answer(sent)
     return status, json.loads(answer)
 
 

@@ -6,6 +6,8 @@ the facts written beside each output."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from compaction_app.gateway import after
@@ -30,35 +32,47 @@ def forwarded_text(body: dict) -> str:
     return "\n".join(m["content"] for m in body["messages"] if isinstance(m.get("content"), str))
 
 
-def test_it_forwards_the_facts_of_buried_tool_outputs_after_summarizing_in_the_call_path(
-    gateway_url, upstream, alice, alice_api
-):
-    corpus = {fixture.name: fixture for fixture in load_corpus()}
-    fixtures = [corpus["kubectl_describe_pod"], corpus["go_panic"]]
+def ask_past_the_threshold(
+    gateway_url: str, alice, alice_api, *, fixtures: list, key: str, settings: dict | None = None
+) -> tuple[Any, list[dict], Any, Session]:
+    """The buried session's history through the gateway; then a context limit that puts it,
+    with its closing question added, between compactThreshold and the hard limit (and the
+    session `settings` given); then the question. Returns the client, the history sent last,
+    the raw answer to the question and the session."""
     events = buried_session(fixtures, routine=60)
-    # The session so far, then (once the window is set) its closing question.
     history = chat_messages(events[:-2])
-    client = openai_client(gateway_url, key=token_for(alice), session="buried")
+    client = openai_client(gateway_url, key=token_for(alice), session=key)
     reply = client.chat.completions.create(model=MODEL, messages=history)
     after.wait_idle()
-    session = Session.objects.get(client_key="buried")
+    session = Session.objects.get(client_key=key)
     tokens = main_thread(session=session).context_tokens
-    response = alice_api.patch(
-        f"/api/v1/sessions/{session.pk}",
-        {
-            # Between compactThreshold and the hard limit once the question is added; a low
-            # fitTargetRatio, so clearing old tool results alone cannot reach it: it summarizes.
-            "contextLimit": int(tokens / 0.88),
-            "settings": {"maxSummaryTokens": 2000, "fitTargetRatio": 0.1},
-        },
-        format="json",
-    )
+    patch: dict[str, Any] = {"contextLimit": int(tokens / 0.88)}
+    if settings is not None:
+        patch["settings"] = settings
+    response = alice_api.patch(f"/api/v1/sessions/{session.pk}", patch, format="json")
     assert response.status_code == 200, response.content
     history += [
         {"role": "assistant", "content": reply.choices[0].message.content},
         {"role": "user", "content": events[-2]["content"]},
     ]
     raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=history)
+    return client, history, raw, session
+
+
+def test_it_forwards_the_facts_of_buried_tool_outputs_after_summarizing_in_the_call_path(
+    gateway_url, upstream, alice, alice_api
+):
+    corpus = {fixture.name: fixture for fixture in load_corpus()}
+    fixtures = [corpus["kubectl_describe_pod"], corpus["go_panic"]]
+    # A low fitTargetRatio, so clearing old tool results alone cannot reach it: it summarizes.
+    _, _, raw, session = ask_past_the_threshold(
+        gateway_url,
+        alice,
+        alice_api,
+        fixtures=fixtures,
+        key="buried",
+        settings={"maxSummaryTokens": 2000, "fitTargetRatio": 0.1},
+    )
     assert raw.headers["X-Ledger-Compacted"] == "true"
     run = CompactionRun.objects.get(session=session, trigger=Trigger.GATEWAY)
     assert (run.status, run.strategy, run.summarizer) == ("completed", "summarize", "local")
@@ -74,24 +88,10 @@ def test_it_forwards_the_facts_of_buried_tool_outputs_after_clearing_them_by_def
 ):
     corpus = {fixture.name: fixture for fixture in load_corpus()}
     fixtures = [corpus["kubectl_describe_pod"], corpus["tsc_errors"]]
-    events = buried_session(fixtures, routine=60)
-    history = chat_messages(events[:-2])
-    client = openai_client(gateway_url, key=token_for(alice), session="buried-cleared")
-    reply = client.chat.completions.create(model=MODEL, messages=history)
-    after.wait_idle()
-    session = Session.objects.get(client_key="buried-cleared")
-    tokens = main_thread(session=session).context_tokens
-    # Between compactThreshold and the hard limit once the question is added, with the
-    # default fitTargetRatio (0.5): clearing the old tool results alone reaches it.
-    response = alice_api.patch(
-        f"/api/v1/sessions/{session.pk}", {"contextLimit": int(tokens / 0.88)}, format="json"
+    # The default fitTargetRatio (0.5): clearing the old tool results alone reaches it.
+    client, history, raw, session = ask_past_the_threshold(
+        gateway_url, alice, alice_api, fixtures=fixtures, key="buried-cleared"
     )
-    assert response.status_code == 200, response.content
-    history += [
-        {"role": "assistant", "content": reply.choices[0].message.content},
-        {"role": "user", "content": events[-2]["content"]},
-    ]
-    raw = client.chat.completions.with_raw_response.create(model=MODEL, messages=history)
     assert raw.headers["X-Ledger-Compacted"] == "true"
     after.wait_idle()
     run = CompactionRun.objects.get(session=session, trigger=Trigger.GATEWAY)

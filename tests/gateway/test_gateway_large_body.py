@@ -18,7 +18,7 @@ from compaction_app.gateway import forward
 from sessions_app import tokens
 from sessions_app.models import Event, Session
 from tests.support.gateway_live import token_for
-from tests.support.helpers import least_traced_peak
+from tests.support.helpers import asgi_answer, asgi_http_scope, least_traced_peak
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -90,27 +90,17 @@ def post_gateway(body: bytes, *, key: str, session: str) -> tuple[int, dict]:
     sliced as they are read)."""
     from config.asgi import application
 
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "POST",
-        "scheme": "http",
-        "path": CHAT,
-        "raw_path": CHAT.encode(),
-        "query_string": b"",
-        "root_path": "",
-        "headers": [
-            (b"host", b"testserver"),
+    scope = asgi_http_scope(
+        "POST",
+        CHAT,
+        [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(body)).encode()),
             (b"authorization", b"Bearer sk-test"),
             (b"x-ledger-key", key.encode()),
             (b"x-ledger-session", session.encode()),
         ],
-        "client": ("127.0.0.1", 50000),
-        "server": ("testserver", 80),
-    }
+    )
     position = 0
     sent: list[dict] = []
     answered = asyncio.Event()
@@ -135,8 +125,7 @@ def post_gateway(body: bytes, *, key: str, session: str) -> tuple[int, dict]:
             await forward.close_sessions()  # this event loop's upstream connections
 
     async_to_sync(call)()
-    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
-    answer = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    status, answer = asgi_answer(sent)
     return status, json.loads(answer)
 
 

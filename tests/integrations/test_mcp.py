@@ -15,7 +15,7 @@ from compaction_app.models import CompactionRun, RunStatus
 from compaction_app.services import compaction_execute, compaction_request
 from sessions_app.models import Event, Session
 from tests.support.gateway_live import token_for
-from tests.support.helpers import append_events, create_session
+from tests.support.helpers import append_events, asgi_http_scope, create_session
 from tests.support.mcp_live import call, payload, run
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -143,25 +143,11 @@ def test_it_answers_401_before_reading_the_body(alice):
     from config.asgi import application
 
     for headers in ([], [(b"authorization", b"Token not-a-token")]):
-        scope = {
-            "type": "http",
-            "asgi": {"version": "3.0"},
-            "http_version": "1.1",
-            "method": "POST",
-            "scheme": "http",
-            "path": "/mcp",
-            "raw_path": b"/mcp",
-            "query_string": b"",
-            "root_path": "",
-            "headers": [
-                (b"host", b"testserver"),
-                (b"content-type", b"application/json"),
-                (b"content-length", b"50000000"),
-                *headers,
-            ],
-            "client": ("127.0.0.1", 50000),
-            "server": ("testserver", 80),
-        }
+        scope = asgi_http_scope(
+            "POST",
+            "/mcp",
+            [(b"content-type", b"application/json"), (b"content-length", b"50000000"), *headers],
+        )
         sent: list[dict] = []
 
         async def receive() -> dict:

@@ -10,7 +10,7 @@ import pytest
 from asgiref.sync import async_to_sync
 
 from sessions_app.models import Event, Session
-from tests.support.helpers import api_token, create_session
+from tests.support.helpers import api_token, asgi_answer, asgi_http_scope, create_session
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -22,20 +22,7 @@ def asgi_request(
     arrives in several http.request messages. Returns (status, JSON body, messages read)."""
     from config.asgi import application
 
-    scope = {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": method,
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "query_string": b"",
-        "root_path": "",
-        "headers": [(b"host", b"testserver"), *headers],
-        "client": ("127.0.0.1", 50000),
-        "server": ("testserver", 80),
-    }
+    scope = asgi_http_scope(method, path, headers)
     messages = [
         {"type": "http.request", "body": chunk, "more_body": index < len(chunks) - 1}
         for index, chunk in enumerate(chunks)
@@ -56,9 +43,8 @@ def asgi_request(
         sent.append(message)
 
     async_to_sync(application)(scope, receive, send)
-    start = next(m for m in sent if m["type"] == "http.response.start")
-    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
-    return start["status"], json.loads(body), read
+    status, body = asgi_answer(sent)
+    return status, json.loads(body), read
 
 
 def chunked(payload: object, size: int) -> list[bytes]:

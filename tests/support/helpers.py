@@ -25,6 +25,34 @@ WS_ORIGIN = (b"origin", b"http://testserver")
 FINISHED = ("completed", "failed")
 
 
+# --- the ASGI application, driven as a server drives it ---------------------------------------
+
+
+def asgi_http_scope(method: str, path: str, headers: list[tuple[bytes, bytes]]) -> dict[str, Any]:
+    """The HTTP scope daphne hands config.asgi.application (host testserver, no query)."""
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": method,
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"host", b"testserver"), *headers],
+        "client": ("127.0.0.1", 50000),
+        "server": ("testserver", 80),
+    }
+
+
+def asgi_answer(sent: list[dict[str, Any]]) -> tuple[int, bytes]:
+    """The status and the whole body of the response messages an application sent."""
+    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+    body = b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body")
+    return status, body
+
+
 # --- sessions and events through the REST API ------------------------------------------------
 
 
