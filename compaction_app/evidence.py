@@ -41,6 +41,7 @@ __all__ = [
     "loss_report",
     "parameters_of",
     "quoted_line",
+    "segmented",
     "shape_of",
     "template_of",
 ]
@@ -1191,6 +1192,50 @@ def quoted_line(line: str) -> str:
     return bare if _WORD.search(bare) else line
 
 
+# A line longer than this is read as several: a JSON document or a query string printed on one
+# line holds many values, and a line clipped for quoting would keep only its first few. Cut at
+# a JSON member's start (`,"key":`) when the line is a document, else at a separator, so each
+# segment is a verbatim piece of the line that a summary can quote and a reader can find.
+_LONG_LINE = 240
+_SEGMENT = 160
+_JSON_MEMBER = re.compile(r"(?<=[,{\[])\s*(?=\")")
+_SEPARATORS = ",; &|"
+
+
+def segmented(text: str) -> str:
+    """`text` with each line longer than `_LONG_LINE` characters cut into verbatim segments,
+    one a line (the text itself when no line is that long)."""
+    if len(text) <= _LONG_LINE:
+        return text
+    lines = text.split("\n")
+    if max(map(len, lines)) <= _LONG_LINE:
+        return text
+    out: list[str] = []
+    for line in lines:
+        if len(line) <= _LONG_LINE:
+            out.append(line)
+        else:
+            out.extend(_segments(line))
+    return "\n".join(out)
+
+
+def _segments(line: str) -> list[str]:
+    parts = _JSON_MEMBER.split(line) if line.lstrip()[:1] in "{[" else [line]
+    segments: list[str] = []
+    for part in parts:
+        while len(part) > _SEGMENT:
+            cut = max(part.rfind(mark, 0, _SEGMENT) for mark in _SEPARATORS)
+            cut = cut + 1 if cut > _SEGMENT // 4 else _SEGMENT
+            segments.append(part[:cut])
+            part = part[cut:]
+        # Brackets and short keys alone tell nothing: they join the next member.
+        if segments and len(segments[-1].strip()) < 24:
+            segments[-1] += part
+        else:
+            segments.append(part)
+    return [segment for segment in segments if segment.strip()]
+
+
 def template_of(line: str) -> str:
     """`line` with its parameters masked (`#`) and its blanks collapsed: its template."""
     return _masked(line)
@@ -1243,6 +1288,7 @@ class Salience:
             self.add(text)
 
     def _masked_lines(self, text: str) -> list[str]:
+        text = segmented(text)
         masked = self._masked.get(text)
         if masked is None:
             masked = _masked(text).split("\n")
@@ -1255,7 +1301,7 @@ class Salience:
         # Counter.update over a list and findall both run in C: the profile of a session of
         # a million tokens costs a few tenths of a second.
         self.templates.update(self._masked_lines(text))
-        self.parameters.update(_PARAMETER.findall(text))
+        self.parameters.update(_PARAMETER.findall(segmented(text)))
 
     def template_count(self, line: str) -> int:
         return self.templates.get(_masked(line), 0)
@@ -1322,6 +1368,14 @@ class Salience:
             score -= 1  # a new sentence that names nothing and reports nothing
         return score, outcome, signal
 
+    def has_unique_value(self, line: str) -> bool:
+        """Whether `line` holds a value that names a thing (an id, a hash, a version, a path,
+        a code) seen once in the whole session."""
+        return any(
+            self.parameters.get(value, 0) <= 1 and _PLAIN_NUMBER.fullmatch(value) is None
+            for value in _PARAMETER.findall(line)
+        )
+
     def candidates(self, text: str, *, limit: int = 16, minimum: int = 4) -> list[Candidate]:
         """The lines of `text` that tell the most, best first, at most `limit`, none below
         `minimum` points; a command's echo (`$ make test`) is never one alone: its outcome is
@@ -1333,7 +1387,9 @@ class Salience:
     ) -> tuple[list[Candidate], list[Candidate]]:
         """`candidates`, plus the next-best lines (below `minimum` or past `limit`, never a
         command's echo), best first: what a summary with room left over may still quote. One
-        scoring pass serves both, so asking for the spares costs a summary nothing extra."""
+        scoring pass serves both, so asking for the spares costs a summary nothing extra.
+        A long line is ranked as its segments (`segmented`)."""
+        text = segmented(text)
         raw_lines = text.split("\n")
         masked = self._masked_lines(text)
         if len(masked) != len(raw_lines):  # pragma: no cover - the mask never spans lines

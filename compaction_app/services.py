@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any
 
@@ -38,7 +38,12 @@ from sessions_app.errors import Conflict, InvalidInput, ServiceUnavailable
 from sessions_app.models import Event, EventType, Session, Thread
 from sessions_app.selectors import event_content, usage_for_session
 from sessions_app.services import EventInput, event_append, session_record_compaction
-from sessions_app.session_settings import STRATEGY_NAMES, SUMMARIZER_NAMES, SessionSettings
+from sessions_app.session_settings import (
+    AUTO_SUMMARY_MAX,
+    STRATEGY_NAMES,
+    SUMMARIZER_NAMES,
+    SessionSettings,
+)
 
 logger = logging.getLogger("compaction_app")
 audit = logging.getLogger("context")
@@ -77,13 +82,36 @@ def _plan_events(session: Session, thread: str = "") -> list[PlanEvent]:
     ]
 
 
-def _budget(session: Session, *, target_ratio: float | None, strict: bool = False) -> Budget:
+# A remote summarizer writes its summary as one reply: the auto budget never asks it for more
+# than a model's usual output limit. The local one is extractive and fills any room.
+REMOTE_SUMMARY_CEILING = AUTO_SUMMARY_MAX
+
+
+def _budget(
+    session: Session,
+    *,
+    target_ratio: float | None,
+    strict: bool = False,
+    summarizer: str | None = None,
+) -> Budget:
+    """What a run must reach and the room its summary may fill.
+
+    The summary's budget is the room the target leaves: `fitTargetRatio` of the window (or the
+    run's own lower mark) less what stays verbatim, computed by the strategy once it knows what
+    it keeps; `maxSummaryTokens` set to a number is obeyed exactly instead, and auto's old
+    floor (2 % of the window within 256 … 8,192) is the least the summary gets."""
     settings = SessionSettings.of(session.settings)
     ratio = target_ratio if target_ratio is not None else settings.compact_threshold
+    limit = session.context_limit
+    auto = settings.max_summary_tokens is None
+    room_ratio = min(settings.fit_target_ratio, ratio)
+    name = summarizer or settings.summarizer
     return Budget(
-        context_limit=session.context_limit,
-        target_tokens=int(session.context_limit * ratio),
+        context_limit=limit,
+        target_tokens=int(limit * ratio),
         max_summary_tokens=_max_summary_tokens(session),
+        room_target_tokens=int(limit * room_ratio) if auto else None,
+        summary_ceiling=None if name == "local" else REMOTE_SUMMARY_CEILING,
         keep_recent_events=settings.keep_recent_events,
         strict_target=strict,
     )
@@ -115,6 +143,7 @@ def compaction_plan(
     target_ratio: float | None = None,
     strict: bool = False,
     thread: str = "",
+    project: bool = False,
 ) -> DryRun:
     """What a run would do now, changing nothing (the API's dryRun). Refuses the same bad
     input as a real request would."""
@@ -122,13 +151,40 @@ def compaction_plan(
     _check_choice(strategy, STRATEGY_NAMES, "strategy")
     _check_choice(summarizer, SUMMARIZER_NAMES, "summarizer")
     counter = tokens.counter_for_model(session.model)
+    summarizer = summarizer or SessionSettings.of(session.settings).summarizer
+    events = _plan_events(session, thread)
     plan = plan_compaction(
         strategy=strategy,
-        events=_plan_events(session, thread),
-        budget=_budget(session, target_ratio=target_ratio, strict=strict),
+        events=events,
+        budget=_budget(session, target_ratio=target_ratio, strict=strict, summarizer=summarizer),
         count_tokens=counter.count,
     )
+    if project and plan.needs_summary and summarizer == "local":
+        plan = _projected(session=session, thread=thread, plan=plan, events=events)
     return DryRun(plan=plan, strategy=strategy, fold_event_ids=list(plan.fold_ids))
+
+
+def _projected(*, session: Session, thread: str, plan: Plan, events: Sequence[PlanEvent]) -> Plan:
+    """A summarize plan whose `tokens_after` is what the run will leave, not the reserve's
+    bound: the offline summarizer is deterministic, so the dry run writes the very summary the
+    run would and prices its message as the ledger will (a remote summarizer's reply cannot be
+    known beforehand: its plan keeps the bound)."""
+    folded = list(
+        Event.objects.filter(pk__in=[uuid.UUID(i) for i in plan.fold_ids]).order_by("seq")
+    )
+    text = _write_summary(
+        session=session,
+        thread=thread,
+        summarizer="local",
+        plan=plan,
+        events=events,
+        folded=folded,
+    )
+    counter = tokens.counter_for_model(session.model)
+    cost = tokens.message_tokens(counter, role="system", content=text)
+    folding = set(plan.fold_ids)
+    kept = [e.token_count for e in events if e.id not in folding]
+    return replace(plan, tokens_after=tokens.context_tokens([*kept, cost]))
 
 
 def compaction_request(
@@ -219,6 +275,49 @@ def _refresh_active_counters(session_id: uuid.UUID) -> Session:
         updated_at=timezone.now(),
     )
     return Session.objects.get(pk=session_id)
+
+
+def _write_summary(
+    *,
+    session: Session,
+    thread: str,
+    summarizer: str,
+    plan: Plan,
+    events: Sequence[PlanEvent],
+    folded: Sequence[Event],
+) -> str:
+    """The new running summary a summarize plan calls for (the run's, and the dry run's when
+    its summarizer is the offline `local` one, so the projection is the run)."""
+    counter = tokens.counter_for_model(session.model)
+    writer = build_summarizer(summarizer, count_tokens=counter.count)
+    # A summary never costs more than the events it replaces (the previous summary among
+    # them): a compaction must not grow the context, whatever budget it may fill. Within
+    # that, it fills the reserve the plan gave it (the room, or maxSummaryTokens).
+    freed = sum(event.effective_token_count for event in folded)
+    budget_text = max(plan.summary_reserve_tokens - SUMMARY_MESSAGE_OVERHEAD, 1)
+    max_tokens = min(budget_text, max(freed - SUMMARY_MESSAGE_OVERHEAD, 1))
+    summary_text = writer.summarize(
+        # A thread's run extends its own latest summary, never another thread's.
+        previous_summary=(
+            thread_scope.previous_summary(session=session, thread=thread)
+            if thread
+            else _running_summary_text(session)
+        ),
+        messages=_summary_messages(folded),
+        max_tokens=max_tokens,
+        kept_text=_kept_text(events, plan),
+    ).strip()
+    if not summary_text:
+        raise SummarizerError("the summarizer returned an empty summary", permanent=True)
+    # Hold the whole summary message within the plan's reserve so tokens_after is a bound.
+    return tokens.truncate_to_tokens(
+        summary_text, max_tokens=max_tokens, count_tokens=counter.count
+    )
+
+
+def _running_summary_text(session: Session) -> str:
+    summary = RunningSummary.objects.filter(session=session).only("summary").first()
+    return summary.summary if summary is not None else ""
 
 
 def _summary_messages(events: Sequence[Event]) -> list[SummaryMessage]:
@@ -354,7 +453,9 @@ def _execute(run: CompactionRun) -> CompactionRun:
     plan = plan_compaction(
         strategy=run.strategy,
         events=events,
-        budget=_budget(session, target_ratio=target_ratio, strict=_strict(run)),
+        budget=_budget(
+            session, target_ratio=target_ratio, strict=_strict(run), summarizer=run.summarizer
+        ),
         count_tokens=counter.count,
     )
     tokens_before = session.context_tokens
@@ -367,29 +468,13 @@ def _execute(run: CompactionRun) -> CompactionRun:
 
     summary_text = ""
     if plan.needs_summary and folded:
-        running = _running_summary(session)
-        summarizer = build_summarizer(run.summarizer, count_tokens=counter.count)
-        # A summary never costs more than the events it replaces (the previous summary among
-        # them): a compaction must not grow the context, whatever budget it may fill.
-        freed = sum(event.effective_token_count for event in folded)
-        max_tokens = min(_max_summary_tokens(session), max(freed - SUMMARY_MESSAGE_OVERHEAD, 1))
-        summary_text = summarizer.summarize(
-            # A thread's run extends its own latest summary, never another thread's.
-            previous_summary=(
-                thread_scope.previous_summary(session=session, thread=run.thread)
-                if run.thread
-                else running.summary
-            ),
-            messages=_summary_messages(folded),
-            max_tokens=max_tokens,
-            kept_text=_kept_text(events, plan),
-        ).strip()
-        if not summary_text:
-            raise SummarizerError("the summarizer returned an empty summary", permanent=True)
-        # Hold the whole summary message within the plan's reserve so tokens_after is a bound.
-        budget_text = max(plan.summary_reserve_tokens - SUMMARY_MESSAGE_OVERHEAD, 1)
-        summary_text = tokens.truncate_to_tokens(
-            summary_text, max_tokens=min(max_tokens, budget_text), count_tokens=counter.count
+        summary_text = _write_summary(
+            session=session,
+            thread=run.thread,
+            summarizer=run.summarizer,
+            plan=plan,
+            events=events,
+            folded=folded,
         )
 
     report = _loss_report(events, plan, fold_ids=set(plan.fold_ids), summary=summary_text)

@@ -307,6 +307,7 @@ def summarize(
         return _plan(strategy="summarize", events=events, folded=set(), notes=notes)
     for unit in summaries:
         folded.update(unit.ids)
+    reserve = _summary_reserve(budget, kept_total=kept_total, floor=reserve, limit=limit)
     return _plan(
         strategy="summarize",
         events=events,
@@ -317,6 +318,21 @@ def summarize(
         needs_summary=True,
         summary_reserve_tokens=reserve,
     )
+
+
+def _summary_reserve(budget: Budget, *, kept_total: int, floor: int, limit: int) -> int:
+    """The summary message's reserve: the user's number exactly (`floor`), or, on the auto
+    budget, the room the kept events leave below `budget.room_target_tokens` (the evidence a
+    compaction keeps grows with the room it was given: a window left half empty while facts
+    are dropped wastes it), never below the floor, never past the window or the ceiling."""
+    if budget.room_target_tokens is None:
+        return floor
+    target = min(budget.room_target_tokens, limit)
+    room = target - kept_total - REPLY_PRIMER
+    reserve = max(floor, room)
+    if budget.summary_ceiling is not None:
+        reserve = min(reserve, max(budget.summary_ceiling + SUMMARY_MESSAGE_OVERHEAD, floor))
+    return reserve
 
 
 # --- clear_tool_results ----------------------------------------------------------------------
@@ -350,18 +366,34 @@ def tool_placeholder(*, name: str, tokens_freed: int, kept: Sequence[str] = ()) 
 
 
 def kept_lines(
-    count_tokens: TokenCounter, *, event: PlanEvent, salience: Salience
+    count_tokens: TokenCounter,
+    *,
+    event: PlanEvent,
+    salience: Salience,
+    room: int | None = None,
 ) -> tuple[str, ...]:
-    """The lines of `event`'s output its placeholder keeps: the best of `salience.candidates`
-    (the same ranking the local summarizer quotes from), taken best first while their text
-    stays within min(`KEPT_MAX_SHARE` of the output's tokens, `KEPT_MAX_TOKENS`), then put back
-    in their order in the output. Deterministic: same session, same lines."""
-    room = min(int(event.token_count * KEPT_MAX_SHARE), KEPT_MAX_TOKENS)
+    """The lines of `event`'s output its placeholder keeps: the best of the output's lines by
+    `salience` (the same ranking the local summarizer quotes from), taken best first while
+    their text stays within `room` (default: min(`KEPT_MAX_SHARE` of the output's tokens,
+    `KEPT_MAX_TOKENS`)), then put back in their order in the output. When no line reaches the
+    salient cut, the best line carrying a value seen nowhere else in the session is still
+    kept: a placeholder never keeps nothing of an output that holds such a value.
+    Deterministic: same session, same lines."""
+    if room is None:
+        room = min(int(event.token_count * KEPT_MAX_SHARE), KEPT_MAX_TOKENS)
     if room <= 0:
         return ()
+    salient, spares = salience.ranked(event.content)
+    offered = (
+        [*salient, *(c for c in spares if c.information >= 0)]
+        if room > KEPT_MAX_TOKENS
+        else salient
+    )
+    if not salient:
+        offered = [c for c in spares if salience.has_unique_value(c.line)][:1] + offered
     chosen: list[tuple[int, str]] = []
     used = 0
-    for candidate in salience.candidates(event.content):
+    for candidate in offered:
         line = quoted_line(candidate.line)
         if not line or any(line == kept for _, kept in chosen):
             continue
@@ -435,6 +467,7 @@ def clear_tool_results(
     older = results[: len(results) - keep] if keep else results
     cleared: list[ClearedResult] = []
     salience: Salience | None = None
+    clearable: list[PlanEvent] = []
     for event in older:
         # Re-clearing a placeholder could "save" a token by shrinking its number: pointless churn.
         if event.pinned or event.content.startswith(CLEARED_PREFIX):
@@ -448,10 +481,19 @@ def clear_tool_results(
         if priced is None:
             continue
         text, cost, freed = priced
+        clearable.append(event)
         cleared.append(
             ClearedResult(event_id=event.id, placeholder=text, token_count=cost, tokens_freed=freed)
         )
     before = context_cost(events)
+    if salience is not None and cleared:
+        cleared = _grow_into_room(
+            count_tokens,
+            cleared=cleared,
+            events=clearable,
+            salience=salience,
+            room=budget.target_tokens - (before - sum(c.tokens_freed for c in cleared)),
+        )
     return Plan(
         strategy="clear_tool_results",
         cleared=tuple(cleared),
@@ -460,6 +502,66 @@ def clear_tool_results(
         events_before=len(events),
         events_after=len(events),
     )
+
+
+# Of the room clearing leaves below its target, what placeholders may take back (the rest is
+# slack for the digits of the freed counts and for the next turns).
+ROOM_SHARE = 0.9
+# With room, an output may keep every line that outranks routine, up to this share of its
+# tokens: a placeholder still says what was cleared, and the routine lines are what goes.
+ROOM_MAX_SHARE = 0.9
+
+
+def _grow_into_room(
+    count_tokens: TokenCounter,
+    *,
+    cleared: list[ClearedResult],
+    events: list[PlanEvent],
+    salience: Salience,
+    room: int,
+) -> list[ClearedResult]:
+    """Placeholders that keep more of their outputs when clearing leaves room below the target:
+    a compaction that leaves the window half empty while dropping facts wastes the room it was
+    given. The room is shared out by what each output holds, not evenly: an output's share
+    follows the tokens of its lines that outrank routine, so a log of one-off values gets
+    more than a listing of repeats. Only lines that outrank routine are offered, so the
+    routine of an output always goes."""
+    room = int(room * ROOM_SHARE)
+    if room <= 0:
+        return cleared
+    worth: list[int] = []
+    for event in events:
+        salient, spares = salience.ranked(event.content)
+        lines = [*salient, *(c for c in spares if c.information >= 0)]
+        worth.append(sum(len(c.line) for c in lines) // 4)
+    total = sum(worth)
+    if total <= 0:
+        return cleared
+    grown: list[ClearedResult] = []
+    spent = 0
+    for result, event, value in zip(cleared, events, worth, strict=True):
+        base = min(int(event.token_count * KEPT_MAX_SHARE), KEPT_MAX_TOKENS)
+        # The placeholder's own words (tool, tokens freed) cost about 20 tokens.
+        share = min(int(event.token_count * ROOM_MAX_SHARE) - 24, base + room * value // total)
+        if share <= base or value <= 0:
+            grown.append(result)
+            continue
+        kept = kept_lines(count_tokens, event=event, salience=salience, room=share)
+        priced = _price_placeholder(count_tokens, event=event, kept=kept)
+        if priced is None or (kept and _KEPT_HEADING not in priced[0]):
+            # Kept whole it would save nothing: the baseline placeholder stands.
+            grown.append(result)
+            continue
+        text, cost, freed = priced
+        extra = cost - result.token_count
+        if spent + extra > room:
+            grown.append(result)
+            continue
+        spent += extra
+        grown.append(
+            ClearedResult(event_id=event.id, placeholder=text, token_count=cost, tokens_freed=freed)
+        )
+    return grown
 
 
 # --- registry --------------------------------------------------------------------------------

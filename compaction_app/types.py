@@ -50,7 +50,14 @@ class Budget:
 
     context_limit: int
     target_tokens: int
+    # The summary's budget: exactly this when `room_target_tokens` is None (a number the user
+    # set), else the least it gets (the auto floor).
     max_summary_tokens: int = 256
+    # Auto budget: the summary fills the room that the events kept verbatim leave below this
+    # context size (`fitTargetRatio` of the window), never less than `max_summary_tokens`, and
+    # never more than `summary_ceiling` when one is set (a remote model's output limit).
+    room_target_tokens: int | None = None
+    summary_ceiling: int | None = None
     keep_recent_events: int = 2
     # clear_tool_results keeps this many of the newest tool results untouched.
     keep_recent_tool_results: int = 3

@@ -53,6 +53,7 @@ class SessionCompactionsView(APIView):
                 summarizer=data.get("summarizer"),
                 target_ratio=data.get("targetRatio"),
                 thread=thread,
+                project=True,
             )
             return Response(s.dry_run_to_dict(dry))
         run = services.compaction_request(

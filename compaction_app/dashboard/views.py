@@ -251,7 +251,7 @@ def compaction_preview(request: HtmxHttpRequest, session_id: Any) -> HttpRespons
     strategy = request.POST.get("strategy", "")
     if strategy not in STRATEGY_NAMES:
         return _error(request, session, LedgerError(f"unknown strategy {strategy!r}"))
-    dry_run = compaction_services.compaction_plan(session=session, strategy=strategy)
+    dry_run = compaction_services.compaction_plan(session=session, strategy=strategy, project=True)
     preview = {"plan": dry_run.plan, "strategy": strategy}
     if request.htmx:
         return _part(request, session, "controls", preview=preview)

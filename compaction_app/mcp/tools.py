@@ -222,6 +222,7 @@ def ledger_compact(user: User, arguments: Mapping[str, Any]) -> dict[str, Any]:
             strategy=data.get("strategy"),
             summarizer=data.get("summarizer"),
             target_ratio=data.get("targetRatio"),
+            project=True,
         )
         answer = dry_run_to_dict(dry)
         # The tool answers with counts where REST lists the ids (docs/mcp.md).

@@ -65,12 +65,17 @@ class Summarizer(ABC):
         self.kept_text = kept_text
         summary = previous_summary
         for piece in self._pieces(
-            messages, reserve=self.count_tokens(previous_summary) + max_tokens
+            messages, reserve=self._piece_reserve(previous_summary, max_tokens)
         ):
             summary = self._summarize_piece(
                 previous_summary=summary, messages=piece, max_tokens=max_tokens
             )
         return summary
+
+    def _piece_reserve(self, previous_summary: str, max_tokens: int) -> int:
+        """What of the summarizer's own window a piece must leave free: a model reads the
+        previous summary with the piece and writes up to `max_tokens` into the same window."""
+        return self.count_tokens(previous_summary) + max_tokens
 
     def _pieces(
         self, messages: Sequence[SummaryMessage], *, reserve: int

@@ -24,6 +24,7 @@ from compaction_app.evidence import (
     Salience,
     extract,
     quoted_line,
+    segmented,
     shape_of,
     template_of,
 )
@@ -184,6 +185,8 @@ _BASE = {
 
 
 _TOOL_LINE = re.compile(r"^[\w.-]+ output: ")
+# What a sentence of the conversation's own (not a line of tool output) is worth for being one.
+_PROSE_POINTS = 3
 
 
 def _score(section: str, text: str) -> int:
@@ -211,8 +214,11 @@ def _score(section: str, text: str) -> int:
         and _DIGIT_IDENT.search(_PATH.sub(" ", text))
     ):
         score += 2
-    if section == _TECH and not decision:
-        score -= 3  # a sentence that merely names things
+    if not _TOOL_LINE.match(text):
+        # The agent's and the user's own words are the conversation's reasoning: what was
+        # concluded, found, tried, asked. Kept by structure before any tool output (the
+        # observations), whatever verbs they use.
+        score += _PROSE_POINTS
     if _TOOL_LINE.match(text):
         # Quoted tool output: exception lines matter; a test id marked FAILED much less.
         score -= 4 if strong and "FAILED" not in strong.group() else 8
@@ -294,19 +300,24 @@ class _Collector:
         self._order = 0
         # Citations of the previous summary's items, by their text's key.
         self.cites: dict[str, tuple[int, int, int]] = {}
-        # Next-best tool-output lines, one per template (see `add_spare`).
+        # Next-best tool-output lines by their text's key, and the template of each (see
+        # `add_spare`).
         self.spares: dict[str, _Item] = {}
+        self.spare_templates: dict[str, str] = {}
 
     def add_spare(self, text: str, score: int, *, template: str, seq: int) -> None:
         """Offer a tool-output line below the salient cut, for a budget the salient lines
-        leave unused; one line per template (the best), so twenty lines of one listing do
-        not take the room of twenty different facts."""
+        leave unused. Every such line is offered, but the lines of one template rank below
+        one another by their order of merit (see `_fit`): twenty lines of one listing do not
+        take the room of twenty different facts, yet a large budget can hold the listing."""
         text = _clip(text)
-        existing = self.spares.get(template)
+        key = _key(text)
+        existing = self.spares.get(key)
         if existing is not None and existing.score >= score:
             return
         self._order += 1
-        self.spares[template] = _Item(_TECH, text, score, self._order, seq, seq, spare=True)
+        self.spares[key] = _Item(_TECH, text, score, self._order, seq, seq, spare=True)
+        self.spare_templates[key] = template
 
     def add(
         self,
@@ -433,6 +444,24 @@ def _shape_penalties(ranked: Sequence[_Item]) -> list[int]:
     return penalties
 
 
+# The n-th spare line of one template (the n-th checksum of a listing, the n-th routine log line
+# with its request id) loses this many points per better line of that template before it.
+_SPARE_TEMPLATE_STEP = 2
+
+
+def _spares_by_merit(spares: list[_Item], templates: dict[str, str]) -> list[_Item]:
+    """The spare lines with each line's score lowered by `_SPARE_TEMPLATE_STEP` for every
+    better-scored spare of its template: the best line of each template first, then the
+    second-best, and routine repeated across the session last."""
+    seen: dict[str, int] = {}
+    for item in sorted(spares, key=lambda i: (-i.score, i.order)):
+        template = templates.get(_key(item.text), item.text)
+        rank = seen.get(template, 0)
+        seen[template] = rank + 1
+        item.score -= _SPARE_TEMPLATE_STEP * rank
+    return spares
+
+
 # --- the summarizer ----------------------------------------------------------------------------
 
 _COLLAPSE_AFTER = 3
@@ -519,9 +548,20 @@ def _rescore(section: str, text: str, salience: Salience) -> int:
     """`_score`, except that a quoted tool-output line is scored by what it tells (so a
     previous summary's evidence lines keep their rank in the next run)."""
     if _TOOL_LINE.match(text):
-        information, _outcome, _signal = salience.information(_TOOL_LINE.sub("", text))
-        return _BASE[section] + information
+        line = _TOOL_LINE.sub("", text)
+        information, _outcome, _signal = salience.information(line)
+        # What the line told when it was news: the batch it came from is folded and gone, and
+        # a newer batch repeating it (the same failing test run again) must not make the
+        # session's main failure look routine and let weaker new lines evict it.
+        then, _outcome, _signal = _NEWS.information(line)
+        return _BASE[section] + max(information, then - _OLD_DISCOUNT)
     return _score(section, text)
+
+
+# A salience that has seen nothing: how much a line tells as news. Never fed.
+_NEWS = Salience()
+# An old line ranks this much below a new line that tells as much.
+_OLD_DISCOUNT = 1
 
 
 # Every subject (a setting, a version, a correction naming a setting) needs one of these.
@@ -670,6 +710,12 @@ class LocalSummarizer(Summarizer):
         finally:
             self.salience = None
 
+    def _piece_reserve(self, previous_summary: str, max_tokens: int) -> int:
+        # No model window is shared: a large budget (the room of a 1M window) must not cut
+        # the input into slivers that each re-read the whole previous summary.
+        del previous_summary, max_tokens
+        return 0
+
     def _summarize_piece(
         self, *, previous_summary: str, messages: Sequence[SummaryMessage], max_tokens: int
     ) -> str:
@@ -796,7 +842,10 @@ class LocalSummarizer(Summarizer):
                 if text.startswith("Recent tool calls:"):
                     collector.add(_WORKING, text, 5)
         keys = set(collector.items)
-        spares = [i for i in collector.spares.values() if _key(i.text) not in keys]
+        spares = _spares_by_merit(
+            [i for i in collector.spares.values() if _key(i.text) not in keys],
+            collector.spare_templates,
+        )
         candidates = _latest_statements([*collector.items.values(), *spares])
         return self._fit(_novel(candidates, self.kept_text), max_tokens=max_tokens)
 
@@ -830,10 +879,10 @@ class LocalSummarizer(Summarizer):
                 section = _TECH
             elif _CHANGE.search(sentence):
                 section = _CHANGES
-            elif _features(sentence) >= 2:
-                section = _TECH
             else:
-                continue
+                # A finding or conclusion in the agent's own words ("the culprit turned out to
+                # be the stale DNS cache on node-7"): kept by structure, ranked by what it names.
+                section = _TECH
             collector.add(section, sentence, _score(section, sentence), seq=seq)
 
     def _tool_result(self, collector: _Collector, content: str, name: str, *, seq: int) -> None:
@@ -865,7 +914,7 @@ class LocalSummarizer(Summarizer):
         # follows what it tells: each further line of one output costs a point, so a long
         # output of routine lines adds nothing and one with five one-off facts keeps five.
         on_line: dict[str, list[str]] = {}
-        for found in extract(content, seq=seq):
+        for found in extract(segmented(content), seq=seq):
             on_line.setdefault(found.line, []).append(found.kind)
         salient, spares = salience.ranked(content)
         for rank, candidate in enumerate(salient):

@@ -131,7 +131,7 @@ def test_it_starts_one_auto_run_when_an_append_crosses_the_threshold_then_cools_
     assert not _usage(alice_api, session_id)["nearLimit"]
 
     append_events(
-        alice_api, session_id=session_id, events=coding_turns(start=8, count=5)
+        alice_api, session_id=session_id, events=coding_turns(start=8, count=4)
     )  # crosses again, within the cooldown (below the hard limit, which ignores it)
     usage = _usage(alice_api, session_id)
     assert usage["nearLimit"] and not usage["atLimit"]

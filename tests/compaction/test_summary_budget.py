@@ -1,5 +1,6 @@
-"""maxSummaryTokens: null means auto (2 % of the context limit within 256 … 8,192); a number is
-obeyed exactly."""
+"""maxSummaryTokens: null means auto (the room the kept events leave below fitTargetRatio of the
+window, never less than 2 % of the context limit within 256 … 8,192); a number is obeyed
+exactly. A dry run projects what the run does."""
 
 from __future__ import annotations
 
@@ -43,34 +44,41 @@ def test_it_shows_auto_as_null_and_accepts_a_number_or_null_back(alice_api):
     assert alice_api.get(url).json()["settings"]["maxSummaryTokens"] is None
 
 
-def dry_run_tokens_after(api, **settings) -> int:
-    session_id = create_session(api, limit=60_000, **settings)
-    append_events(api, session_id=session_id, events=evidence_turns(12))
+def dry_run(api, session_id: str) -> dict:
     response = api.post(
         f"/api/v1/sessions/{session_id}/compactions",
         {"strategy": "summarize", "dryRun": True},
         format="json",
     )
     assert response.status_code == 200
-    return response.json()["tokensAfter"]
-
-
-@pytest.mark.django_db
-def test_it_reserves_the_auto_budget_in_the_plan(alice_api):
-    # 2 % of 60,000 = 1,200.
-    auto = dry_run_tokens_after(alice_api)
-    assert dry_run_tokens_after(alice_api, maxSummaryTokens=1200) == auto
-    assert dry_run_tokens_after(alice_api, maxSummaryTokens=256) == auto - (1200 - 256)
+    return response.json()
 
 
 @pytest.mark.django_db(transaction=True)
-def test_it_summarizes_within_the_auto_budget_and_uses_it(worker, alice_api):
-    session_id = create_session(alice_api, limit=30_000)  # auto: 600 tokens
+@pytest.mark.parametrize("budget", [None, 300])
+def test_it_projects_in_the_dry_run_what_the_run_does(worker, alice_api, budget):
+    session_id = create_session(alice_api, limit=30_000, maxSummaryTokens=budget)
+    append_events(alice_api, session_id=session_id, events=evidence_turns(30))
+    plan = dry_run(alice_api, session_id)
+    run = compact_and_wait(alice_api, session_id=session_id, strategy="summarize")
+    assert run["status"] == "completed"
+    assert (plan["tokensAfter"], plan["eventsAfter"]) == (run["tokensAfter"], run["eventsAfter"])
+    usage = alice_api.get(f"/api/v1/sessions/{session_id}/usage").json()
+    assert usage["contextTokens"] == plan["tokensAfter"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_fills_the_room_the_target_leaves_on_the_auto_budget(worker, alice_api):
+    """Auto: the summary may grow past the old 2 % (600 tokens of 30,000) into the room the
+    kept events leave below fitTargetRatio (0.5) of the window, and no further."""
+    session_id = create_session(alice_api, limit=30_000)
     append_events(alice_api, session_id=session_id, events=evidence_turns(30))
     run = compact_and_wait(alice_api, session_id=session_id, strategy="summarize")
     assert run["status"] == "completed"
     summary = alice_api.get(f"/api/v1/sessions/{session_id}/summary").json()
-    assert 256 < summary["tokenCount"] <= 600
+    assert summary["tokenCount"] > 600
+    assert run["tokensAfter"] <= 15_000
+    assert run["tokensAfter"] < run["tokensBefore"]
 
 
 @pytest.mark.django_db(transaction=True)
