@@ -1032,6 +1032,62 @@ def held(item: Evidence, *, keys: set[str], text: str, shapes: set[str]) -> bool
     return bool(item.shape) and item.shape in shapes
 
 
+# Identifiers of one shape that come this many times or more are one series (`helper_1` …
+# `helper_59` of a code listing): a reader counts the series once.
+_SERIES_MIN = 4
+_SERIES_KINDS = frozenset({"identifier"})
+
+
+@dataclass(frozen=True)
+class _Series:
+    """Evidence standing for several items of one kind and shape: held when any of them is."""
+
+    first: Evidence
+    members: tuple[Evidence, ...]
+
+    @property
+    def kind(self) -> str:
+        return self.first.kind
+
+    @property
+    def seq(self) -> int:
+        return self.first.seq
+
+    @property
+    def text(self) -> str:
+        last = self.members[-1]
+        return f"{self.first.text} … {last.text} ({len(self.members)} alike)"
+
+
+def _series_collapsed(items: list[Evidence]) -> list[Evidence | _Series]:
+    groups: dict[tuple[str, str], list[Evidence]] = {}
+    shapes = [item.shape or shape_of(item.text) for item in items]
+    for item, shape in zip(items, shapes, strict=True):
+        # Names numbered in a series (`helper_1`, `worker_12`); hashes, errors and their
+        # numbers stay items of their own (each checksum, each bad row is a fact).
+        if item.kind in _SERIES_KINDS and "#" in shape and _WORD.search(shape):
+            groups.setdefault((item.kind, shape), []).append(item)
+    series = {
+        key: _Series(first=members[0], members=tuple(members))
+        for key, members in groups.items()
+        if len(members) >= _SERIES_MIN
+    }
+    result: list[Evidence | _Series] = []
+    for item, shape in zip(items, shapes, strict=True):
+        group = series.get((item.kind, shape))
+        if group is None:
+            result.append(item)
+        elif group.first is item:
+            result.append(group)
+    return result
+
+
+def _held_any(item: Evidence | _Series, *, keys: set[str], text: str, shapes: set[str]) -> bool:
+    if isinstance(item, _Series):
+        return any(held(m, keys=keys, text=text, shapes=shapes) for m in item.members)
+    return held(item, keys=keys, text=text, shapes=shapes)
+
+
 def loss_report(
     *, folded: Iterable[tuple[int, str]], active: Iterable[str], max_dropped: int = 200
 ) -> dict[str, object]:
@@ -1039,8 +1095,9 @@ def loss_report(
 
     `{evidenceBefore, evidenceKept, keptPercent, dropped: [{kind, text, seq}], droppedTotal}`;
     `dropped` lists at most `max_dropped` items, in seq order. 100 % when nothing was folded.
+    A series of items alike (one kind and shape, `_SERIES_MIN` or more) counts once.
     """
-    before = extract_many(folded)
+    before = _series_collapsed(extract_many(folded))
     active_texts = list(active)
     keys: set[str] = set()
     for text in active_texts:
@@ -1048,7 +1105,9 @@ def loss_report(
     joined = "\n".join(active_texts)
     lowered = joined.lower()
     shapes = collapsed_shapes(joined)
-    dropped = [item for item in before if not held(item, keys=keys, text=lowered, shapes=shapes)]
+    dropped = [
+        item for item in before if not _held_any(item, keys=keys, text=lowered, shapes=shapes)
+    ]
     kept = len(before) - len(dropped)
     return {
         "evidenceBefore": len(before),
