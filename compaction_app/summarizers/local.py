@@ -1069,11 +1069,6 @@ class LocalSummarizer(Summarizer):
             size -= 1
             used = self.count_tokens(self._render(pool[:size])) if size else 0
         chosen = pool[:size]
-        if not chosen and pool:
-            # Not even one whole item fits: the best one, cut at a word end, beats nothing.
-            return truncate_to_tokens(
-                self._render(pool[:1]), max_tokens=max_tokens, count_tokens=self.count_tokens
-            )
         # The item that stopped the prefix may be long while later ones are short: offer a few
         # of the next-ranked items individually (only those the estimate says might fit are
         # rendered and counted).
@@ -1088,4 +1083,15 @@ class LocalSummarizer(Summarizer):
                 chosen.append(item)
                 sections.add(item.section)
                 used = rendered
+        if not chosen and pool:
+            # Not even one whole item fits: the best one, cut at a word end, beats nothing. No
+            # heading then (a heading alone says nothing), and its citation goes first, so a
+            # cut keeps where the words came from.
+            item = next((i for i in pool if not _FOLDED_SO_FAR.match(i.text)), pool[0])
+            cite = _cite(item).strip()
+            return truncate_to_tokens(
+                f"- {cite} {item.text}" if cite else f"- {item.text}",
+                max_tokens=max_tokens,
+                count_tokens=self.count_tokens,
+            )
         return self._render(chosen)
