@@ -3,19 +3,33 @@ tests and `bench_evidence.py`.
 
 The outputs and the facts each must keep live in `tests/fixtures/tool_outputs/` (`name.txt`
 as the tool prints it, `name.facts` one fact a line; the family is the name up to its first
-`_`). The routine around them is written here: the same few tools succeeding again and again
+`_`). `SPLIT` beside them puts each output in the `tune` or the `sealed` half (`split_rule()`
+writes it): selection is tuned on the first half only, the second is looked at on purpose, to
+see whether what was tuned carries over to outputs it was not tuned on. The routine around them is written here: the same few tools succeeding again and again
 with other timestamps, request ids, hashes and durations, as a long agent session looks. A
 fact counts as kept when its text, blanks collapsed, appears in the context after compaction.
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CORPUS", "Fixture", "buried_session", "chat_messages", "facts_kept", "load_corpus"]
+__all__ = [
+    "CORPUS",
+    "SPLITS",
+    "Fixture",
+    "buried_session",
+    "chat_messages",
+    "facts_kept",
+    "load_corpus",
+    "read_split",
+    "split_rule",
+]
 
 CORPUS = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "tool_outputs"
 
@@ -28,9 +42,50 @@ class Fixture:
     facts: tuple[str, ...]
 
 
-def load_corpus(directory: Path = CORPUS) -> list[Fixture]:
+SPLITS = ("tune", "sealed")
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def split_rule(names: list[str]) -> dict[str, str]:
+    """Each output's half, by a fixed rule: within a family, the outputs in the order of the
+    hash of their names take turns (the hash of the family's name says which half goes
+    first), so every family with two or more outputs is in both halves and old and new
+    outputs mix by chance, not by choice."""
+    families: dict[str, list[str]] = defaultdict(list)
+    for name in names:
+        families[name.split("_", 1)[0]].append(name)
+    halves: dict[str, str] = {}
+    for family, members in families.items():
+        first = int(_digest(family), 16) % 2
+        for rank, name in enumerate(sorted(members, key=_digest)):
+            halves[name] = SPLITS[(rank + first) % 2]
+    return halves
+
+
+def read_split(directory: Path = CORPUS) -> dict[str, str]:
+    """The halves written in `SPLIT` (`name half` a line; `#` starts a comment)."""
+    halves: dict[str, str] = {}
+    for line in (directory / "SPLIT").read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, half = line.split()
+            halves[name] = half
+    return halves
+
+
+def load_corpus(directory: Path = CORPUS, split: str | None = None) -> list[Fixture]:
+    """The corpus's outputs, sorted by name: all of them, or only the `tune` or the
+    `sealed` half."""
+    if split is not None and split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS} or None, not {split!r}")
+    halves = read_split(directory) if split is not None else {}
     fixtures = []
     for path in sorted(directory.glob("*.txt")):
+        if split is not None and halves.get(path.stem) != split:
+            continue
         facts = path.with_suffix(".facts").read_text().splitlines()
         fixtures.append(
             Fixture(
