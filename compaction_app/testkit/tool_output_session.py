@@ -13,6 +13,7 @@ fact counts as kept when its text, blanks collapsed, appears in the context afte
 from __future__ import annotations
 
 import hashlib
+import json
 import random
 from collections import defaultdict
 from dataclasses import dataclass
@@ -23,6 +24,8 @@ __all__ = [
     "CORPUS",
     "SPLITS",
     "Fixture",
+    "anthropic_request",
+    "anthropic_text",
     "buried_session",
     "chat_messages",
     "facts_kept",
@@ -286,3 +289,86 @@ def chat_messages(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         else:
             messages.append({"role": roles[event["type"]], "content": event["content"]})
     return messages
+
+
+CLAUDE_CODE_SYSTEM = "You are Claude Code, Anthropic's official CLI for Claude."
+EPHEMERAL = {"type": "ephemeral"}
+
+
+def anthropic_request(
+    events: list[dict[str, Any]],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """`events` (REST shape) as Claude Code sends them on the Anthropic Messages wire:
+    (system, messages). The system prompt is two text blocks, each with a `cache_control`
+    breakpoint; each tool call is a `tool_use` block of an assistant message and each result a
+    `tool_result` block of a user message, turns of one role merged into one message; the
+    last user message's last block carries the moving breakpoint."""
+    system: list[dict[str, Any]] = [
+        {"type": "text", "text": CLAUDE_CODE_SYSTEM, "cache_control": EPHEMERAL}
+    ]
+    messages: list[dict[str, Any]] = []
+
+    def add(role: str, block: dict[str, Any]) -> None:
+        if messages and messages[-1]["role"] == role:
+            messages[-1]["content"].append(block)
+        else:
+            messages.append({"role": role, "content": [block]})
+
+    for event in events:
+        kind = event["type"]
+        if kind == "SYSTEM_PROMPT":
+            system.append({"type": "text", "text": event["content"], "cache_control": EPHEMERAL})
+        elif kind == "USER_MESSAGE":
+            add("user", {"type": "text", "text": event["content"]})
+        elif kind == "AGENT_MESSAGE":
+            add("assistant", {"type": "text", "text": event["content"]})
+        elif kind == "TOOL_CALL":
+            block = {
+                "type": "tool_use",
+                "id": event["toolCallId"],
+                "name": event["name"],
+                "input": json.loads(event["content"]),
+            }
+            add("assistant", block)
+        elif kind == "TOOL_RESULT":
+            add(
+                "user",
+                {
+                    "type": "tool_result",
+                    "tool_use_id": event["toolCallId"],
+                    "content": event["content"],
+                },
+            )
+    for message in reversed(messages):
+        if message["role"] == "user":
+            message["content"][-1]["cache_control"] = EPHEMERAL
+            break
+    return system, messages
+
+
+def anthropic_text(body: dict[str, Any]) -> str:
+    """The text a model reads in a Messages request body: system blocks, text, tool
+    results and tool inputs."""
+    parts: list[str] = []
+    system = body.get("system")
+    if isinstance(system, str):
+        parts.append(system)
+    elif isinstance(system, list):
+        parts += [block.get("text", "") for block in system]
+    for message in body.get("messages", []):
+        content = message.get("content")
+        if isinstance(content, str):
+            parts.append(content)
+            continue
+        for block in content or []:
+            if block.get("type") == "text":
+                parts.append(block["text"])
+            elif block.get("type") == "tool_use":
+                parts.append(json.dumps(block.get("input")))
+            elif block.get("type") == "tool_result":
+                inner = block.get("content")
+                if isinstance(inner, str):
+                    parts.append(inner)
+                else:
+                    parts += [b.get("text", "") for b in inner or [] if isinstance(b, dict)]
+    return "\n".join(parts)
