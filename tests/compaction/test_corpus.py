@@ -11,6 +11,9 @@ import pytest
 from compaction_app.testkit.tool_output_session import (
     CORPUS,
     SPLITS,
+    anthropic_request,
+    anthropic_text,
+    buried_session,
     facts_kept,
     load_corpus,
     read_split,
@@ -60,3 +63,24 @@ def test_it_puts_every_family_of_two_or_more_outputs_in_both_halves() -> None:
 def test_it_refuses_an_unknown_split() -> None:
     with pytest.raises(ValueError, match="split"):
         load_corpus(split="held-out")
+
+
+def test_it_writes_a_buried_session_as_claude_code_sends_it_on_messages() -> None:
+    fixture = next(f for f in load_corpus() if f.name == "kubectl_get_json")
+    system, messages = anthropic_request(buried_session(fixture, routine=20))
+    # Roles alternate, starting with the user; every tool_use is answered by its tool_result.
+    roles = [m["role"] for m in messages]
+    assert roles[0] == "user"
+    assert all(a != b for a, b in zip(roles, roles[1:], strict=False))
+    uses = [b["id"] for m in messages for b in m["content"] if b["type"] == "tool_use"]
+    results = [
+        b["tool_use_id"] for m in messages for b in m["content"] if b["type"] == "tool_result"
+    ]
+    assert uses == results
+    # Breakpoints as Claude Code places them: each system block and the last user message.
+    marked = [b for b in system if "cache_control" in b]
+    marked += [b for m in messages for b in m["content"] if "cache_control" in b]
+    last_user = next(m for m in reversed(messages) if m["role"] == "user")
+    assert len(marked) == 3 and marked[-1] is last_user["content"][-1]
+    text = anthropic_text({"system": system, "messages": messages})
+    assert facts_kept(text, fixture.facts) == list(fixture.facts)
