@@ -3,19 +3,36 @@ tests and `bench_evidence.py`.
 
 The outputs and the facts each must keep live in `tests/fixtures/tool_outputs/` (`name.txt`
 as the tool prints it, `name.facts` one fact a line; the family is the name up to its first
-`_`). The routine around them is written here: the same few tools succeeding again and again
+`_`). `SPLIT` beside them puts each output in the `tune` or the `sealed` half (`split_rule()`
+writes it): selection is tuned on the first half only, the second is looked at on purpose, to
+see whether what was tuned carries over to outputs it was not tuned on. The routine around them is written here: the same few tools succeeding again and again
 with other timestamps, request ids, hashes and durations, as a long agent session looks. A
 fact counts as kept when its text, blanks collapsed, appears in the context after compaction.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import random
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-__all__ = ["CORPUS", "Fixture", "buried_session", "chat_messages", "facts_kept", "load_corpus"]
+__all__ = [
+    "CORPUS",
+    "SPLITS",
+    "Fixture",
+    "anthropic_request",
+    "anthropic_text",
+    "buried_session",
+    "chat_messages",
+    "facts_kept",
+    "load_corpus",
+    "read_split",
+    "split_rule",
+]
 
 CORPUS = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "tool_outputs"
 
@@ -28,9 +45,50 @@ class Fixture:
     facts: tuple[str, ...]
 
 
-def load_corpus(directory: Path = CORPUS) -> list[Fixture]:
+SPLITS = ("tune", "sealed")
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def split_rule(names: list[str]) -> dict[str, str]:
+    """Each output's half, by a fixed rule: within a family, the outputs in the order of the
+    hash of their names take turns (the hash of the family's name says which half goes
+    first), so every family with two or more outputs is in both halves and old and new
+    outputs mix by chance, not by choice."""
+    families: dict[str, list[str]] = defaultdict(list)
+    for name in names:
+        families[name.split("_", 1)[0]].append(name)
+    halves: dict[str, str] = {}
+    for family, members in families.items():
+        first = int(_digest(family), 16) % 2
+        for rank, name in enumerate(sorted(members, key=_digest)):
+            halves[name] = SPLITS[(rank + first) % 2]
+    return halves
+
+
+def read_split(directory: Path = CORPUS) -> dict[str, str]:
+    """The halves written in `SPLIT` (`name half` a line; `#` starts a comment)."""
+    halves: dict[str, str] = {}
+    for line in (directory / "SPLIT").read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, half = line.split()
+            halves[name] = half
+    return halves
+
+
+def load_corpus(directory: Path = CORPUS, split: str | None = None) -> list[Fixture]:
+    """The corpus's outputs, sorted by name: all of them, or only the `tune` or the
+    `sealed` half."""
+    if split is not None and split not in SPLITS:
+        raise ValueError(f"split must be one of {SPLITS} or None, not {split!r}")
+    halves = read_split(directory) if split is not None else {}
     fixtures = []
     for path in sorted(directory.glob("*.txt")):
+        if split is not None and halves.get(path.stem) != split:
+            continue
         facts = path.with_suffix(".facts").read_text().splitlines()
         fixtures.append(
             Fixture(
@@ -231,3 +289,86 @@ def chat_messages(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
         else:
             messages.append({"role": roles[event["type"]], "content": event["content"]})
     return messages
+
+
+CLAUDE_CODE_SYSTEM = "You are Claude Code, Anthropic's official CLI for Claude."
+EPHEMERAL = {"type": "ephemeral"}
+
+
+def anthropic_request(
+    events: list[dict[str, Any]],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """`events` (REST shape) as Claude Code sends them on the Anthropic Messages wire:
+    (system, messages). The system prompt is two text blocks, each with a `cache_control`
+    breakpoint; each tool call is a `tool_use` block of an assistant message and each result a
+    `tool_result` block of a user message, turns of one role merged into one message; the
+    last user message's last block carries the moving breakpoint."""
+    system: list[dict[str, Any]] = [
+        {"type": "text", "text": CLAUDE_CODE_SYSTEM, "cache_control": EPHEMERAL}
+    ]
+    messages: list[dict[str, Any]] = []
+
+    def add(role: str, block: dict[str, Any]) -> None:
+        if messages and messages[-1]["role"] == role:
+            messages[-1]["content"].append(block)
+        else:
+            messages.append({"role": role, "content": [block]})
+
+    for event in events:
+        kind = event["type"]
+        if kind == "SYSTEM_PROMPT":
+            system.append({"type": "text", "text": event["content"], "cache_control": EPHEMERAL})
+        elif kind == "USER_MESSAGE":
+            add("user", {"type": "text", "text": event["content"]})
+        elif kind == "AGENT_MESSAGE":
+            add("assistant", {"type": "text", "text": event["content"]})
+        elif kind == "TOOL_CALL":
+            block = {
+                "type": "tool_use",
+                "id": event["toolCallId"],
+                "name": event["name"],
+                "input": json.loads(event["content"]),
+            }
+            add("assistant", block)
+        elif kind == "TOOL_RESULT":
+            add(
+                "user",
+                {
+                    "type": "tool_result",
+                    "tool_use_id": event["toolCallId"],
+                    "content": event["content"],
+                },
+            )
+    for message in reversed(messages):
+        if message["role"] == "user":
+            message["content"][-1]["cache_control"] = EPHEMERAL
+            break
+    return system, messages
+
+
+def anthropic_text(body: dict[str, Any]) -> str:
+    """The text a model reads in a Messages request body: system blocks, text, tool
+    results and tool inputs."""
+    parts: list[str] = []
+    system = body.get("system")
+    if isinstance(system, str):
+        parts.append(system)
+    elif isinstance(system, list):
+        parts += [block.get("text", "") for block in system]
+    for message in body.get("messages", []):
+        content = message.get("content")
+        if isinstance(content, str):
+            parts.append(content)
+            continue
+        for block in content or []:
+            if block.get("type") == "text":
+                parts.append(block["text"])
+            elif block.get("type") == "tool_use":
+                parts.append(json.dumps(block.get("input")))
+            elif block.get("type") == "tool_result":
+                inner = block.get("content")
+                if isinstance(inner, str):
+                    parts.append(inner)
+                else:
+                    parts += [b.get("text", "") for b in inner or [] if isinstance(b, dict)]
+    return "\n".join(parts)
