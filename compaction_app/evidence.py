@@ -1427,6 +1427,20 @@ class Salience:
             score -= 1  # a new sentence that names nothing and reports nothing
         return score, outcome, signal
 
+    def rare_values(self, line: str, *, at_most: int = 3) -> list[str]:
+        """The values of `line` (what its template masks) seen at most `at_most` times in the
+        session; a short plain number (`45`) only when seen once."""
+        parameters = self.parameters
+        rare = []
+        for value in _PARAMETER.findall(line):
+            seen = parameters.get(value, 0)
+            plain = _PLAIN_NUMBER.fullmatch(value) is not None
+            if seen <= 1 or (
+                seen <= at_most and (not plain or sum(ch.isdigit() for ch in value) >= 3)
+            ):
+                rare.append(value)
+        return rare
+
     def has_unique_value(self, line: str) -> bool:
         """Whether `line` holds a value that names a thing (an id, a hash, a version, a path,
         a code) seen once in the whole session."""

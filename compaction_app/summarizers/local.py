@@ -23,6 +23,7 @@ from compaction_app.evidence import (
     URL,
     Salience,
     extract,
+    parameters_of,
     quoted_line,
     segmented,
     shape_of,
@@ -426,7 +427,8 @@ def _shape_penalties(ranked: Sequence[_Item]) -> list[int]:
     group_of: dict[frozenset[str], int] = {}
     groups: list[int | None] = []
     for item in ranked:
-        shape = _shape(item.text) if item.section not in _SHAPE_EXEMPT else frozenset()
+        exempt = item.section in _SHAPE_EXEMPT and not _TOOL_LINE.match(item.text)
+        shape = _shape(item.text) if not exempt else frozenset()
         if len(shape) < _SHAPE_MIN_WORDS:
             groups.append(None)
             continue
@@ -460,6 +462,15 @@ def _spares_by_merit(spares: list[_Item], templates: dict[str, str]) -> list[_It
         seen[template] = rank + 1
         item.score -= _SPARE_TEMPLATE_STEP * rank
     return spares
+
+
+def _named(text: str) -> set[str]:
+    """What an item names: its evidence keys and its parameters (identifiers, numbers, paths,
+    versions: the values a template masks), so a spare line counts as new when it names a
+    value the summary does not hold yet, whether or not the extractor has a rule for it."""
+    keys = {e.key for e in extract(text)}
+    keys.update(f"value:{value}" for value in parameters_of(text) if len(value) >= 2)
+    return keys
 
 
 # --- the summarizer ----------------------------------------------------------------------------
@@ -935,7 +946,8 @@ class LocalSummarizer(Summarizer):
                 # Repeats of a pattern collapse into one line with their count; two lines of
                 # a template seen twice in the session (two bisects' first bad commits) are
                 # two facts.
-                collapse=section == _ISSUES and candidate.repeats > _COLLAPSE_AFTER,
+                # A routine tally (`37 passed in 9.36s` after every test run) collapses too.
+                collapse=section in (_ISSUES, _STATUS) and candidate.repeats > _COLLAPSE_AFTER,
             )
         # The next-best lines fill what budget the salient ones leave: those that name things
         # (identifiers, paths, numbers: what the loss report counts), ranked by what they tell
@@ -945,7 +957,11 @@ class LocalSummarizer(Summarizer):
         # tried.
         for candidate in spares:
             kinds = on_line.get(candidate.line, ())
-            if not kinds:
+            # What the line names: the extractor's evidence, or values rare in the session
+            # (an instance id, `pkg@version`, `key: value`, a frame's `File.java:214`) in any
+            # format the extractor has no rule for.
+            rare = salience.rare_values(candidate.line)
+            if not kinds and not rare:
                 continue
             line = quoted_line(candidate.line)
             text = f"{label} output: {line}"
@@ -953,7 +969,7 @@ class LocalSummarizer(Summarizer):
                 continue
             score = (
                 candidate.information
-                + _SPARE_POINTS_PER_ITEM * len(kinds)
+                + _SPARE_POINTS_PER_ITEM * max(len(kinds), len(rare))
                 - len(line) // _SPARE_CHARS_PER_POINT
             )
             collector.add_spare(
@@ -1019,16 +1035,27 @@ class LocalSummarizer(Summarizer):
             # Every salient item is in the pool, so the budget may have room they leave
             # unused: the spare lines follow them, each only if it names something the pool
             # does not already hold (a prefix of the pool is what gets rendered).
-            held = {e.key for item in pool for e in extract(item.text)}
+            held = {key for item in pool for key in _named(item.text)}
+            again: list[_Item] = []
             for item in spares:
-                new = {e.key for e in extract(item.text)} - held
+                new = _named(item.text) - held
                 if not new:
+                    again.append(item)
                     continue
                 chars += len(item.text) + 3
                 if chars > cap:
                     break
                 held |= new
                 pool.append(item)
+            else:
+                # Room still left: the lines whose values the summary already names somewhere
+                # else (`"Code": "X"` beside `"Message": "X: …"`), in their rank, for the
+                # pairing of key and value they add.
+                for item in again:
+                    chars += len(item.text) + 3
+                    if chars > cap:
+                        break
+                    pool.append(item)
         return self._fill(pool, max_tokens=max_tokens)
 
     def _fill(self, pool: list[_Item], *, max_tokens: int) -> str:
