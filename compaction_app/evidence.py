@@ -24,7 +24,7 @@ import re
 from bisect import bisect_right
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 __all__ = [
@@ -1511,6 +1511,20 @@ class Salience:
             seen.add(line)
             candidate = Candidate(line, information, outcome, signal, index, count, masked[index])
             (found if information >= minimum else spare).append(candidate)
+        frames = _own_frames(raw_lines)
+        if frames:
+            # A stack trace's frame in the project's own code says where the failure is: its
+            # line outranks the framework frames around it, whose template it shares.
+            for pool in (found, spare):
+                for k, candidate in enumerate(pool):
+                    if candidate.index in frames:
+                        pool[k] = replace(
+                            candidate, information=candidate.information + _OWN_FRAME_POINTS
+                        )
+            promoted = [c for c in spare if c.index in frames and c.information >= minimum]
+            for candidate in promoted:
+                spare.remove(candidate)
+                found.append(candidate)
         found.sort(key=lambda c: (-c.information, c.index))
         spare.sort(key=lambda c: (-c.information, c.index))
         failures = [c for c in found if c.signal]
@@ -1554,6 +1568,52 @@ _OUTCOME_NEEDLES = (
     "Automatic merge",
     "Use%",
 )
+
+
+# A line of a stack trace, in the shapes runtimes print: Java/Kotlin/Node `at …`, Python
+# `File "…", line N`, Rust/C++ `N: module::function` and `at path:line:col`, Go's tab-indented
+# `/path/file.go:N +0x…`, .NET `in …:line N`.
+_FRAME = re.compile(
+    r"^\s*(?:at\s+\S|File \"[^\"]+\", line \d+|\d+:\s+\S+::|\S+\.\w{1,5}:\d+\s+\+0x|.*\bin \S+:line \d+)"
+)
+# Frames of runtimes, frameworks and installed packages rather than of the project's own code.
+_LIBRARY_FRAME = re.compile(
+    r"node_modules|site-packages|dist-packages|/usr/(?:local/)?lib/|/rustc/|\.cargo/registry"
+    r"|node:internal|<frozen|<generated>|\$\$|/go/src/|/pkg/mod/|/vendor/|\bat (?:java|javax|jdk"
+    r"|sun|kotlin|kotlinx|scala|akka|org\.(?:springframework|hibernate|apache|junit|gradle)"
+    r"|io\.(?:netty|micrometer)|reactor|com\.(?:sun|fasterxml|zaxxer))\.|\b(?:std|core|alloc"
+    r"|tokio|futures|hyper|tower)::|\bSystem\.|\bMicrosoft\.|\bruntime\.|\bruntime/"
+)
+_OWN_FRAME_POINTS = 4
+# The first two segments of a frame's package (`at com.acme.billing.X.f(…)` → `com.acme.`).
+_PACKAGE = re.compile(r"\bat ((?:[a-z][\w$]*\.){2})")
+
+
+def _own_frames(lines: list[str]) -> set[int]:
+    """Indices of the frames of a stack trace in `lines` that say where it failed: the first
+    frame not of a runtime, a framework or an installed package, and the first such after each
+    `Caused by:` (Java's causes, the project's package first); in a Python traceback (most recent call last), the
+    last such frame. Empty unless the text holds a trace of several frames."""
+    frames = [k for k, line in enumerate(lines) if len(line) < 400 and _FRAME.match(line)]
+    if len(frames) < 3:
+        return set()
+    own = [k for k in frames if not _LIBRARY_FRAME.search(lines[k])]
+    if not own:
+        return set()
+    chosen = {own[0]}
+    causes = [k for k, line in enumerate(lines) if line.lstrip().startswith("Caused by:")]
+    if causes:
+        # The root cause's own frame: one in the package of the first own frame (`com.acme`)
+        # when there is one, a driver's or a library's not on the list otherwise.
+        home = _PACKAGE.search(lines[own[0]])
+        for start, end in zip(causes, [*causes[1:], len(lines)], strict=True):
+            section = [k for k in own if start < k < end]
+            mine = [k for k in section if home and home.group(1) in lines[k]]
+            if mine or section:
+                chosen.add((mine or section)[0])
+    if any("most recent call last" in line for line in lines):
+        chosen.add(own[-1])
+    return chosen
 
 
 def _line_indices(text: str, needles: Iterable[str], starts: list[int]) -> set[int]:
