@@ -44,6 +44,7 @@ from compaction_app.gateway.record import (
 from compaction_app.models import Trigger
 from sessions_app import context_window, tokens
 from sessions_app.models import Event, EventType, Session, Thread
+from sessions_app.services import thread_note_error
 
 logger = logging.getLogger("compaction_app.gateway")
 audit = logging.getLogger("context")
@@ -372,10 +373,7 @@ def _note_error(session: Session, thread: Thread | None, text: str) -> None:
     """Show a bookkeeping failure on the session page (on its thread, else the session's
     main thread row); never raises itself."""
     try:
-        target = thread or Thread.objects.filter(session=session).order_by("created_at").first()
-        if target is None:
-            target = Thread.objects.create(session=session, key=MAIN_KEY)
+        if thread_note_error(session=session, thread=thread, text=text, main_key=MAIN_KEY):
             thread_scope.forget_threads(session_id=session.pk)
-        Thread.objects.filter(pk=target.pk).update(last_error=text[:500])
     except Exception:
         logger.exception("gateway: noting a bookkeeping failure failed")
