@@ -14,7 +14,6 @@ from sessions_app.errors import Conflict, ServiceUnavailable
 from sessions_app.models import EventType, Session
 from sessions_app.signals import (
     compaction_command,
-    context_hard_limit,
     events_appended,
     session_compaction_requested,
     token_counts_updated,
@@ -49,32 +48,6 @@ def on_compaction_command(
         session=session, user=user, trigger=Trigger.MANUAL, strategy=strategy
     )
     return run_to_dict(run)
-
-
-@receiver(context_hard_limit)
-def on_context_hard_limit(
-    sender: Any,
-    *,
-    session: Session,
-    user: Any,
-    trigger: str | None = None,
-    target_ratio: float | None = None,
-    respect_cooldown: bool = False,
-    **kwargs: Any,
-) -> dict | None:
-    if respect_cooldown and services.hard_limit_cooling_down(session=session):
-        return None  # POST /context within the cooldown: the ladder prunes instead
-    try:
-        run = services.compaction_run_sync(
-            session=session,
-            user=user,
-            trigger=trigger or Trigger.HARD_LIMIT,
-            target_ratio=target_ratio,
-        )
-    except Conflict:
-        return None  # a run is already under way; the ladder prunes meanwhile
-    # None: the plan folds nothing, so no run was made and the ladder prunes.
-    return run_to_dict(run) if run is not None else None
 
 
 @receiver(session_compaction_requested)

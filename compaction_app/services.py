@@ -16,8 +16,7 @@ from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import IntegrityError, transaction
-from django.db.models import Count, F, Q, Sum
-from django.db.models.functions import Coalesce
+from django.db.models import Q
 from django.utils import timezone
 
 from compaction_app import evidence, thread_scope
@@ -37,7 +36,18 @@ from sessions_app import tokens
 from sessions_app.errors import Conflict, InvalidInput, ServiceUnavailable
 from sessions_app.models import Event, EventType, Session, Thread
 from sessions_app.selectors import event_content, usage_for_session
-from sessions_app.services import EventInput, event_append, session_record_compaction
+from sessions_app.services import (
+    Clearing,
+    EventInput,
+    compaction_undo,
+    event_append,
+    events_clear,
+    events_fold,
+    session_give_back_cumulative,
+    session_record_compaction,
+    session_recount_active,
+    session_take_cumulative,
+)
 from sessions_app.session_settings import (
     AUTO_SUMMARY_MAX,
     STRATEGY_NAMES,
@@ -259,22 +269,9 @@ def broadcast_usage(session: Session) -> None:
 
 
 def _refresh_active_counters(session_id: uuid.UUID) -> Session:
-    """Recount the active-context counters from the events (compaction is O(n) anyway, and a
-    recount cannot drift). The caller holds the session row lock."""
-    totals = (
-        Event.objects.filter(session_id=session_id)
-        .active()
-        .aggregate(
-            count=Count("id"),
-            tokens=Coalesce(Sum(Coalesce("cleared_token_count", "token_count")), 0),
-        )
-    )
-    Session.objects.filter(pk=session_id).update(
-        active_event_count=totals["count"],
-        active_tokens=totals["tokens"],
-        updated_at=timezone.now(),
-    )
-    return Session.objects.get(pk=session_id)
+    """Recount the active-context counters (sessions_app's write). The caller holds the
+    session row lock."""
+    return session_recount_active(session_id=session_id)
 
 
 def _write_summary(
@@ -537,16 +534,18 @@ def _execute(run: CompactionRun) -> CompactionRun:
             ],
         )
         marker = result.events[0]
-        if final_ids:
-            Event.objects.filter(pk__in=final_ids).update(compacted_by=marker)
-        for cleared in plan.cleared:
-            Event.objects.filter(
-                pk=cleared.event_id, compacted_by__isnull=True, pinned=False
-            ).update(
-                cleared_content=cleared.placeholder,
-                cleared_token_count=cleared.token_count,
-                cleared_by=marker,
-            )
+        events_fold(event_ids=final_ids, marker=marker)
+        events_clear(
+            clearings=[
+                Clearing(
+                    event_id=cleared.event_id,
+                    placeholder=cleared.placeholder,
+                    token_count=cleared.token_count,
+                )
+                for cleared in plan.cleared
+            ],
+            marker=marker,
+        )
         if (
             plan.needs_summary
             and final_ids
@@ -667,19 +666,11 @@ def compaction_revert(*, run: CompactionRun) -> CompactionRun:
         tokens_before = locked.context_tokens
         if CompactionRun.objects.filter(session=locked, status__in=ACTIVE_STATUSES).exists():
             raise Conflict("a compaction is pending or running", code="compaction_in_progress")
-        marker_id = run.compaction_event_id
-        Event.objects.filter(compacted_by_id=marker_id).update(compacted_by=None)
-        Event.objects.filter(cleared_by_id=marker_id).update(
-            cleared_content=None, cleared_token_count=None, cleared_by=None
+        compaction_undo(
+            session=locked,
+            marker_id=run.compaction_event_id,
+            refresh=run.trigger == Trigger.REFRESH,
         )
-        Event.objects.filter(pk=marker_id).update(reverted=True)
-        if run.trigger == Trigger.REFRESH:
-            Event.objects.filter(
-                session=locked,
-                type=EventType.CONTEXT_REFRESH,
-                seq__gt=Event.objects.get(pk=marker_id).seq,
-                compacted_by__isnull=True,
-            ).update(reverted=True)
         previous = run.previous_summary or {}
         if "summary" in previous:
             running = _running_summary(locked)
@@ -725,24 +716,20 @@ def maybe_auto_compact(
             session = Session.objects.get(pk=session_id)
         settings = SessionSettings.of(session.settings)
         threshold = settings.refresh_threshold_tokens
-        if session.cumulative_tokens >= threshold:
-            # Reset first, conditionally: of concurrent appenders only one wins the update.
-            won = Session.objects.filter(pk=session_id, cumulative_tokens__gte=threshold).update(
-                cumulative_tokens=0
-            )
-            if won:
-                try:
-                    return compaction_request(session=session, user=None, trigger=Trigger.REFRESH)
-                except (Conflict, ServiceUnavailable):
-                    # Postponed, not lost: give the tokens back so the next append after the
-                    # active run (or the broker's return) retries the refresh.
-                    Session.objects.filter(pk=session_id).update(
-                        cumulative_tokens=F("cumulative_tokens") + session.cumulative_tokens
-                    )
-                    logger.info(
-                        "refresh for %s postponed: a compaction is already active", session_id
-                    )
-                    return None
+        # Reset first, conditionally: of concurrent appenders only one wins the update.
+        if session.cumulative_tokens >= threshold and session_take_cumulative(
+            session_id=session_id, threshold=threshold
+        ):
+            try:
+                return compaction_request(session=session, user=None, trigger=Trigger.REFRESH)
+            except (Conflict, ServiceUnavailable):
+                # Postponed, not lost: give the tokens back so the next append after the
+                # active run (or the broker's return) retries the refresh.
+                session_give_back_cumulative(
+                    session_id=session_id, tokens=session.cumulative_tokens
+                )
+                logger.info("refresh for %s postponed: a compaction is already active", session_id)
+                return None
         if not settings.auto_compact or not session.context_limit:
             return None
         if session.usage_ratio < settings.compact_threshold:

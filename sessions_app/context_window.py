@@ -1,4 +1,7 @@
-"""Context-window math: pure functions over (type, cost) items, no ORM and no settings."""
+"""Context-window math: pure functions over (type, cost) items, no ORM and no settings.
+
+The window decision and the prune that use it are the fitting core's
+(compaction_app/fitting.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +14,16 @@ from sessions_app.event_types import EventType
 # tokens.py's; window math uses it under its own name.
 from sessions_app.tokens import REPLY_PRIMER
 from sessions_app.tokens import context_tokens as context_cost
+
+__all__ = [
+    "ALWAYS_KEPT_TYPES",
+    "REPLY_PRIMER",
+    "USER_TYPES",
+    "WindowItem",
+    "context_cost",
+    "effective_limit",
+    "required_keys",
+]
 
 ALWAYS_KEPT_TYPES = frozenset({EventType.SYSTEM_PROMPT, EventType.COMPACTION})
 USER_TYPES = frozenset({EventType.USER_MESSAGE, EventType.CONTEXT_REFRESH})
@@ -31,21 +44,6 @@ def effective_limit(*, context_limit: int, max_tokens: int | None, reserve_token
     return max(limit - reserve_tokens, 0)
 
 
-def window_level(
-    *, tokens: int, limit: int, compact_threshold: float, hard_threshold: float
-) -> str:
-    """'ok' below the compact threshold, 'approaching' between the thresholds, 'hard' at or
-    above the hard threshold (an empty budget counts as hard)."""
-    if limit <= 0:
-        return "hard"
-    ratio = tokens / limit
-    if ratio >= hard_threshold:
-        return "hard"
-    if ratio >= compact_threshold:
-        return "approaching"
-    return "ok"
-
-
 def required_keys(items: Sequence[WindowItem]) -> list[str]:
     """System prompts, the summary and the last user message: never pruned."""
     keys = [item.key for item in items if item.type in ALWAYS_KEPT_TYPES]
@@ -53,40 +51,3 @@ def required_keys(items: Sequence[WindowItem]) -> list[str]:
     if last_user is not None:
         keys.append(last_user.key)
     return keys
-
-
-def prune(items: Sequence[WindowItem], *, budget: int) -> list[str] | None:
-    """Keep the required items, then fill newest-first within `budget` (context cost, primer
-    included). A tool call and its results are kept or dropped together so the result is a
-    valid message list. Returns the kept keys in input order, or None when the required items
-    alone do not fit."""
-    required = set(required_keys(items))
-    used = context_cost([item.cost for item in items if item.key in required])
-    if used > budget:
-        return None
-    if not required and items:
-        used = REPLY_PRIMER
-    # Group tool calls with their results: the unit is dropped or kept whole.
-    groups: list[list[WindowItem]] = []
-    by_call: dict[str, list[WindowItem]] = {}
-    for item in items:
-        if item.key in required:
-            continue
-        if item.tool_call_id and item.type in (EventType.TOOL_CALL, EventType.TOOL_RESULT):
-            group = by_call.get(item.tool_call_id)
-            if group is None:
-                group = by_call[item.tool_call_id] = []
-                groups.append(group)
-            group.append(item)
-        else:
-            groups.append([item])
-    kept = set(required)
-    for group in reversed(groups):
-        cost = sum(item.cost for item in group)
-        if used + cost > budget:
-            # Newest-first fill: stop at the first unit that does not fit, so the kept
-            # history is a contiguous recent tail rather than a patchwork.
-            break
-        used += cost
-        kept.update(item.key for item in group)
-    return [item.key for item in items if item.key in kept]

@@ -14,13 +14,16 @@ import json
 import re
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
 from django.conf import settings as django_settings
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import transaction
+from django.db import IntegrityError, transaction
+from django.db.models import Count, F, Sum
+from django.db.models.functions import Coalesce
+from django.utils import timezone
 
 from sessions_app import tokens
 from sessions_app.append import (
@@ -33,7 +36,7 @@ from sessions_app.append import (
 )
 from sessions_app.errors import InvalidInput
 from sessions_app.model_registry import ModelRegistry
-from sessions_app.models import Event, EventType, Session
+from sessions_app.models import Event, EventType, Session, Thread
 from sessions_app.session_settings import validate_settings
 from sessions_app.sql import RowUpdate
 
@@ -310,3 +313,147 @@ def event_set_pinned(*, event: Event, pinned: bool) -> Event:
 def session_record_compaction(*, session_id: uuid.UUID, snapshot: Mapping[str, Any]) -> None:
     """Store the latest compaction's summary on the session (called by compaction_app)."""
     Session.objects.filter(pk=session_id).update(last_compaction=dict(snapshot))
+
+
+# --- compaction's writes: fold, clear, revert, counters ---------------------------------------
+# compaction_app decides what to fold and clear; the ledger's rows change only here. Each runs
+# inside the caller's transaction, which holds the session's row lock.
+
+
+@dataclass(frozen=True)
+class Clearing:
+    """A tool result a compaction clears: its placeholder and what the placeholder costs."""
+
+    event_id: str
+    placeholder: str
+    token_count: int
+
+
+def events_fold(*, event_ids: Sequence[uuid.UUID], marker: Event) -> None:
+    """Fold the events into the COMPACTION event `marker` (they leave the active context)."""
+    if event_ids:
+        Event.objects.filter(pk__in=list(event_ids)).update(compacted_by=marker)
+
+
+def events_clear(*, clearings: Sequence[Clearing], marker: Event) -> None:
+    """Replace each tool result's content by its placeholder in the active context (the
+    original stays stored); an event folded or pinned meanwhile is left as it is."""
+    for clearing in clearings:
+        Event.objects.filter(pk=clearing.event_id, compacted_by__isnull=True, pinned=False).update(
+            cleared_content=clearing.placeholder,
+            cleared_token_count=clearing.token_count,
+            cleared_by=marker,
+        )
+
+
+def compaction_undo(*, session: Session, marker_id: uuid.UUID, refresh: bool) -> None:
+    """Undo what the COMPACTION event `marker_id` did: its folded events become active again,
+    its cleared tool results get their content back, and it is marked reverted; with
+    `refresh`, the CONTEXT_REFRESH events after it are reverted too."""
+    Event.objects.filter(compacted_by_id=marker_id).update(compacted_by=None)
+    Event.objects.filter(cleared_by_id=marker_id).update(
+        cleared_content=None, cleared_token_count=None, cleared_by=None
+    )
+    Event.objects.filter(pk=marker_id).update(reverted=True)
+    if refresh:
+        Event.objects.filter(
+            session=session,
+            type=EventType.CONTEXT_REFRESH,
+            seq__gt=Event.objects.get(pk=marker_id).seq,
+            compacted_by__isnull=True,
+        ).update(reverted=True)
+
+
+def session_recount_active(*, session_id: uuid.UUID) -> Session:
+    """Recount the active-context counters from the events (compaction is O(n) anyway, and a
+    recount cannot drift); the session as it is now. The caller holds the row lock."""
+    totals = (
+        Event.objects.filter(session_id=session_id)
+        .active()
+        .aggregate(
+            count=Count("id"),
+            tokens=Coalesce(Sum(Coalesce("cleared_token_count", "token_count")), 0),
+        )
+    )
+    Session.objects.filter(pk=session_id).update(
+        active_event_count=totals["count"],
+        active_tokens=totals["tokens"],
+        updated_at=timezone.now(),
+    )
+    return Session.objects.get(pk=session_id)
+
+
+def session_take_cumulative(*, session_id: uuid.UUID, threshold: int) -> bool:
+    """Reset the cumulative counter when it reached `threshold`; conditional, so of
+    concurrent appenders only one wins (True)."""
+    return bool(
+        Session.objects.filter(pk=session_id, cumulative_tokens__gte=threshold).update(
+            cumulative_tokens=0
+        )
+    )
+
+
+def session_give_back_cumulative(*, session_id: uuid.UUID, tokens: int) -> None:
+    """Add `tokens` back to the cumulative counter (a refresh that could not start)."""
+    Session.objects.filter(pk=session_id).update(cumulative_tokens=F("cumulative_tokens") + tokens)
+
+
+# --- the gateway's writes: threads and what a reply leaves on the session ------------------------
+
+# What a recorded reply may set on its session outside an append (the append sets the same).
+REPLY_SESSION_FIELDS = frozenset(
+    {"last_serving_model", "last_forwarded_tokens", "last_provider_prompt_tokens"}
+)
+
+
+def thread_get_or_create(
+    *, session: Session, key: str, named: bool, anchor_index: int, anchor_hash: str
+) -> tuple[Thread, bool]:
+    """The session's thread `key`, created with its anchor when new (True); two first calls
+    of one thread racing create it once."""
+    thread = Thread.objects.filter(session=session, key=key).first()
+    if thread is not None:
+        return thread, False
+    try:
+        with transaction.atomic():
+            created = Thread.objects.create(
+                session=session,
+                key=key,
+                named=named,
+                anchor_index=anchor_index,
+                anchor_hash=anchor_hash,
+            )
+        return created, True
+    except IntegrityError:
+        return Thread.objects.get(session=session, key=key), False
+
+
+def thread_remember(*, update: RowUpdate) -> None:
+    """Apply a thread's remembered history (`update`, built for an append to carry) on its
+    own: its values set, its counters added to."""
+    if update.model is not Thread:
+        raise ValueError("thread_remember takes a Thread update")
+    Thread.objects.filter(pk=update.pk).update(
+        **update.values, **{name: F(name) + value for name, value in update.deltas.items()}
+    )
+
+
+def thread_note_error(*, session: Session, thread: Thread | None, text: str, main_key: str) -> bool:
+    """Show a bookkeeping failure on `thread`, else on the session's first thread, else on a
+    new `main_key` thread (True when that one was created)."""
+    target = thread or Thread.objects.filter(session=session).order_by("created_at").first()
+    created = False
+    if target is None:
+        target = Thread.objects.create(session=session, key=main_key)
+        created = True
+    Thread.objects.filter(pk=target.pk).update(last_error=text[:500])
+    return created
+
+
+def session_note_reply(*, session_id: uuid.UUID, updates: Mapping[str, Any]) -> None:
+    """What a recorded reply leaves on its session when it appends nothing (the serving
+    model, the forwarded and provider-counted prompt tokens)."""
+    unknown = set(updates) - REPLY_SESSION_FIELDS
+    if unknown:
+        raise ValueError(f"not a reply's session field: {', '.join(sorted(unknown))}")
+    Session.objects.filter(pk=session_id).update(**updates)

@@ -9,8 +9,6 @@
   response, not twice inside it.
 - `compaction_command` fires when a client sends a `/compact` user message; a receiver
   returns the serialised compaction it started (the first non-None response is used).
-- `context_hard_limit` fires when `/context` finds the session at its hard limit; a receiver
-  compacts synchronously and returns the compaction (or raises a LedgerError).
 - `session_compaction_requested` is for the Django admin action; kwargs `session_ids`, `user`.
 - `token_counts_updated` fires after exact counts (Anthropic's count-tokens API) replaced local
   ones and moved the session's counters; kwargs `session` (as committed).
@@ -27,7 +25,6 @@ from django.dispatch import Signal
 
 events_appended = Signal()
 compaction_command = Signal()
-context_hard_limit = Signal()
 session_compaction_requested = Signal()
 token_counts_updated = Signal()
 

@@ -1,8 +1,13 @@
 from django.urls import path
 
-from compaction_app.api import views
+from compaction_app.api import context, views
 
 urlpatterns = [
+    path(
+        "sessions/<str:session_id>/context",
+        context.SessionContextView.as_view(),
+        name="session-context",
+    ),
     path(
         "sessions/<str:session_id>/compactions",
         views.SessionCompactionsView.as_view(),

@@ -7,20 +7,21 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from compaction_app.fitting import RunOutcome
 from compaction_app.realtime import broadcast
 from sessions_app.models import Session
 
 audit = logging.getLogger("context")
 
 
-def announce_compression(*, session: Session, run: dict[str, Any], model: str) -> dict[str, Any]:
-    """Log and broadcast the completed compaction `run` (its tokensBefore/tokensAfter);
+def announce_compression(*, session: Session, run: RunOutcome, model: str) -> dict[str, Any]:
+    """Log and broadcast the completed compaction `run` (its tokens before and after);
     the CONTEXT_COMPRESSED message."""
     compression = {
         "type": "CONTEXT_COMPRESSED",
         "sessionId": str(session.pk),
-        "originalTokenCount": run["tokensBefore"],
-        "compressedTokenCount": run["tokensAfter"],
+        "originalTokenCount": run.tokens_before,
+        "compressedTokenCount": run.tokens_after,
     }
     audit.info(
         "context_compressed %s", compression, extra={"session_id": str(session.pk), "model": model}

@@ -1,8 +1,10 @@
 """Fit: what is forwarded to a model, decided against that model's window.
 
-The decision is pure (`decide`); carrying it out reuses the `/context` ladder
-(`sessions_app.context.context_prepare`: prune between the thresholds, a synchronous
-compaction at the hard limit, `context_window_exhausted` when even that cannot fit).
+The gateway's side of the fitting core (compaction_app/fitting.py): the window a model is
+fitted to (its window less the request's tool definitions), a thread's own fitting
+(thread_fit.py), else the ledger's ladder (`fitting.fit_context`: prune between the
+thresholds, a synchronous compaction at the hard limit, `context_window_exhausted` when even
+that cannot fit).
 """
 
 from __future__ import annotations
@@ -12,17 +14,15 @@ from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
 
+from compaction_app import fitting
 from compaction_app.gateway.compressed import announce_compression
-from compaction_app.gateway.fit_rules import PASS_THROUGH, decide
 from compaction_app.gateway.fitted import Fitted, Wire, context_length_exceeded
 from compaction_app.gateway.thread_fit import ThreadRequest, fit_thread
 from compaction_app.models import Trigger
 from sessions_app import tokens
-from sessions_app.context import context_prepare
 from sessions_app.errors import Unprocessable
 from sessions_app.models import Event, EventType, Session
 from sessions_app.services import model_registry
-from sessions_app.session_settings import SessionSettings
 
 logger = logging.getLogger("compaction_app.gateway")
 
@@ -45,6 +45,12 @@ def definitions_tokens(body: dict[str, Any]) -> int:
     return sum(
         tokens.non_text_tokens(body[name]) for name in ("tools", "functions") if body.get(name)
     )
+
+
+def room(session: Session, body: dict[str, Any], model: str) -> int:
+    """What the messages may take of `model`'s window: what the request's tool definitions
+    leave of it."""
+    return max(model_window(session, model) - definitions_tokens(body), 0)
 
 
 def has_compaction(session: Session) -> bool:
@@ -82,7 +88,6 @@ def fit(
     )
     if not enabled:
         return as_sent
-    settings = SessionSettings.of(session.settings)
     compacted = has_compaction(session)
     if request is not None:
         fitted = fit_thread(
@@ -101,17 +106,15 @@ def fit(
             return fitted
         # Some of the request's messages are not in the ledger under their chain ids (a
         # bookkeeping failure, a session recorded through the REST API): the ledger's ladder.
-    choice = decide(
+    if fitting.passes_through(
         tokens=context,
-        limit=max(limit - definitions, 0),
-        compact_threshold=settings.compact_threshold,
-        hard_threshold=settings.hard_limit_threshold,
+        window=max(limit - definitions, 0),
+        policy=fitting.FitPolicy.of(session),
         compacted=compacted,
-    )
-    if choice == PASS_THROUGH:
+    ):
         return as_sent
     try:
-        prepared = context_prepare(
+        prepared = fitting.fit_context(
             session=session,
             user=user,
             max_tokens=limit if limit < session.context_limit else None,
@@ -126,9 +129,8 @@ def fit(
             limit=limit, needed=needed, definitions=definitions, model=model
         ) from None
     compression = None
-    run = prepared.compaction
-    if run and run.get("status") == "completed" and run.get("tokensBefore") is not None:
-        compression = announce_compression(session=session, run=run, model=model)
+    if prepared.run is not None and prepared.run.shrank:
+        compression = announce_compression(session=session, run=prepared.run, model=model)
     return Fitted(
         model=model,
         body=wire.with_context(

@@ -13,15 +13,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from compaction_app import fitting
 from compaction_app.gateway import after, bill, thread_fit
-from compaction_app.gateway.fit import Fitted, definitions_tokens, fit, model_window
+from compaction_app.gateway.fit import Fitted, fit, model_window, room
 from compaction_app.gateway.messages import ClientMessage, GatewayError, GatewayInputError
 from compaction_app.gateway.record import caller_and_session
 from compaction_app.gateway.thread_fit import ThreadRequest
 from compaction_app.gateway.wire import Wire
-from sessions_app import context_window
 from sessions_app.models import Session, Thread
-from sessions_app.session_settings import SessionSettings
 from sessions_app.threads import main_thread
 
 
@@ -125,15 +124,12 @@ def may_compact(*, session: Session, body: dict[str, Any], model: str, enabled: 
     long-work executor; the same numbers `fit` decides on, without doing anything."""
     if not enabled:
         return False
-    definitions = definitions_tokens(body)
-    settings = SessionSettings.of(session.settings)
-    level = context_window.window_level(
+    level = fitting.window_level(
         tokens=session.context_tokens,
-        limit=max(model_window(session, model) - definitions, 0),
-        compact_threshold=settings.compact_threshold,
-        hard_threshold=settings.hard_limit_threshold,
+        window=room(session, body, model),
+        policy=fitting.FitPolicy.of(session),
     )
-    return level != "ok"
+    return level != fitting.OK
 
 
 def prepare(

@@ -19,7 +19,6 @@ from typing import Any, cast
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.db import IntegrityError, transaction
-from django.db.models import F
 from django.utils import timezone
 from django.utils.functional import SimpleLazyObject
 from rest_framework.authtoken.models import Token
@@ -44,6 +43,9 @@ from sessions_app.services import (
     TokenUsage,
     event_append,
     session_create,
+    session_note_reply,
+    thread_get_or_create,
+    thread_remember,
 )
 
 logger = logging.getLogger("compaction_app.gateway")
@@ -195,24 +197,13 @@ MAIN_KEY = "main"
 def _thread_for(
     session: Session, key: str, *, named: bool, anchor_index: int, anchor_hash: str
 ) -> Thread:
-    thread = Thread.objects.filter(session=session, key=key).first()
-    if thread is not None:
-        return thread
-    try:
-        with transaction.atomic():
-            created = Thread.objects.create(
-                session=session,
-                key=key,
-                named=named,
-                anchor_index=anchor_index,
-                anchor_hash=anchor_hash,
-            )
+    thread, created = thread_get_or_create(
+        session=session, key=key, named=named, anchor_index=anchor_index, anchor_hash=anchor_hash
+    )
+    if created:
         # The usage push reads which threads the session has from the cache.
         thread_scope.forget_threads(session_id=session.pk)
-        return created
-    except IntegrityError:
-        # Two first calls of one thread raced; the other one created it.
-        return Thread.objects.get(session=session, key=key)
+    return thread
 
 
 def record_request(
@@ -351,9 +342,7 @@ def _remember(
 def _remember_alone(update: RowUpdate | None) -> None:
     """Apply the thread's update on its own (no append carried it)."""
     if update is not None:
-        Thread.objects.filter(pk=update.pk).update(
-            **update.values, **{name: F(name) + value for name, value in update.deltas.items()}
-        )
+        thread_remember(update=update)
 
 
 def full_chains(count: int, convert: Converter) -> list[str]:
@@ -455,7 +444,7 @@ def record_reply(
         )
 
     if not inputs:
-        Session.objects.filter(pk=session_id).update(**updates)
+        session_note_reply(session_id=session_id, updates=updates)
         _remember_alone(remembered)
         return []
     # A retried request gets its reply again at the same position, usually with other usage

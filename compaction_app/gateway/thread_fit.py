@@ -23,8 +23,8 @@ from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
 
-from compaction_app import thread_scope
-from compaction_app.gateway import fit_rules, shape
+from compaction_app import fitting, thread_scope
+from compaction_app.gateway import shape
 from compaction_app.gateway.compressed import announce_compression
 from compaction_app.gateway.fitted import Fitted, Wire, context_length_exceeded
 from compaction_app.gateway.messages import (
@@ -43,9 +43,8 @@ from compaction_app.gateway.record import (
 )
 from compaction_app.models import Trigger
 from sessions_app import context_window, tokens
-from sessions_app.errors import Conflict
 from sessions_app.models import Event, EventType, Session, Thread
-from sessions_app.session_settings import SessionSettings
+from sessions_app.services import thread_note_error
 
 logger = logging.getLogger("compaction_app.gateway")
 audit = logging.getLogger("context")
@@ -150,27 +149,21 @@ def _summary_cost(session: Session, summary: str | None) -> int:
 
 def _compact(
     session: Session, user: AbstractBaseUser, target: float, thread: str
-) -> dict[str, Any] | None:
+) -> fitting.RunOutcome | None:
     """One compaction of the thread's own events down to `target` with the session's
     strategy; None when none can run (nothing to fold or clear, one already under way, the
-    summarizer failed)."""
-    from compaction_app.api.serializers import run_to_dict
-    from compaction_app.services import compaction_run_sync
-
+    summarizer failed: the call goes on, pruned if need be)."""
     try:
-        run = compaction_run_sync(
+        return fitting.compact_to_fit(
             session=session,
             user=user,
             trigger=Trigger.GATEWAY,
             target_ratio=target,
             thread=thread,
         )
-    except Conflict:
-        return None
     except Exception:
         logger.exception("gateway: compaction in the call path failed (session %s)", session.pk)
         return None
-    return run_to_dict(run) if run is not None else None
 
 
 def fit_thread(
@@ -186,24 +179,14 @@ def fit_thread(
     compacted: bool,
     request: ThreadRequest,
 ) -> Fitted | None:
-    settings = SessionSettings.of(session.settings)
-    compact_threshold = settings.compact_threshold
-    hard_threshold = settings.hard_limit_threshold
-    # Never above the threshold itself (a session may lower compactThreshold below it).
-    target = min(settings.fit_target_ratio, compact_threshold)
+    policy = fitting.FitPolicy.of(session)
     room = max(limit - definitions, 0)
-    if not compacted and request.threads_seen <= 1:
-        # One writer and nothing folded: the session's count is the thread's.
-        choice = fit_rules.decide(
-            tokens=session.context_tokens,
-            limit=room,
-            compact_threshold=compact_threshold,
-            hard_threshold=hard_threshold,
-            compacted=False,
-        )
-        if choice == fit_rules.PASS_THROUGH:
-            _note(request, as_sent.token_count, "as_sent")
-            return as_sent
+    # One writer and nothing folded: the session's count is the thread's.
+    if request.threads_seen <= 1 and fitting.passes_through(
+        tokens=session.context_tokens, window=room, policy=policy, compacted=compacted
+    ):
+        _note(request, as_sent.token_count, "as_sent")
+        return as_sent
     state = _state(session, request)
     if state is None:
         return None
@@ -216,30 +199,36 @@ def fit_thread(
         and not any(d.type == TOOL_RESULT for d in request.convert(i).drafts)
     )
 
+    thread_key = request.thread.key if request.thread else ""
+
     def measure(current: _State) -> tuple[list[int], int, str]:
         kept = [i for i in range(count) if i not in current.folded or i in fixed]
-        cost = context_window.context_cost([current.costs[i] for i in kept])
-        cost += _summary_cost(session, current.summary)
-        level = context_window.window_level(
-            tokens=cost,
-            limit=room,
-            compact_threshold=compact_threshold,
-            hard_threshold=hard_threshold,
+        cost, level = fitting.measure(
+            fitting.FitRequest(
+                window=room,
+                items=tuple(
+                    context_window.WindowItem(key=str(i), type="", cost=current.costs[i])
+                    for i in kept
+                ),
+                policy=policy,
+                thread=thread_key,
+            ),
+            extra=_summary_cost(session, current.summary),
         )
         return kept, cost, level
 
     kept, cost, level = measure(state)
     compression = None
     pruned = False
-    if level != "ok":
-        run = _compact(session, user, target, request.thread.key if request.thread else "")
-        if run is not None and run.get("status") == "completed":
+    if level != fitting.OK:
+        run = _compact(session, user, policy.target, thread_key)
+        if run is not None and run.completed:
             compression = announce_compression(session=session, run=run, model=model)
             fresh = _state(session, request)
             if fresh is not None:
                 state = fresh
                 kept, cost, level = measure(state)
-    if level != "ok":
+    if level != fitting.OK:
         # The last resort: no compaction brought the thread under the threshold, so this
         # call drops its oldest whole turns (the prefix moves on every such call).
         audit.info(
@@ -249,8 +238,8 @@ def fit_thread(
         )
         extra = _summary_cost(session, state.summary)
         pruned_kept = None
-        for budget in (int(room * compact_threshold), room):
-            pruned_kept = fit_rules.prune_turns(
+        for budget in (int(room * policy.compact_threshold), room):
+            pruned_kept = fitting.prune_turns(
                 kept=kept, costs=state.costs, fixed=fixed, starts=starts, extra=extra, budget=budget
             )
             if pruned_kept is not None:
@@ -384,10 +373,7 @@ def _note_error(session: Session, thread: Thread | None, text: str) -> None:
     """Show a bookkeeping failure on the session page (on its thread, else the session's
     main thread row); never raises itself."""
     try:
-        target = thread or Thread.objects.filter(session=session).order_by("created_at").first()
-        if target is None:
-            target = Thread.objects.create(session=session, key=MAIN_KEY)
+        if thread_note_error(session=session, thread=thread, text=text, main_key=MAIN_KEY):
             thread_scope.forget_threads(session_id=session.pk)
-        Thread.objects.filter(pk=target.pk).update(last_error=text[:500])
     except Exception:
         logger.exception("gateway: noting a bookkeeping failure failed")

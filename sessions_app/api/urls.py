@@ -19,11 +19,6 @@ urlpatterns = [
         name="event-detail",
     ),
     path("sessions/<str:session_id>/usage", views.SessionUsageView.as_view(), name="session-usage"),
-    path(
-        "sessions/<str:session_id>/context",
-        views.SessionContextView.as_view(),
-        name="session-context",
-    ),
     path("tokens/count", views.TokenCountView.as_view(), name="tokens-count"),
     path("models", views.ModelListView.as_view(), name="model-list"),
     # Search and recall (sessions_app/api/search_views.py).

@@ -14,17 +14,14 @@ from drf_spectacular.utils import (
     extend_schema,
 )
 from rest_framework import status
-from rest_framework.negotiation import DefaultContentNegotiation
 from rest_framework.pagination import PageNumberPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
-from rest_framework.settings import APISettings
 from rest_framework.views import APIView
 
-from sessions_app import recall, selectors, services, tokens
+from sessions_app import selectors, services, tokens
 from sessions_app.api import serializers as s
 from sessions_app.api.openapi import BODY, PAGE_PARAMETERS, errors, integer, page_of
-from sessions_app.context import context_prepare
 from sessions_app.errors import InvalidInput, LedgerError
 from sessions_app.models import Event, EventType
 from sessions_app.signals import compaction_command
@@ -307,79 +304,6 @@ class SessionUsageView(APIView):
         )
 
 
-class _FormatParamIsOurs(DefaultContentNegotiation):
-    """`?format=` is /context's own parameter (openai|anthropic); DRF would otherwise read it
-    as a renderer override and answer 404 for any value but "json"."""
-
-    settings = APISettings(user_settings={"URL_FORMAT_OVERRIDE": None})  # type: ignore[assignment,arg-type]
-
-
-_CONTEXT_PARAMETERS = [
-    OpenApiParameter("maxTokens", integer(1), description="At least 1."),
-    OpenApiParameter("reserveTokens", integer(0), description="At least 0."),
-    OpenApiParameter("format", str, enum=["openai", "anthropic"]),
-]
-
-
-class SessionContextView(APIView):
-    content_negotiation_class = _FormatParamIsOurs
-
-    @extend_schema(
-        parameters=_CONTEXT_PARAMETERS,
-        responses={200: s.ContextSerializer, **errors(400, 404, 422)},
-        description="The messages to send next. Never writes: past the compact threshold it "
-        "answers a pruned view with compactionRecommended: true.",
-    )
-    def get(self, request: Request, session_id: str) -> Response:
-        return self._answer(request, session_id, compact=False)
-
-    @extend_schema(
-        operation_id="sessions_context_compact",
-        request=None,
-        parameters=_CONTEXT_PARAMETERS,
-        responses={200: s.ContextSerializer, **errors(400, 403, 404, 409, 422)},
-        description="The same answer as GET, but at the hard limit a synchronous compaction "
-        "runs first (at most one per cooldownSeconds; within it the view is pruned).",
-    )
-    def post(self, request: Request, session_id: str) -> Response:
-        return self._answer(request, session_id, compact=True)
-
-    def _answer(self, request: Request, session_id: str, *, compact: bool) -> Response:
-        session = selectors.session_get(user=request.user, session_id=session_id)
-        max_tokens = _int_param(request, "maxTokens", 0, minimum=1) or None
-        reserve = _int_param(request, "reserveTokens", 0, minimum=0)
-        fmt = request.query_params.get("format", "openai")
-        if fmt not in ("openai", "anthropic"):
-            raise InvalidInput(
-                "format must be openai or anthropic", fields={"format": "openai or anthropic"}
-            )
-        prepared = context_prepare(
-            session=session,
-            user=request.user,
-            max_tokens=max_tokens,
-            reserve_tokens=reserve,
-            fmt=fmt,
-            compact=compact,
-            respect_cooldown=compact,
-        )
-        payload: dict[str, Any] = {
-            "messages": prepared.messages,
-            "tokenCount": prepared.token_count,
-            "limit": prepared.limit,
-            "pruned": prepared.pruned,
-            "summary": prepared.summary,
-            "compactionRecommended": prepared.compaction_recommended,
-        }
-        if fmt == "anthropic":
-            payload["system"] = prepared.system
-        if prepared.compaction is not None:
-            payload["compaction"] = prepared.compaction
-        # Once some originals are out of the context, the model may ask for them back.
-        if recall.session_has_recallable(session=session):
-            payload["tools"] = [recall.recall_tool(fmt=fmt)]
-        return Response(payload)
-
-
 class TokenCountView(APIView):
     @extend_schema(
         request=s.TokenCountInSerializer,
@@ -438,9 +362,10 @@ _INTEGER = re.compile(r"-?[0-9]{1,30}")
 _MAX_PARAM = 2**63 - 1
 
 
-def _int_param(
+def int_param(
     request: Request, name: str, default: int, *, minimum: int, maximum: int | None = None
 ) -> int:
+    """The integer query parameter `name` (`default` when absent), or 400 invalid_parameter."""
     raw = request.query_params.get(name)
     if raw is None:
         return default
@@ -461,6 +386,9 @@ def _int_param(
             f"{name} must be {bound}", code="invalid_parameter", fields={name: f"must be {bound}"}
         )
     return value
+
+
+_int_param = int_param
 
 
 def _bool_param(request: Request, name: str) -> bool:

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
+from compaction_app.fitting import FitPolicy, passes_through
 from compaction_app.gateway import anthropic, openai
-from compaction_app.gateway.fit_rules import LEDGER, PASS_THROUGH, decide
 from compaction_app.gateway.messages import (
     GatewayInputError,
     chain_hash,
@@ -173,11 +173,12 @@ def test_it_rebuilds_a_streamed_openai_reply_from_split_chunks():
 
 
 def test_it_decides_pass_through_only_below_the_threshold_of_an_uncompacted_session():
-    common = {"limit": 1000, "compact_threshold": 0.8, "hard_threshold": 0.95}
-    assert decide(tokens=799, compacted=False, **common) == PASS_THROUGH
-    assert decide(tokens=799, compacted=True, **common) == LEDGER
-    assert decide(tokens=800, compacted=False, **common) == LEDGER
-    assert decide(tokens=990, compacted=False, **common) == LEDGER
+    policy = FitPolicy(compact_threshold=0.8, hard_threshold=0.95, fit_target_ratio=0.5)
+    common = {"window": 1000, "policy": policy}
+    assert passes_through(tokens=799, compacted=False, **common)
+    assert not passes_through(tokens=799, compacted=True, **common)
+    assert not passes_through(tokens=800, compacted=False, **common)
+    assert not passes_through(tokens=990, compacted=False, **common)
 
 
 def test_it_shapes_errors_like_each_provider():

@@ -10,7 +10,12 @@ The rules:
 - no import cycle;
 - sessions_app never imports compaction_app (compaction builds on the ledger, not the reverse);
 - a Celery `tasks` module never imports an `api` module (a task takes ids and calls a service;
-  the REST layer is not its business).
+  the REST layer is not its business);
+- the gateway and the fitting core never import compaction_app.api (they read typed outcomes,
+  not the API's dicts);
+- only sessions_app writes the ledger: nothing in compaction_app (the gateway included) calls a
+  write method on a sessions_app model, its manager or one of its instances; it calls the
+  services in sessions_app/services.py.
 """
 
 from __future__ import annotations
@@ -263,3 +268,152 @@ def test_it_keeps_bench_and_tests_apart():
                     if name == other or name.startswith(other + ".")
                 ]
     assert crossings == []
+
+
+def test_it_keeps_the_gateway_and_the_fitting_core_off_the_rest_layer():
+    wrong = [
+        f"{imp.source}:{imp.line} imports {imp.target} ({imp.kind}-level)"
+        for imp in _all_imports()
+        if (
+            imp.source.startswith("compaction_app.gateway")
+            or imp.source == "compaction_app.fitting"
+        )
+        and imp.target.startswith("compaction_app.api")
+    ]
+    assert wrong == []
+
+
+# Methods that write through a manager, a queryset or an instance.
+WRITE_METHODS = frozenset(
+    {
+        "update",
+        "create",
+        "delete",
+        "save",
+        "bulk_create",
+        "bulk_update",
+        "get_or_create",
+        "update_or_create",
+    }
+)
+
+
+def _ledger_models() -> frozenset[str]:
+    """The model classes sessions_app/models.py defines."""
+    tree = ast.parse((ROOT / "sessions_app" / "models.py").read_text(encoding="utf-8"))
+    return frozenset(
+        node.name
+        for node in tree.body
+        if isinstance(node, ast.ClassDef)
+        and any(isinstance(base, ast.Attribute) and base.attr == "Model" for base in node.bases)
+    )
+
+
+def _root(node: ast.expr) -> tuple[ast.expr, list[str]]:
+    """The start of an attribute/call chain (`Event.objects.filter(...).update` → `Event`) and
+    the attribute names along it."""
+    names = []
+    while True:
+        if isinstance(node, ast.Attribute):
+            names.append(node.attr)
+            node = node.value
+        elif isinstance(node, ast.Call):
+            node = node.func
+        elif isinstance(node, ast.Subscript):
+            node = node.value
+        else:
+            return node, names
+
+
+def _annotated_names(annotation: ast.expr | None) -> set[str]:
+    if annotation is None:
+        return set()
+    return {n.id for n in ast.walk(annotation) if isinstance(n, ast.Name)} | {
+        n.value for n in ast.walk(annotation) if isinstance(n, ast.Constant)
+    }
+
+
+def _ledger_writes(path: Path, models: frozenset[str]) -> list[str]:
+    """Write calls in `path` on a sessions_app model: through its manager
+    (`Event.objects.filter(...).update(...)`), or on an instance known to be one (a parameter
+    annotated with the model, a name assigned from its manager, an attribute named after it
+    such as `run.session`)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    imported = {
+        alias.asname or alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module == "sessions_app.models"
+        for alias in node.names
+    }
+    ledger = imported & models
+    if not ledger:
+        return []
+    lowered = {name.lower() for name in ledger}
+    found = []
+    for function in ast.walk(tree):
+        if not isinstance(function, ast.FunctionDef | ast.AsyncFunctionDef | ast.Module):
+            continue
+        instances = set()
+        if not isinstance(function, ast.Module):
+            for arg in [*function.args.args, *function.args.kwonlyargs]:
+                if _annotated_names(arg.annotation) & ledger:
+                    instances.add(arg.arg)
+        for node in ast.walk(function):
+            if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
+                root, _ = _root(node.value)
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                if isinstance(root, ast.Name) and root.id in ledger:
+                    instances |= {t.id for t in targets if isinstance(t, ast.Name)}
+        for node in ast.walk(function):
+            if not (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr in WRITE_METHODS
+            ):
+                continue
+            receiver = node.func.value
+            root, names = _root(receiver)
+            through_manager = (
+                isinstance(root, ast.Name) and root.id in ledger and "objects" in names
+            )
+            on_instance = node.func.attr in ("save", "delete") and (
+                (isinstance(receiver, ast.Name) and receiver.id in instances)
+                or (isinstance(receiver, ast.Attribute) and receiver.attr in lowered)
+            )
+            if through_manager or on_instance:
+                where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.name
+                found.append(f"{where}:{node.lineno} {ast.unparse(node.func)}(…)")
+    return sorted(set(found))
+
+
+def test_it_finds_writes_on_ledger_models(tmp_path):
+    # The checker itself, on a module written for it.
+    models = _ledger_models()
+    assert {"Session", "Event", "Thread"} <= models
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        "from sessions_app.models import Event, Session, Thread\n"
+        "def f(session: Session, other):\n"
+        "    Event.objects.filter(pk=1).update(pinned=True)\n"
+        "    thread = Thread.objects.get(pk=1)\n"
+        "    thread.save()\n"
+        "    session.save(update_fields=['name'])\n"
+        "    other.run.session.save()\n"
+        "    other.save()\n"
+        "    Session.objects.filter(pk=1).first()\n"
+        "    {}.update(a=1)\n",
+        encoding="utf-8",
+    )
+    found = _ledger_writes(sample, models)
+    assert [line.split(" ", 1)[0].rsplit(":", 1)[1] for line in found] == ["3", "5", "6", "7"]
+
+
+def test_it_leaves_ledger_writes_to_sessions_app_services():
+    models = _ledger_models()
+    wrong = [
+        line
+        for path in sorted((ROOT / "compaction_app").rglob("*.py"))
+        if "migrations" not in path.parts
+        for line in _ledger_writes(path, models)
+    ]
+    assert wrong == []
