@@ -133,6 +133,7 @@ _TOP_UP_TRIES = 12
 # so the sum overshoots by 1 at most on o200k; 2 leaves a margin for other vocabularies.
 _ESTIMATE_SLACK = 2
 _MAX_CALLS = 5
+_BOOKKEEPING_MIN_TOKENS = 128
 
 
 _STRONG_ERROR = re.compile(
@@ -817,7 +818,9 @@ class LocalSummarizer(Summarizer):
             _STATUS,
             f"Folded so far: {total} messages ({counts['user']} user, {counts['assistant']} "
             f"assistant, {counts['tool']} tool in the latest batch).",
-            50,
+            # Bookkeeping: first in a summary of normal size, after the content in a tiny one
+            # (a fold of a few dozen tokens has room for one fact, not for its count).
+            50 if max_tokens >= _BOOKKEEPING_MIN_TOKENS else 1,
             seq=batch_first,
             last=batch_last,
         )
@@ -1114,7 +1117,10 @@ class LocalSummarizer(Summarizer):
             # Not even one whole item fits: the best one, cut at a word end, beats nothing. No
             # heading then (a heading alone says nothing), and its citation goes first, so a
             # cut keeps where the words came from.
-            item = next((i for i in pool if not _FOLDED_SO_FAR.match(i.text)), pool[0])
+            item = next(
+                (i for i in pool if not _FOLDED_SO_FAR.match(i.text) and i.section != _WORKING),
+                pool[0],
+            )
             cite = _cite(item).strip()
             return truncate_to_tokens(
                 f"- {cite} {item.text}" if cite else f"- {item.text}",
