@@ -4,10 +4,10 @@ without depending on the REST layer."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from sessions_app.models import Event
+from sessions_app.storable import load_stored
 
 
 def event_out(events: list[Event], *, content_max_chars: int | None = None) -> list[dict[str, Any]]:
@@ -29,7 +29,7 @@ def iso_datetime(value: Any) -> str:
 def _content(event: Event, max_chars: int | None) -> Any:
     if max_chars is not None and len(event.content) > max_chars:
         return None
-    return json.loads(event.content) if event.content_is_json else event.content
+    return load_stored(event.content) if event.content_is_json else event.content
 
 
 def _event_dict(event: Event, content_max_chars: int | None = None) -> dict[str, Any]:

@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 from sessions_app.event_types import EventType
+from sessions_app.storable import load_stored
 
 MISSING_RESULT_TEXT = "[no result was recorded for this tool call]"
 ORPHAN_RESULT_PREFIX = "[tool result for call {call_id}{tool}, whose call is not in this context]"
@@ -306,8 +307,10 @@ def _tool_input(content: Any) -> dict[str, Any]:
     if isinstance(content, dict):
         return content
     try:
-        value = json.loads(content) if isinstance(content, str) else content
-    except json.JSONDecodeError:
+        value = load_stored(content) if isinstance(content, str) else content
+    except (ValueError, RecursionError):
+        # Arguments are text to the ledger: anything that is not a JSON object (too long an
+        # integer, nesting past the decoder's depth) is sent as text.
         return {"input": content}
     return value if isinstance(value, dict) else {"input": value}
 

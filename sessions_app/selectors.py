@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import uuid
 from typing import Any
 
@@ -14,6 +13,7 @@ from sessions_app.errors import NotFound
 from sessions_app.exact_counts import exact_counting_enabled
 from sessions_app.models import Event, EventType, Session, TokenProvenance
 from sessions_app.session_settings import SessionSettings
+from sessions_app.storable import load_stored
 
 
 def sessions_visible_to(*, user: AbstractBaseUser | AnonymousUser) -> QuerySet[Session]:
@@ -151,14 +151,14 @@ def event_content(event: Event) -> Any:
     """The content sent to the model: the placeholder when a tool result was cleared."""
     if event.cleared_content is not None:
         return event.cleared_content
-    return json.loads(event.content) if event.content_is_json else event.content
+    return load_stored(event.content) if event.content_is_json else event.content
 
 
 def event_record(event: Event, *, original: bool = False) -> render.Record:
     """An event as the renderer takes it; `original` sends a cleared tool result's original
     content instead of its placeholder (the export's choice)."""
     content = (
-        (json.loads(event.content) if event.content_is_json else event.content)
+        (load_stored(event.content) if event.content_is_json else event.content)
         if original
         else event_content(event)
     )

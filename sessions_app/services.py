@@ -11,7 +11,7 @@ lock is taken: it is the expensive part and needs no database.
 from __future__ import annotations
 
 import json
-import re
+import math
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -39,6 +39,7 @@ from sessions_app.model_registry import ModelRegistry
 from sessions_app.models import Event, EventType, Session, Thread
 from sessions_app.session_settings import validate_settings
 from sessions_app.sql import RowUpdate
+from sessions_app.storable import SURROGATE
 
 __all__ = [
     "COMPACT_COMMAND",
@@ -64,8 +65,6 @@ MAX_CONTEXT_LIMIT = 100_000_000
 # cannot fill a session's totals (MAX_REPORTED_TOTAL, the engine's bound) on its own.
 MAX_REPORTED_TOKENS = 10**12
 COMPACT_COMMAND = "/compact"
-# A str holding one of these cannot be encoded to UTF-8 (a lone surrogate from a JSON escape).
-_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 @lru_cache(maxsize=1)
@@ -86,7 +85,7 @@ def check_text(value: str, where: str) -> None:
             fields={where: "contains a NUL byte"},
         )
     # Searched for, not encoded: encoding a 30 MB content to find out made a copy of it.
-    if not value.isascii() and _SURROGATE.search(value):
+    if not value.isascii() and SURROGATE.search(value):
         raise InvalidInput(
             "text must be valid Unicode",
             code="invalid_content",
@@ -104,6 +103,15 @@ def _check_json_text(value: Any, where: str) -> None:
     elif isinstance(value, list):
         for item in value:
             _check_json_text(item, where)
+    elif isinstance(value, float) and not math.isfinite(value):
+        # Stored, it would be written as Infinity or NaN, which no JSON renderer reads back:
+        # every read of the session would fail. The gateway records such a number as its text
+        # (sessions_app.storable) before it gets here.
+        raise InvalidInput(
+            "numbers must be finite",
+            code="number_out_of_range",
+            fields={where: "holds a number that is not finite (too large for a double)"},
+        )
 
 
 def session_create(

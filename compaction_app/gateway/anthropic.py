@@ -34,6 +34,7 @@ from compaction_app.gateway.messages import (
     require_str,
     text_and_json,
 )
+from sessions_app.storable import provider_loads
 
 NAME = "anthropic"
 PREFIX = "anthropic"
@@ -302,7 +303,7 @@ class StreamAccumulator:
             if "_json" in started:
                 raw = "".join(started["_json"])
                 try:
-                    block["input"] = json.loads(raw) if raw else started.get("input") or {}
+                    block["input"] = provider_loads(raw) if raw else started.get("input") or {}
                 except ValueError:
                     block["input"] = {"partial_json": raw}
             blocks.append(block)

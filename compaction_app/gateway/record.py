@@ -11,6 +11,7 @@ a request that continues no recorded conversation starts a thread of its own.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import uuid
 from collections.abc import Callable, Sequence
@@ -24,6 +25,7 @@ from django.utils.functional import SimpleLazyObject
 from rest_framework.authtoken.models import Token
 
 from compaction_app import thread_scope
+from compaction_app.gateway import usage as usage_figures
 from compaction_app.gateway.messages import (
     ClientMessage,
     GatewayError,
@@ -47,6 +49,7 @@ from sessions_app.services import (
     thread_get_or_create,
     thread_remember,
 )
+from sessions_app.storable import storable, storable_text
 
 logger = logging.getLogger("compaction_app.gateway")
 
@@ -276,15 +279,17 @@ def record_request(
                     model=session.model,
                 )
     inputs = [
-        EventInput(
-            id=event_id(session.pk, chains[index], part),
-            type=draft.type,
-            content=draft.content,
-            name=draft.name,
-            tool_call_id=draft.tool_call_id,
-            message_hash=message.hash,
-            metadata={"thread": thread.key},
-            token_count=costs.get((index, part)),
+        _storable_input(
+            EventInput(
+                id=event_id(session.pk, chains[index], part),
+                type=draft.type,
+                content=draft.content,
+                name=draft.name,
+                tool_call_id=draft.tool_call_id,
+                message_hash=message.hash,
+                metadata={"thread": thread.key},
+                token_count=costs.get((index, part)),
+            )
         )
         for index, message in new
         for part, draft in enumerate(message.drafts)
@@ -310,6 +315,30 @@ def record_request(
         thread=thread,
         chains=tuple(chains),
         threads_seen=len(recent) + (0 if any(t.pk == thread.pk for t in recent) else 1),
+    )
+
+
+def _storable_input(item: EventInput) -> EventInput:
+    """`item` as the ledger can hold it. The gateway is a proxy first: a NUL, a lone
+    surrogate or a number past a double's range in a message or a reply was forwarded or
+    delivered as it came, and is recorded replaced (sessions_app.storable) rather than
+    refused, with what was replaced in the event's metadata (`replaced`). Message hashes stay
+    those of the text as sent, so the client's next call still continues its thread."""
+    replaced: set[str] = set()
+    content = storable(item.content, replaced)
+    name = storable_text(item.name, replaced)
+    tool_call_id = storable_text(item.tool_call_id, replaced)
+    metadata = storable(dict(item.metadata), replaced)
+    if not replaced:
+        return item
+    return dataclasses.replace(
+        item,
+        content=content,
+        name=name,
+        tool_call_id=tool_call_id,
+        metadata={**metadata, "replaced": sorted(replaced)},
+        # Counted again from what is stored.
+        token_count=None,
     )
 
 
@@ -376,6 +405,12 @@ def record_reply(
         meta["thread"] = thread.key
     if incomplete:
         meta["incomplete"] = True
+    # Figures no real reply holds (past the ledger's bound, cache parts larger than the
+    # prompt) are dropped per field and noted, so the reply itself is always recorded.
+    figures, dropped = usage_figures.bounded(usage_figures.of_reply(reply))
+    if dropped:
+        reply = dataclasses.replace(reply, **cast(dict[str, Any], figures))
+        meta["usageDropped"] = dropped
     usage = None
     if reply.prompt_tokens is not None or reply.completion_tokens is not None:
         usage = TokenUsage(
@@ -393,33 +428,35 @@ def record_reply(
     for part, draft in enumerate(message.drafts):
         first = part == 0
         inputs.append(
-            EventInput(
-                id=event_id(session_id, chain, part),
-                type=draft.type,
-                content=draft.content,
-                name=draft.name,
-                tool_call_id=draft.tool_call_id,
-                message_hash=digest,
-                token_usage=usage if first else None,
-                # Counted once per call, with its usage.
-                saved_tokens=saved if first and usage is not None else 0,
-                metadata={
-                    **meta,
-                    **(
-                        {
-                            "forwardedTokens": forwarded_tokens,
-                            "providerPromptTokens": reply.prompt_tokens,
-                            "usage": reply.raw_usage,
-                            **(
-                                {"clientTokens": client_tokens, "savedTokens": saved}
-                                if client_tokens is not None
-                                else {}
-                            ),
-                        }
-                        if first
-                        else {}
-                    ),
-                },
+            _storable_input(
+                EventInput(
+                    id=event_id(session_id, chain, part),
+                    type=draft.type,
+                    content=draft.content,
+                    name=draft.name,
+                    tool_call_id=draft.tool_call_id,
+                    message_hash=digest,
+                    token_usage=usage if first else None,
+                    # Counted once per call, with its usage.
+                    saved_tokens=saved if first and usage is not None else 0,
+                    metadata={
+                        **meta,
+                        **(
+                            {
+                                "forwardedTokens": forwarded_tokens,
+                                "providerPromptTokens": reply.prompt_tokens,
+                                "usage": reply.raw_usage,
+                                **(
+                                    {"clientTokens": client_tokens, "savedTokens": saved}
+                                    if client_tokens is not None
+                                    else {}
+                                ),
+                            }
+                            if first
+                            else {}
+                        ),
+                    },
+                )
             )
         )
     changes: dict[str, Any] = {"last_serving_model": reply.model[:200]}

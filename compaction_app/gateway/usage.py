@@ -86,3 +86,52 @@ def anthropic_messages(usage: Any) -> dict[str, int | None]:
         write=write,
         write_1h=min(write_1h, write) if write_1h is not None and write is not None else None,
     )
+
+
+# The ledger's bound on one reported figure (sessions_app.services.MAX_REPORTED_TOKENS):
+# no real reply comes near it; one past it is a provider's (or a stand-in's) mistake.
+MAX_FIGURE = 10**12
+
+_NAMES = {
+    "prompt_tokens": "promptTokens",
+    "completion_tokens": "completionTokens",
+    "total_tokens": "totalTokens",
+    "cached_input_tokens": "cachedInputTokens",
+    "cache_write_tokens": "cacheWriteTokens",
+    "cache_write_1h_tokens": "cacheWrite1hTokens",
+}
+
+
+def of_reply(reply: Any) -> dict[str, int | None]:
+    """The neutral figures a Reply carries."""
+    return {name: getattr(reply, name) for name in _NAMES}
+
+
+def bounded(figures: dict[str, int | None]) -> tuple[dict[str, int | None], dict[str, str]]:
+    """The figures the ledger can record, and a note per figure dropped (by its API name).
+
+    Each figure is dropped alone when it is past MAX_FIGURE; the cache parts (reads and
+    writes) are dropped when together they exceed the prompt they are parts of, the
+    one-hour writes when they exceed the writes. What remains is recorded, and the reply
+    with it: the provider's own usage object stays in the event's metadata as it came."""
+    kept = dict(figures)
+    dropped: dict[str, str] = {}
+
+    def drop(name: str, why: str) -> None:
+        if kept.get(name) is not None:
+            kept[name] = None
+            dropped[_NAMES[name]] = why
+
+    for name, value in figures.items():
+        if value is not None and not 0 <= value <= MAX_FIGURE:
+            drop(name, f"{value} is out of range (0 to {MAX_FIGURE})")
+    prompt = kept["prompt_tokens"]
+    parts = (kept["cached_input_tokens"] or 0) + (kept["cache_write_tokens"] or 0)
+    if prompt is not None and parts > prompt:
+        why = f"cache reads and writes ({parts}) exceed promptTokens ({prompt})"
+        drop("cached_input_tokens", why)
+        drop("cache_write_tokens", why)
+        drop("cache_write_1h_tokens", why)
+    if (kept["cache_write_1h_tokens"] or 0) > (kept["cache_write_tokens"] or 0):
+        drop("cache_write_1h_tokens", "exceeds cacheWriteTokens")
+    return kept, dropped

@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
+from urllib.parse import unquote
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
@@ -56,6 +57,7 @@ from sessions_app.api.parsers import (
 from sessions_app.errors import InvalidInput
 from sessions_app.models import ROLE_FOR_TYPE
 from sessions_app.services import model_registry
+from sessions_app.storable import provider_loads
 
 logger = logging.getLogger("compaction_app.gateway")
 
@@ -113,12 +115,12 @@ def _read_json(request: HttpRequest) -> tuple[forward.Body, Any]:
             text = raw.decode(encoding, "surrogatepass")
             source = forward.Body(text, length=len(raw), prefix=prefix)
             del raw
-            body = strict_loads(text)
+            body = strict_loads(text, finite=False)
         else:
             # UTF-16 or UTF-32 (JSON allows them; no provider SDK sends them): parsed and
             # forwarded as the bytes they are.
             source = forward.Body(raw)
-            body = strict_loads(raw)
+            body = strict_loads(raw, finite=False)
     except (ValueError, UnicodeDecodeError):
         raise GatewayError("the request body is not valid JSON", code="malformed_json") from None
     except RecursionError:
@@ -315,7 +317,10 @@ async def _respond(
     response, fitted = forwarded.response, forwarded.fitted
     passed = {**forward.returned_headers(response.headers), **_ledger_headers(call, fitted)}
     content_type = response.headers.get("content-type", "application/json")
-    if response.status_code >= 400 or not stream:
+    # An upstream may answer a streamed request with one JSON body (some compatible servers
+    # ignore `stream`): relayed as it came, and recorded as the plain reply it is.
+    plain = not content_type.startswith("text/event-stream")
+    if response.status_code >= 400 or not stream or plain:
         try:
             data = await response.aread()
         finally:
@@ -356,7 +361,7 @@ async def _respond(
 
 async def _record_plain(*, wire: Wire, call: Call, fitted: Fitted, data: bytes) -> None:
     try:
-        payload = json.loads(data)
+        payload = provider_loads(data)
     except ValueError:
         logger.warning("gateway: the upstream's reply is not JSON; nothing recorded")
         return
@@ -400,6 +405,14 @@ async def passthrough(request: HttpRequest, wire: Wire, rest: str) -> HttpRespon
         )
     except GatewayError as exc:
         return _error(wire, exc)
+    if _leaves_the_base(rest):
+        return _error(
+            wire,
+            GatewayError(
+                "the path may not hold '.' or '..' segments (encoded or not)",
+                code="invalid_path",
+            ),
+        )
     url = f"{_upstream_base(wire)}/{rest}"
     if request.META.get("QUERY_STRING"):
         url += "?" + request.META["QUERY_STRING"]
@@ -452,6 +465,18 @@ async def passthrough(request: HttpRequest, wire: Wire, rest: str) -> HttpRespon
     for name, value in passed.items():
         answer[name] = value
     return answer
+
+
+def _leaves_the_base(rest: str) -> bool:
+    """Whether the path below the prefix holds a dot segment. Django hands it over decoded
+    (`..%2F` is `../`), and the HTTP client resolves dot segments before sending: `v1/../admin`
+    would reach the upstream's `/admin`, outside its base path. Decoded until it no longer
+    changes (`%252e` is `%2e` once decoded, which a server may decode again), and a backslash
+    counts as a slash (some servers read it as one)."""
+    previous = None
+    while rest != previous:
+        previous, rest = rest, unquote(rest)
+    return any(segment in (".", "..") for segment in rest.replace("\\", "/").split("/"))
 
 
 # --- answered by the ledger itself ----------------------------------------------------------------

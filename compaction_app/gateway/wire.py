@@ -18,19 +18,19 @@ calls the contract, in the spirit of LiteLLM's per-provider configs:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 from compaction_app.gateway.messages import ClientMessage, Reply
+from sessions_app.storable import provider_loads
 
 
 def sse_json(data: bytes) -> dict[str, Any] | None:
     """One SSE `data:` payload as a JSON object, or None for anything else (a torn or foreign
     line): a stream accumulator reads what it can and never fails the stream it follows."""
     try:
-        payload = json.loads(data)
+        payload = provider_loads(data)
     except ValueError:
         return None
     return payload if isinstance(payload, dict) else None

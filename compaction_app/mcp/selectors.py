@@ -17,6 +17,7 @@ from compaction_app.selectors import runs_for_session
 from sessions_app.errors import NotFound
 from sessions_app.models import Event, Session
 from sessions_app.selectors import sessions_visible_to
+from sessions_app.storable import storable_text
 
 User = AbstractBaseUser | AnonymousUser
 
@@ -32,6 +33,10 @@ def session_named(*, user: User, name: str | None) -> Session:
         if latest is None:
             raise NotFound("you have no sessions yet", code="not_found")
         return latest
+    if storable_text(key) != key:
+        # A NUL or a lone surrogate names no session (no key is stored with one), and
+        # PostgreSQL refuses the NUL in a query: a bug's 500 rather than the 404 it is.
+        raise NotFound("session not found")
     try:
         session_id: uuid.UUID | None = uuid.UUID(key)
     except ValueError:

@@ -98,8 +98,22 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
     if wait is not None:
         extra["retryAfter"] = int(wait + 0.999)
     detail = exc.detail if isinstance(exc.detail, str) else str(exc.detail)
+    if isinstance(exc, exceptions.NotAuthenticated) and _sent_another_scheme(context):
+        # "Bearer <key>" is what most APIs take; DRF ignores a scheme it does not know and
+        # says nothing was sent, which sends people looking in the wrong place.
+        detail = (
+            "The API token goes in `Authorization: Token <key>`; "
+            "this request used another scheme (e.g. Bearer)."
+        )
     response.data = _printable({"error": code, "detail": detail, **extra})
     return response
+
+
+def _sent_another_scheme(context: dict[str, Any]) -> bool:
+    request = context.get("request")
+    header = request.META.get("HTTP_AUTHORIZATION", "") if request is not None else ""
+    scheme = header.split(" ", 1)[0].lower() if isinstance(header, str) else ""
+    return bool(scheme) and scheme != "token"
 
 
 def server_error(request: HttpRequest) -> HttpResponseBase:

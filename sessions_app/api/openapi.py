@@ -27,7 +27,10 @@ class ErrorSerializer(serializers.Serializer):
 
 
 _ERROR_TEXTS = {
-    400: "Bad input (invalid_request, malformed_json, nesting_too_deep, invalid_content, …).",
+    400: (
+        "Bad input (invalid_request, malformed_json, nesting_too_deep, invalid_content, "
+        "number_out_of_range, …)."
+    ),
     401: "Not authenticated (not_authenticated, authentication_failed).",
     403: "Not allowed (permission_denied).",
     404: "Not found, or not yours (not_found).",

@@ -7,6 +7,7 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import json
+import math
 from collections.abc import Callable, Mapping
 from functools import lru_cache
 from typing import Any
@@ -16,6 +17,7 @@ from rest_framework import renderers
 from rest_framework.exceptions import ParseError
 
 from sessions_app.errors import InvalidInput
+from sessions_app.storable import float_keeping_overflow
 
 # Deep enough for any real message structure; shallow enough that nothing downstream
 # (validation, token counting, json.dumps, the renderer) can hit Python's recursion limit.
@@ -53,11 +55,37 @@ def _refuse_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
-def strict_loads(raw: bytes | str) -> Any:
+class NumberOutOfRange(ValueError):
+    """A JSON number too large for a float (`1e400`): valid JSON that Python reads as infinity."""
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise NumberOutOfRange(f"the number {text[:40]} is out of range")
+    return value
+
+
+def strict_loads(raw: bytes | str, *, finite: bool = True) -> Any:
     """`json.loads` without Python's extensions: NaN, Infinity and -Infinity are refused
     (ValueError) instead of becoming floats that no provider and no JSON client accepts.
-    The REST parser below uses it too."""
-    return json.loads(raw, parse_constant=_refuse_constant)
+
+    A number too large for a float (`1e400`, valid JSON) would become infinity, which no JSON
+    renderer writes back: with `finite` (the REST API) it is refused (NumberOutOfRange);
+    without (the gateway, a proxy first) it is read as an OutOfRangeNumber, forwarded as
+    sent and recorded as its text (sessions_app.services.storable)."""
+    return json.loads(
+        raw,
+        parse_constant=_refuse_constant,
+        parse_float=_finite_float if finite else float_keeping_overflow,
+    )
+
+
+def out_of_range_error(exc: NumberOutOfRange) -> InvalidInput:
+    return InvalidInput(
+        f"{exc}: JSON numbers must be finite double-precision values",
+        code="number_out_of_range",
+    )
 
 
 class LedgerJSONParser(drf_parsers.BaseParser):
@@ -82,6 +110,8 @@ class LedgerJSONParser(drf_parsers.BaseParser):
         except RecursionError:
             # The C decoder gives up on very deep input before returning anything.
             raise nesting_error() from None
+        except NumberOutOfRange as exc:
+            raise out_of_range_error(exc) from None
         except ValueError as exc:  # UnicodeDecodeError included
             raise ParseError(f"JSON parse error - {exc}") from None
         del text

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import uuid
 from typing import Any
 
@@ -16,6 +15,7 @@ from sessions_app.event_documents import cache_usage
 from sessions_app.event_documents import event_out as event_out
 from sessions_app.models import Event, EventType, Session
 from sessions_app.services import MAX_REPORTED_TOKENS, EventInput, TokenUsage
+from sessions_app.storable import load_stored
 
 CLIENT_EVENT_TYPES = [t.value for t in EventType if t != EventType.COMPACTION]
 
@@ -212,7 +212,7 @@ class EventOutSerializer(serializers.ModelSerializer):
     @extend_schema_field(OpenApiTypes.ANY)
     def get_content(self, event: Event) -> Any:
         # The original content; a cleared tool result's placeholder is what /context sends.
-        return json.loads(event.content) if event.content_is_json else event.content
+        return load_stored(event.content) if event.content_is_json else event.content
 
     @extend_schema_field(TokenUsageSerializer(allow_null=True))
     def get_tokenUsage(self, event: Event) -> dict[str, int | None] | None:

@@ -516,3 +516,43 @@ def test_it_refuses_huge_numbers_in_a_recall(alice_api, session, body, field):
 def test_it_refuses_malformed_or_huge_integer_parameters(alice_api, session, path, query):
     response = alice_api.get(f"{SESSIONS}/{session['id']}/{path}?{query}")
     assert_refused(response, 400, "invalid_parameter", query.split("&")[-1].split("=")[0])
+
+
+# --- numbers a double cannot hold -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        '{"type":"USER_MESSAGE","content":[{"type":"text","text":"x","weight":1e400}]}',
+        '{"type":"USER_MESSAGE","content":[{"type":"text","text":"x","weight":-1e400}]}',
+        '{"type":"USER_MESSAGE","content":"x","metadata":{"score":1e400}}',
+        '[{"type":"USER_MESSAGE","content":"fine"},'
+        '{"type":"AGENT_MESSAGE","content":{"n":[1.5e999]}}]',
+    ],
+)
+def test_it_refuses_a_number_that_overflows_a_double(alice_api, session, append, raw):
+    # Valid JSON that Python reads as infinity: stored, it broke every read of the session.
+    body = assert_refused(append(raw=raw), 400, "number_out_of_range")
+    assert "finite" in body["detail"]
+    sid = session["id"]
+    # And a retry without an id stores nothing either (it used to store a duplicate).
+    assert_refused(append(raw=raw), 400, "number_out_of_range")
+    for path in ("events", "context", "usage"):
+        assert alice_api.get(f"{SESSIONS}/{sid}/{path}").status_code == 200
+
+
+@pytest.mark.parametrize("constant", ["NaN", "Infinity", "-Infinity"])
+def test_it_refuses_non_standard_number_tokens_in_content(append, constant):
+    raw = f'{{"type":"USER_MESSAGE","content":[{{"type":"text","text":"x","w":{constant}}}]}}'
+    assert_refused(append(raw=raw), 400, "malformed_json")
+
+
+@pytest.mark.profile_independent
+def test_it_refuses_a_non_finite_number_a_python_caller_passes_to_the_service():
+    from sessions_app.errors import InvalidInput
+    from sessions_app.services import _content_for_storage
+
+    with pytest.raises(InvalidInput) as refused:
+        _content_for_storage({"n": [float("inf")]}, "content")
+    assert refused.value.code == "number_out_of_range"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import uuid
 
 import pytest
@@ -362,3 +363,38 @@ def test_it_refuses_an_empty_list(alice_api, session):
     response = alice_api.post(events_url(session), [], format="json")
     assert response.status_code == 400
     assert response.json()["error"] == "empty_request"
+
+
+@pytest.mark.parametrize("stored", ['{"w":Infinity}', '[1e400,"x"]', '{"w":NaN,"v":-Infinity}'])
+def test_it_renders_every_read_of_content_stored_with_a_non_finite_number(alice_api, stored):
+    """Content stored before the door refused such numbers (or written by SQL) still renders:
+    every read shows the number as its text instead of failing the whole session."""
+    sid = alice_api.post(
+        "/api/v1/sessions", {"model": "gpt-4o", "systemPrompt": "sys"}, format="json"
+    ).json()["id"]
+    made = alice_api.post(
+        f"/api/v1/sessions/{sid}/events",
+        [
+            {"type": "USER_MESSAGE", "content": [{"type": "text", "text": "q"}]},
+            {"type": "TOOL_CALL", "content": stored, "name": "calc", "toolCallId": "c1"},
+        ],
+        format="json",
+    )
+    assert made.status_code == 201
+    first = made.json()[0]["id"]
+    Event.objects.filter(pk=first).update(content=stored, content_is_json=True)
+    base = f"/api/v1/sessions/{sid}"
+    for method, path in [
+        ("get", "/events"),
+        ("get", f"/events/{first}"),
+        ("get", "/context"),
+        ("get", "/context?format=anthropic"),
+        ("post", "/context"),
+        ("post", "/recall"),
+    ]:
+        body = {"query": "q"} if path == "/recall" else {}
+        response = getattr(alice_api, method)(base + path, body, format="json")
+        assert response.status_code == 200, (path, response.content)
+    events = alice_api.get(f"{base}/events").json()
+    content = next(e for e in events["results"] if e["id"] == first)["content"]
+    assert json.dumps(content, allow_nan=False)

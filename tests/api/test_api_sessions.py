@@ -252,6 +252,20 @@ def test_it_requires_authentication(alice):
     assert not Session.objects.exists()
 
 
+def test_it_says_the_scheme_is_token_when_a_bearer_token_is_sent(alice):
+    from rest_framework.authtoken.models import Token
+
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {Token.objects.create(user=alice).key}")
+    response = client.get(SESSIONS)
+    assert response.status_code == 401
+    body = response.json()
+    assert body["error"] == "not_authenticated"
+    assert "Authorization: Token <key>" in body["detail"]
+    # Without any credential, the usual words.
+    assert "Token <key>" not in APIClient().get(SESSIONS).json()["detail"]
+
+
 def test_it_refuses_a_bad_token(alice):
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION="Token nope")

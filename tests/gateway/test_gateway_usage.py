@@ -60,3 +60,35 @@ def test_it_reads_anthropic_cache_reads_writes_and_the_one_hour_split():
     assert split_only["cache_write_tokens"] == 15
     assert usage.anthropic_messages({})["prompt_tokens"] is None
     assert usage.anthropic_messages({"input_tokens": True})["prompt_tokens"] == 0
+
+
+def test_it_drops_impossible_usage_figures_per_field_and_says_why():
+    figures = {
+        "prompt_tokens": 100,
+        "completion_tokens": 10**13,
+        "total_tokens": 110,
+        "cached_input_tokens": 80,
+        "cache_write_tokens": 40,
+        "cache_write_1h_tokens": 5,
+    }
+    kept, dropped = usage.bounded(figures)
+    assert kept == {
+        "prompt_tokens": 100,
+        "completion_tokens": None,
+        "total_tokens": 110,
+        "cached_input_tokens": None,
+        "cache_write_tokens": None,
+        "cache_write_1h_tokens": None,
+    }
+    assert set(dropped) == {
+        "completionTokens",
+        "cachedInputTokens",
+        "cacheWriteTokens",
+        "cacheWrite1hTokens",
+    }
+    assert "out of range" in dropped["completionTokens"]
+    sane = {**figures, "completion_tokens": 10, "cached_input_tokens": 50}
+    assert usage.bounded(sane) == (sane, {})
+    kept, dropped = usage.bounded({**sane, "cache_write_1h_tokens": 41})
+    assert kept["cache_write_1h_tokens"] is None and kept["cache_write_tokens"] == 40
+    assert list(dropped) == ["cacheWrite1hTokens"]

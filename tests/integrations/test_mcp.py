@@ -557,3 +557,24 @@ def test_it_answers_a_bug_with_rests_internal_error_and_keeps_answering(
         "status": 500,
     }
     assert not after.is_error
+
+
+@pytest.mark.parametrize("name", ["%00", "bobs%00thread", "%ED%A0%80", "a%00"])
+def test_it_answers_a_session_name_holding_nul_as_not_found(live_url, alice, alice_api, name):
+    coding_session(alice_api)
+
+    async def body(client):
+        errors = []
+        for kind in ("summary", "loss-report"):
+            with pytest.raises(MCPError) as refused:
+                await client.read_resource(f"ledger://sessions/{name}/{kind}")
+            errors.append(refused.value)
+        tool = await client.call_tool("ledger_usage", {"session": "a\x00b"})
+        return errors, tool
+
+    errors, tool = run(live_url, token_for(alice), body)
+    for error in errors:
+        assert error.code != -32603, error.message
+        assert error.data["error"] == "not_found" and error.data["status"] == 404
+    # A tool's argument is checked first: the same text is bad input there.
+    assert error_of(tool)["status"] == 400

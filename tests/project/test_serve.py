@@ -46,3 +46,21 @@ def test_it_creates_the_demo_user_in_production_only_when_asked(settings):
     output = _serve("--demo-user")
     user = get_user_model().objects.get(username="demo")
     assert user.check_password("demo") and "API token" in output
+
+
+def test_it_fails_on_a_busy_port_without_saying_it_serves():
+    import socket
+
+    from django.core.management.base import CommandError
+
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen(1)
+        port = holder.getsockname()[1]
+        out = io.StringIO()
+        with pytest.raises(CommandError) as refused:
+            call_command(
+                "serve", "--port", str(port), "--no-demo-user", stdout=out, stderr=io.StringIO()
+            )
+    assert f"127.0.0.1:{port}" in str(refused.value) and "--port" in str(refused.value)
+    assert "Serving on" not in out.getvalue()

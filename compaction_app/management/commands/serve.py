@@ -7,12 +7,13 @@ Celery worker thread (unless a broker is configured), then serves HTTP and webso
 
 from __future__ import annotations
 
+import socket
 from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 from rest_framework.authtoken.models import Token
 
 
@@ -69,6 +70,9 @@ class Command(BaseCommand):
             )
         if check:
             return
+        # Daphne finds a busy port only once it runs, after "Serving on" was printed (and the
+        # embedded worker started): a newcomer read that the server was up.
+        _check_port_free(host, port)
         if settings.EMBEDDED_WORKER:
             from compaction_app.embedded_worker import start_embedded_worker
             from compaction_app.sweeper import start_embedded_sweeper
@@ -94,3 +98,24 @@ class Command(BaseCommand):
 
         # Daphne with deadlines on slow request bodies and idle connections (see there).
         run(host=host, port=port)
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """Refuse to start when `host:port` cannot be listened on (another server holds it).
+    SO_REUSEADDR, as the server sets it: a port whose last connections are still closing
+    (TIME_WAIT) is free to it, and only a listening socket makes this fail."""
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except OSError as exc:
+        raise CommandError(f"cannot serve on {host}:{port}: {exc}") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+            probe.listen(1)
+        except OSError as exc:
+            raise CommandError(
+                f"cannot serve on {host}:{port}: {exc.strerror or exc}"
+                " (is another server running? choose another one with --port)"
+            ) from None
