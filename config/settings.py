@@ -219,6 +219,9 @@ else:
 # The in-memory transport ignores the host, but kombu warns "No hostname was supplied" on
 # every enqueue without one.
 CELERY_BROKER_URL = REDIS_URL or "memory://localhost/"
+# Kombu's Redis transport with its restart fault fixed: a worker holding an unacknowledged task
+# when Redis restarted exited instead of reconnecting (config/redis_broker.py).
+CELERY_BROKER_TRANSPORT = "config.redis_broker:Transport" if REDIS_URL else None
 # An enqueue during a Redis outage retries briefly, then the request answers 503.
 CELERY_TASK_PUBLISH_RETRY_POLICY = {
     "max_retries": 2,
