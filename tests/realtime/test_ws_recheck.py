@@ -226,3 +226,24 @@ def test_it_keeps_sockets_open_across_rechecks_while_their_credentials_hold(
         return still
 
     assert async_to_sync(scenario)() == [True, True, True, True]
+
+
+def test_it_closes_the_sockets_on_a_deleted_session_at_their_next_recheck(
+    alice, alice_api, quick_rechecks
+):
+    session_id = create_session(alice_api)
+    key = api_token(alice)
+
+    async def scenario():
+        one = ws_communicator(f"/ws/sessions/{session_id}/", token=key)
+        feed = ws_communicator("/ws/sessions/", token=key)
+        await open_socket(one)
+        await open_socket(feed)
+        deleted = await sync_to_async(alice_api.delete)(f"/api/v1/sessions/{session_id}")
+        assert deleted.status_code == 204
+        code = await closed_with(one)
+        assert await still_open(feed)
+        await feed.disconnect()
+        return code
+
+    assert async_to_sync(scenario)() == 4403
