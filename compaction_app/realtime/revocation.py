@@ -184,7 +184,11 @@ class RevocableConsumerMixin:
         await self._close_for_auth(CLOSE_REVOKED)
 
     async def auth_recheck(self, event: dict[str, Any]) -> None:
-        await self.recheck()
+        try:
+            await self.recheck()
+        except Exception:
+            # As in the periodic check: the socket stays, the next check decides.
+            logger.warning("could not re-check a websocket's credential", exc_info=True)
 
 
 def _send(group: str, kind: str) -> None:
