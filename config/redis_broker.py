@@ -2,9 +2,10 @@
 
 When a worker loses Redis (a restart, a failover), Celery 5.7 first collects the lost
 connection, which detaches the kombu transport from it (`transport.client = None`), and then
-closes it. A channel that had a receive in flight survives the collection and is closed by
-that second step, which puts its unacknowledged messages back; to reach Redis kombu builds a
-new pool from `transport.client`, and fails with `AttributeError: 'NoneType' object has no
+closes it. A channel the collection left open (in practice one with a receive pending, so a
+worker with more than one pool process) is closed by that second step, which puts its
+unacknowledged messages back; to reach Redis kombu builds a new pool from `transport.client`,
+and fails with `AttributeError: 'NoneType' object has no
 attribute 'hostname'`. That is no connection error, so the worker's clean-up does not absorb
 it and the worker exits ("Unrecoverable error"), taking Celery beat with it when run with -B.
 The task the worker was running hits the same fault when it ends and is acknowledged on its
