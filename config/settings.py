@@ -219,6 +219,9 @@ else:
 # The in-memory transport ignores the host, but kombu warns "No hostname was supplied" on
 # every enqueue without one.
 CELERY_BROKER_URL = REDIS_URL or "memory://localhost/"
+# Kombu's Redis transport with its restart fault fixed: a worker holding an unacknowledged task
+# when Redis restarted exited instead of reconnecting (config/redis_broker.py).
+CELERY_BROKER_TRANSPORT = "config.redis_broker:Transport" if REDIS_URL else None
 # An enqueue during a Redis outage retries briefly, then the request answers 503.
 CELERY_TASK_PUBLISH_RETRY_POLICY = {
     "max_retries": 2,
@@ -270,6 +273,10 @@ AUTH_PASSWORD_VALIDATORS = [
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "dashboard:sessions"
 LOGOUT_REDIRECT_URL = "login"
+# An open websocket re-checks its credential (token, or login session and its password hash)
+# and its permissions this often (compaction_app/realtime/revocation.py): what no signal of
+# this process reports (another process's change, SQL) closes it within this time.
+WS_AUTH_RECHECK_SECONDS = env_float("WS_AUTH_RECHECK_SECONDS", 15.0, minimum=0.1)
 
 # Content-Security-Policy on every page (django-csp). Scripts only from this origin, or inline
 # with the response's nonce (`{{ request.csp_nonce }}`); the pages' own scripts are files.

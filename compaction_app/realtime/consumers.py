@@ -8,21 +8,22 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from compaction_app.realtime.broadcast import STAFF_GROUP, session_group, user_group
-from compaction_app.realtime.revocation import RevocableConsumerMixin
+from compaction_app.realtime.revocation import CLOSE_FORBIDDEN, RevocableConsumerMixin
 from sessions_app.errors import NotFound
 from sessions_app.selectors import session_get
 
 CLOSE_UNAUTHENTICATED = 4401
-CLOSE_FORBIDDEN = 4403
 
 
-@database_sync_to_async
-def _may_see(user: Any, session_id: str) -> bool:
+def _visible(user: Any, session_id: str) -> bool:
     try:
         session_get(user=user, session_id=session_id)
     except NotFound:
         return False
     return True
+
+
+_may_see = database_sync_to_async(_visible)
 
 
 class _LedgerConsumer(RevocableConsumerMixin, AsyncJsonWebsocketConsumer):
@@ -49,6 +50,7 @@ class _LedgerConsumer(RevocableConsumerMixin, AsyncJsonWebsocketConsumer):
         for group in groups:
             await self.channel_layer.group_add(group, self.channel_name)
         await self.accept()
+        self.start_rechecks()
 
     async def disconnect(self, code: int) -> None:
         for group in getattr(self, "groups_joined", []):
@@ -76,7 +78,12 @@ class SessionsConsumer(_LedgerConsumer):
             return
         self.user = user
         # Staff get the staff group only, so each message arrives once.
-        await self._join([STAFF_GROUP] if user.is_staff else [user_group(user.pk)])
+        self.watches_all = bool(user.is_staff)
+        await self._join([STAFF_GROUP] if self.watches_all else [user_group(user.pk)])
+
+    def still_permitted(self, user: Any) -> bool:
+        # A demoted user's feed of every session closes (4403); a new socket gets its own.
+        return user.is_staff or not self.watches_all
 
 
 class SessionConsumer(_LedgerConsumer):
@@ -91,3 +98,7 @@ class SessionConsumer(_LedgerConsumer):
             await self._refuse(CLOSE_FORBIDDEN)
             return
         await self._join([session_group(self.session_id)])
+
+    def still_permitted(self, user: Any) -> bool:
+        # Staff watching another user's session, demoted since: closed (4403).
+        return _visible(user, self.session_id)

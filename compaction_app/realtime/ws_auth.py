@@ -19,8 +19,7 @@ from channels.security.websocket import OriginValidator
 from django.conf import settings
 from django.contrib.auth.models import AnonymousUser
 
-from compaction_app.realtime.consumers import CLOSE_FORBIDDEN
-from compaction_app.realtime.revocation import SCOPE_TOKEN
+from compaction_app.realtime.revocation import CLOSE_FORBIDDEN, SCOPE_TOKEN
 
 
 @database_sync_to_async

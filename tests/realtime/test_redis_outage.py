@@ -12,125 +12,24 @@ from __future__ import annotations
 
 import logging
 import shutil
-import subprocess
-import time
-import uuid
 
 import pytest
-import redis
 
 from compaction_app.models import CompactionRun
 from sessions_app.models import Event
-from tests.support.helpers import append_events, closed_port, create_session
+from tests.support.helpers import append_events, create_session
+from tests.support.private_redis import running_private_redis, this_process_on
 
 pytestmark = pytest.mark.skipif(
     shutil.which("redis-server") is None, reason="redis-server is not installed"
 )
 
 
-class PrivateRedis:
-    def __init__(self) -> None:
-        self.port = closed_port()
-        self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.process: subprocess.Popen | None = None
-
-    def start(self) -> None:
-        self.process = subprocess.Popen(
-            [
-                "redis-server",
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        client = redis.Redis.from_url(self.url)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                if client.ping():
-                    return
-            except redis.ConnectionError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.05)
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.kill()
-            self.process.wait(timeout=10)
-            self.process = None
-
-
 @pytest.fixture
-def private_redis():
-    server = PrivateRedis()
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture
-def on_private_redis(settings, private_redis):
-    """Cache, channel layer and Celery broker of this process pointed at the private Redis,
-    configured exactly as the production profile configures them."""
-    from config.celery import app
-
-    timeout = settings.REDIS_CONNECT_TIMEOUT_SECONDS
-    original = {"CACHES": settings.CACHES, "CHANNEL_LAYERS": settings.CHANNEL_LAYERS}
-    settings.CACHES = {
-        "default": {
-            "BACKEND": "django.core.cache.backends.redis.RedisCache",
-            "LOCATION": private_redis.url,
-            "OPTIONS": {
-                "pool_class": "config.redis_pool.SharedBlockingConnectionPool",
-                "max_connections": 20,
-                "timeout": timeout,
-                "socket_connect_timeout": timeout,
-                "socket_timeout": timeout,
-                "health_check_interval": 30,
-            },
-        }
-    }
-    settings.CHANNEL_LAYERS = {
-        "default": {
-            "BACKEND": "compaction_app.realtime.layers.LedgerRedisChannelLayer",
-            "CONFIG": {
-                "hosts": [
-                    {
-                        "address": private_redis.url,
-                        "socket_timeout": 15,
-                        "socket_connect_timeout": timeout,
-                        "socket_keepalive": True,
-                        "health_check_interval": 30,
-                    }
-                ],
-                "prefix": f"outage-{uuid.uuid4().hex[:8]}",
-            },
-        }
-    }
-    previous = app.conf.broker_url
-    app.conf.broker_url = private_redis.url
-    _forget_broker_connections(app)
-    yield private_redis
-    # Back to the usual cache now: the autouse fixture clears the cache after this teardown.
-    for name, value in original.items():
-        setattr(settings, name, value)
-    app.conf.broker_url = previous
-    _forget_broker_connections(app)
-
-
-def _forget_broker_connections(app) -> None:
-    # Celery caches its connection and producer pools on first use; drop them so the next
-    # publish connects to the broker URL now configured.
-    app._pool = None
-    app.amqp._producer_pool = None
+def on_private_redis(settings):
+    """Cache, channel layer and Celery broker of this process on a private Redis."""
+    with running_private_redis() as server, this_process_on(settings, server):
+        yield server
 
 
 @pytest.mark.django_db(transaction=True)

@@ -3,41 +3,14 @@ deactivated user, a logout. Sockets of other credentials stay open."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from asgiref.sync import async_to_sync, sync_to_async
-from django.test import Client
 from rest_framework.authtoken.models import Token
 
 from tests.support.helpers import api_token, create_session, ws_communicator
+from tests.support.websockets import closed_with, login_cookie, open_socket, still_open
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-async def _open(communicator: Any) -> None:
-    connected, _ = await communicator.connect(timeout=5)
-    assert connected
-    await communicator.send_json_to({"type": "ping"})
-    assert await communicator.receive_json_from(timeout=5) == {"type": "pong"}
-
-
-async def _closed_with(communicator: Any) -> int | None:
-    while True:
-        output = await communicator.receive_output(timeout=5)
-        if output["type"] == "websocket.close":
-            return output.get("code")
-
-
-async def _still_open(communicator: Any) -> bool:
-    await communicator.send_json_to({"type": "ping"})
-    return await communicator.receive_json_from(timeout=5) == {"type": "pong"}
-
-
-def _cookie_for(username: str) -> tuple[Client, str]:
-    browser = Client()
-    assert browser.login(username=username, password=f"pw-{username}")
-    return browser, f"sessionid={browser.cookies['sessionid'].value}"
 
 
 def test_it_closes_token_sockets_when_the_token_is_deleted(alice, bob, alice_api):
@@ -49,10 +22,10 @@ def test_it_closes_token_sockets_when_the_token_is_deleted(alice, bob, alice_api
         one = ws_communicator(f"/ws/sessions/{session_id}/", token=alice_key)
         other = ws_communicator("/ws/sessions/", token=bob_key)
         for communicator in (feed, one, other):
-            await _open(communicator)
+            await open_socket(communicator)
         await sync_to_async(Token.objects.filter(key=alice_key).delete)()
-        codes = [await _closed_with(feed), await _closed_with(one)]
-        assert await _still_open(other)
+        codes = [await closed_with(feed), await closed_with(one)]
+        assert await still_open(other)
         await other.disconnect()
         return codes
 
@@ -68,11 +41,11 @@ def test_it_closes_token_sockets_when_the_token_is_rotated(alice, alice_api):
 
     async def scenario():
         old = ws_communicator("/ws/sessions/", token=old_key)
-        await _open(old)
+        await open_socket(old)
         new_key = await sync_to_async(rotate)()
-        code = await _closed_with(old)
+        code = await closed_with(old)
         fresh = ws_communicator("/ws/sessions/", token=new_key)
-        await _open(fresh)
+        await open_socket(fresh)
         await fresh.disconnect()
         return code
 
@@ -81,8 +54,8 @@ def test_it_closes_token_sockets_when_the_token_is_rotated(alice, alice_api):
 
 def test_it_closes_every_socket_of_a_deactivated_user(alice, bob, alice_api):
     key = api_token(alice)
-    _, cookie = _cookie_for("alice")
-    _, bob_cookie = _cookie_for("bob")
+    _, cookie = login_cookie("alice")
+    _, bob_cookie = login_cookie("bob")
 
     def deactivate() -> None:
         alice.is_active = False
@@ -93,10 +66,10 @@ def test_it_closes_every_socket_of_a_deactivated_user(alice, bob, alice_api):
         by_cookie = ws_communicator("/ws/sessions/", cookie=cookie)
         other = ws_communicator("/ws/sessions/", cookie=bob_cookie)
         for communicator in (by_token, by_cookie, other):
-            await _open(communicator)
+            await open_socket(communicator)
         await sync_to_async(deactivate)()
-        codes = [await _closed_with(by_token), await _closed_with(by_cookie)]
-        assert await _still_open(other)
+        codes = [await closed_with(by_token), await closed_with(by_cookie)]
+        assert await still_open(other)
         await other.disconnect()
         return codes
 
@@ -104,8 +77,8 @@ def test_it_closes_every_socket_of_a_deactivated_user(alice, bob, alice_api):
 
 
 def test_it_closes_the_sockets_of_a_login_that_logs_out(alice, alice_api):
-    browser, cookie = _cookie_for("alice")
-    _, other_login = _cookie_for("alice")
+    browser, cookie = login_cookie("alice")
+    _, other_login = login_cookie("alice")
     key = api_token(alice)
 
     async def scenario():
@@ -113,11 +86,11 @@ def test_it_closes_the_sockets_of_a_login_that_logs_out(alice, alice_api):
         elsewhere = ws_communicator("/ws/sessions/", cookie=other_login)
         agent = ws_communicator("/ws/sessions/", token=key)
         for communicator in (logged_out, elsewhere, agent):
-            await _open(communicator)
+            await open_socket(communicator)
         response = await sync_to_async(browser.post)("/accounts/logout/")
         assert response.status_code in (200, 302)
-        code = await _closed_with(logged_out)
-        assert await _still_open(elsewhere) and await _still_open(agent)
+        code = await closed_with(logged_out)
+        assert await still_open(elsewhere) and await still_open(agent)
         await elsewhere.disconnect()
         await agent.disconnect()
         return code
