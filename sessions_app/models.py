@@ -246,3 +246,73 @@ class Thread(models.Model):
 
     def __str__(self) -> str:
         return f"{self.session_id}/{self.key}"
+
+
+class CallStatus(models.TextChoices):
+    """How a gateway call ended, from the client's side."""
+
+    OK = "ok"  # the provider answered with a reply
+    PROVIDER_ERROR = "provider_error"  # the provider answered with an error status or event
+    REFUSED = "refused"  # the gateway refused it (e.g. context_length_exceeded), nothing sent
+    UPSTREAM_UNAVAILABLE = "upstream_unavailable"  # no provider could be reached
+    TIMEOUT = "timeout"  # the provider did not answer in time
+    INTERRUPTED = "interrupted"  # the provider broke off its streamed answer
+    CLIENT_DISCONNECTED = "client_disconnected"  # the client went away before the end
+
+
+ERROR_STATUSES = frozenset(set(CallStatus) - {CallStatus.OK})
+
+
+class Call(models.Model):
+    """One provider call through the gateway, whatever its outcome: the row people check first
+    (latency, status, tokens, cost). Written after the response is sent (never on the call's
+    hot path); the reply itself is in the session's events (`reply_seq`)."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="calls")
+    started_at = models.DateTimeField()
+    wire = models.CharField(max_length=32)
+    thread = models.CharField(max_length=200, blank=True, default="")
+    model_requested = models.CharField(max_length=200, blank=True, default="")
+    model_served = models.CharField(max_length=200, blank=True, default="")
+    status = models.CharField(max_length=32, choices=CallStatus.choices)
+    # The HTTP status the client got (None: it went away before an answer).
+    http_status = models.PositiveSmallIntegerField(null=True, blank=True)
+    error_code = models.CharField(max_length=100, blank=True, default="")
+    error = models.CharField(max_length=500, blank=True, default="")
+    stream = models.BooleanField(default=False)
+    # Milliseconds from the request's arrival to the provider's first byte (a stream's first
+    # chunk; otherwise its response headers), and to the end of the answer.
+    ttfb_ms = models.PositiveIntegerField(null=True, blank=True)
+    total_ms = models.PositiveIntegerField(null=True, blank=True)
+    # The provider's usage (None: not reported); cached and cache write are parts of prompt.
+    prompt_tokens = models.PositiveBigIntegerField(null=True, blank=True)
+    cached_input_tokens = models.PositiveBigIntegerField(null=True, blank=True)
+    cache_write_tokens = models.PositiveBigIntegerField(null=True, blank=True)
+    completion_tokens = models.PositiveBigIntegerField(null=True, blank=True)
+    # The call's price (None: no usage, or the model has no price).
+    cost_nano_usd = models.PositiveBigIntegerField(null=True, blank=True)
+    # Fitting: whether what was forwarded differs from what the client sent, our count of
+    # what was forwarded, and what fitting kept from being sent (client's request − forwarded).
+    fitted = models.BooleanField(default=False)
+    forwarded_tokens = models.PositiveBigIntegerField(null=True, blank=True)
+    saved_tokens = models.PositiveBigIntegerField(default=0)
+    # Every model tried, in order: [{"model", "outcome", "httpStatus"?}]; more than one is a
+    # failover.
+    attempts = models.JSONField(default=list, blank=True)
+    # The reply's first event (None: nothing recorded).
+    reply_seq = models.PositiveBigIntegerField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-started_at", "id"]
+        indexes = [
+            models.Index(fields=["session", "-started_at"], name="call_session_time_idx"),
+            models.Index(fields=["-started_at"], name="call_time_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.session_id} {self.started_at:%Y-%m-%d %H:%M:%S} {self.status}"
+
+    @property
+    def failovers(self) -> int:
+        return max(len(self.attempts or []) - 1, 0)

@@ -7,6 +7,9 @@ them instead (`sessions_app.signals.collect_appended`) and sends them merged, on
 from a worker thread once its response is ready: watchers see the usage a few milliseconds
 later, and nothing is skipped (an error response, a failed stream and a call that raised
 send theirs too).
+
+The call itself (calls.Trace) is stored there too, after the announcements: a call's row
+costs the call nothing.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any, TypeVar
 from asgiref.sync import sync_to_async
 from django.db import connections
 
+from compaction_app.gateway import calls
 from sessions_app.signals import collect_appended, send_collected
 
 logger = logging.getLogger("compaction_app.gateway")
@@ -34,10 +38,12 @@ _open = 0  # calls whose announcements are not sent yet
 class Announcements:
     """One provider call's announcements, from its first append until they are sent."""
 
-    def __init__(self) -> None:
+    def __init__(self, call: calls.Trace | None = None) -> None:
         global _open
         self.collected: list[dict[str, Any]] = []
         self.done = False
+        # The call to store with them (a conversation call's).
+        self.call = call
         with _idle:
             _open += 1
 
@@ -53,22 +59,26 @@ class Announcements:
         self.done = True
         batch = list(self.collected)
         self.collected.clear()
-        if not batch:
+        if not batch and self.call is None:
             _close()
             return
         # Not thread_sensitive: the request's own thread is about to finish the response.
         task = asyncio.get_running_loop().create_task(
-            sync_to_async(_send, thread_sensitive=False)(batch)
+            sync_to_async(_send, thread_sensitive=False)(batch, self.call)
         )
         _tasks.add(task)
         task.add_done_callback(_tasks.discard)
 
 
-def _send(batch: list[dict[str, Any]]) -> None:
+def _send(batch: list[dict[str, Any]], call: calls.Trace | None = None) -> None:
     try:
-        send_collected(batch)
+        if batch:
+            send_collected(batch)
     except Exception:
         logger.exception("announcing a gateway call's appends failed")
+    try:
+        if call is not None:
+            calls.save(call)
     finally:
         # A pool thread serves no request, so nothing else would hand its connection back.
         connections.close_all()

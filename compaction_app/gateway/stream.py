@@ -5,13 +5,28 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from compaction_app.gateway.forward import UpstreamError, UpstreamResponse
 from compaction_app.gateway.wire import StreamAccumulator
 
 logger = logging.getLogger("compaction_app.gateway")
+
+# How a relayed stream ended (StreamEnding.reason).
+COMPLETE = "complete"
+PROVIDER_ERROR = "provider_error"  # the provider's own error event
+INTERRUPTED = "interrupted"  # the upstream broke off or closed early
+CLIENT_DISCONNECTED = "client_disconnected"
+
+
+@dataclass
+class StreamEnding:
+    first_chunk: float | None = None  # time.monotonic() of the upstream's first chunk
+    reason: str = ""
+
 
 # Recording tasks started while a cancelled stream unwinds: referenced until done so the
 # event loop does not drop them.
@@ -24,23 +39,39 @@ async def relay(
     accumulator: StreamAccumulator,
     stream_error: Callable[[str], bytes],
     on_end: Callable[[bool], Awaitable[None]],
+    ending: StreamEnding | None = None,
 ) -> AsyncIterator[bytes]:
     """Yield the upstream's bytes unchanged; on the way, feed them to `accumulator`. At the
     end call `on_end(incomplete)`. An upstream failure mid-stream reaches the client as the
-    provider's own error event."""
+    provider's own error event. `ending`, when given, learns when the first chunk came and
+    how the stream ended (the call's record)."""
     finished = False
     try:
         async for chunk in response.aiter_raw():
+            if ending is not None and ending.first_chunk is None:
+                ending.first_chunk = time.monotonic()
             accumulator.feed(chunk)
             yield chunk
         finished = True
         if not accumulator.done and not accumulator.errored:
             # The upstream closed the connection before its last event.
+            if ending is not None:
+                ending.reason = INTERRUPTED
             yield stream_error("the upstream stream ended before the reply was complete")
     except UpstreamError as exc:
         logger.warning("upstream stream broke: %s", exc)
+        if ending is not None:
+            ending.reason = INTERRUPTED
         yield stream_error(f"the upstream stream was interrupted ({exc})")
     finally:
+        if ending is not None and not ending.reason:
+            if accumulator.errored:
+                ending.reason = PROVIDER_ERROR
+            elif accumulator.done:
+                ending.reason = COMPLETE
+            else:
+                # Neither the upstream's end nor its failure: the client stopped reading.
+                ending.reason = CLIENT_DISCONNECTED
         # Complete once the provider's closing event went through, even if the client hung up
         # right after reading it.
         incomplete = not accumulator.done or accumulator.errored

@@ -32,6 +32,7 @@ from django.views.decorators.csrf import csrf_exempt
 from compaction_app.gateway import (
     after,
     anthropic,
+    calls,
     forward,
     openai,
     responses,
@@ -44,7 +45,7 @@ from compaction_app.gateway.fit import Fitted
 from compaction_app.gateway.messages import GatewayError, GatewayInputError, Reply
 from compaction_app.gateway.prepare import Call, fit_call, prepare
 from compaction_app.gateway.record import authenticate
-from compaction_app.gateway.stream import relay
+from compaction_app.gateway.stream import StreamEnding, relay
 from compaction_app.gateway.wire import ParsedRequest, Wire
 from compaction_app.realtime import broadcast
 from sessions_app import tokens
@@ -55,7 +56,8 @@ from sessions_app.api.parsers import (
     strict_loads,
 )
 from sessions_app.errors import InvalidInput
-from sessions_app.models import ROLE_FOR_TYPE
+from sessions_app.models import ROLE_FOR_TYPE, CallStatus
+from sessions_app.pricing import saved_tokens
 from sessions_app.services import model_registry
 from sessions_app.storable import provider_loads
 
@@ -80,6 +82,27 @@ def _error(wire: Wire, exc: GatewayError, headers: dict[str, str] | None = None)
     for name, value in (headers or {}).items():
         response[name] = value
     return response
+
+
+def _refused(
+    wire: Wire,
+    trace: calls.Trace,
+    exc: GatewayError,
+    headers: dict[str, str] | None = None,
+    *,
+    status: str = CallStatus.REFUSED,
+) -> JsonResponse:
+    """The gateway's own error answer, noted as the call's ending."""
+    trace.end(status, http_status=exc.status, code=exc.code or "", error=exc.message)
+    return _error(wire, exc, headers)
+
+
+def _upstream_failed(exc: forward.UpstreamError) -> str:
+    return (
+        CallStatus.TIMEOUT
+        if isinstance(exc.__cause__, TimeoutError)
+        else CallStatus.UPSTREAM_UNAVAILABLE
+    )
 
 
 def _method_not_allowed(wire: Wire, allowed: tuple[str, ...]) -> JsonResponse:
@@ -169,10 +192,21 @@ def _fallbacks(request: HttpRequest) -> list[str]:
 async def conversation(request: HttpRequest, wire: Wire) -> HttpResponseBase:
     # Websocket pushes caused by this request go out on this loop without holding it up.
     broadcast.DEFER_TO_LOOP.set(asyncio.get_running_loop())
-    announced = after.Announcements()
+    # What the calls ledger keeps of this call, stored with the announcements (after.py).
+    trace = calls.Trace(
+        wire=wire.NAME,
+        key=request.headers.get("X-Ledger-Key"),
+        session_header=request.headers.get("X-Ledger-Session"),
+    )
+    announced = after.Announcements(trace)
     try:
         response = await _serve(request, wire, announced)
-    except BaseException:
+    except asyncio.CancelledError:
+        trace.end(CallStatus.CLIENT_DISCONNECTED)  # the client went away (Django cancels)
+        announced.send_later()
+        raise
+    except BaseException as exc:
+        trace.end(CallStatus.REFUSED, http_status=500, code="internal_error", error=repr(exc))
         announced.send_later()
         raise
     if not isinstance(response, StreamingHttpResponse):
@@ -195,13 +229,20 @@ class _Request:
 async def _serve(
     request: HttpRequest, wire: Wire, announced: after.Announcements
 ) -> HttpResponseBase:
+    trace = announced.call
+    assert trace is not None
     if request.method != "POST":
+        trace.end(CallStatus.REFUSED, http_status=405, code="method_not_allowed")
         return _method_not_allowed(wire, ("POST",))
     try:
         sent = _validate(request, wire)
+        trace.model_requested, trace.stream = sent.parsed.model, bool(sent.parsed.stream)
         call = await _prepare(request, wire, sent, announced)
     except GatewayError as exc:
-        return _error(wire, exc)
+        return _refused(wire, trace, exc)
+    trace.session = call.session
+    if call.request is not None and call.request.thread is not None:
+        trace.thread = call.request.thread.key
     forwarded = await _forward(request, wire, sent, call)
     if isinstance(forwarded, HttpResponseBase):
         return forwarded
@@ -269,6 +310,9 @@ async def _forward(
     models = [model, *[m for m in _fallbacks(request) if m != model]]
     fitted = call.fitted
     failure = ""
+    trace = call.announced.call
+    assert trace is not None
+    ending: str = CallStatus.UPSTREAM_UNAVAILABLE
     for number, target in enumerate(models):
         last = number == len(models) - 1
         if number:
@@ -285,8 +329,9 @@ async def _forward(
                 )
             except GatewayError as exc:
                 failure = exc.message
+                trace.attempt(target, "refused")
                 if last:
-                    return _error(wire, exc, _ledger_headers(call, fitted))
+                    return _refused(wire, trace, exc, _ledger_headers(call, fitted))
                 continue
         # A fitted body is sent as text too: encoded whole, it was held twice more.
         content = sent.raw if fitted.body is None else forward.Body(json.dumps(fitted.body))
@@ -295,18 +340,24 @@ async def _forward(
         except forward.UpstreamError as exc:
             failure = f"the upstream for {target} could not be reached ({exc})"
             logger.warning("gateway: %s", failure)
+            ending = _upstream_failed(exc)
+            trace.attempt(target, ending)
             continue
+        trace.attempt(target, "answered", response.status_code)
         if forward.is_retryable_status(response.status_code) and not last:
             logger.warning(
                 "gateway: %s answered %s, trying the next model", target, response.status_code
             )
             await response.aclose()
             continue
+        trace.mark_first_byte()
         return _Forwarded(response=response, fitted=fitted)
-    return _error(
+    return _refused(
         wire,
+        trace,
         GatewayError(failure, status=502, code="upstream_unavailable"),
         _ledger_headers(call, fitted),
+        status=ending,
     )
 
 
@@ -315,6 +366,14 @@ async def _respond(
 ) -> HttpResponseBase:
     """Relay the upstream's answer (streamed as it arrives) and record the reply."""
     response, fitted = forwarded.response, forwarded.fitted
+    trace = call.announced.call
+    assert trace is not None
+    trace.model_served = fitted.model
+    trace.fitted = fitted.body is not None
+    trace.forwarded_tokens = fitted.token_count
+    trace.saved_tokens = saved_tokens(
+        client_tokens=call.client_tokens, forwarded_tokens=fitted.token_count
+    )
     passed = {**forward.returned_headers(response.headers), **_ledger_headers(call, fitted)}
     content_type = response.headers.get("content-type", "application/json")
     # An upstream may answer a streamed request with one JSON body (some compatible servers
@@ -323,16 +382,37 @@ async def _respond(
     if response.status_code >= 400 or not stream or plain:
         try:
             data = await response.aread()
+        except forward.UpstreamError as exc:
+            # Headers came, then the body broke off or stalled past the timeout.
+            return _refused(
+                wire,
+                trace,
+                GatewayError(
+                    f"the upstream broke off its answer ({exc})",
+                    status=502,
+                    code="upstream_unavailable",
+                ),
+                _ledger_headers(call, fitted),
+                status=_upstream_failed(exc),
+            )
         finally:
             await response.aclose()
         if response.status_code < 400:
             await _record_plain(wire=wire, call=call, fitted=fitted, data=data)
+            trace.end(CallStatus.OK, http_status=response.status_code)
+        else:
+            trace.end(
+                CallStatus.PROVIDER_ERROR,
+                http_status=response.status_code,
+                **_provider_error(data),
+            )
         reply = HttpResponse(data, status=response.status_code, content_type=content_type)
         for name, value in passed.items():
             reply[name] = value
         return reply
 
     accumulator = wire.stream_accumulator(fitted.model)
+    ending = StreamEnding()
 
     async def on_end(incomplete: bool) -> None:
         try:
@@ -340,6 +420,12 @@ async def _respond(
             if reply_message is not None:
                 await _record(call=call, fitted=fitted, reply=reply_message, incomplete=incomplete)
         finally:
+            # The first chunk, not the headers: what a streaming client waits for.
+            trace.first_byte = ending.first_chunk
+            trace.end(
+                _STREAM_STATUS.get(ending.reason, CallStatus.OK),
+                http_status=response.status_code,
+            )
             call.announced.send_later()
 
     streamed = StreamingHttpResponse(
@@ -348,6 +434,7 @@ async def _respond(
             accumulator=accumulator,
             stream_error=wire.stream_error,
             on_end=on_end,
+            ending=ending,
         ),
         status=response.status_code,
         content_type=content_type,
@@ -372,6 +459,26 @@ async def _record_plain(*, wire: Wire, call: Call, fitted: Fitted, data: bytes) 
     await _record(call=call, fitted=fitted, reply=reply, incomplete=False)
 
 
+_STREAM_STATUS = {
+    "provider_error": CallStatus.PROVIDER_ERROR,
+    "interrupted": CallStatus.INTERRUPTED,
+    "client_disconnected": CallStatus.CLIENT_DISCONNECTED,
+}
+
+
+def _provider_error(data: bytes) -> dict[str, str]:
+    """The provider's error code and message, from its error body (both wires nest them
+    under `error`), for the call's row."""
+    try:
+        found = json.loads(data).get("error")
+    except (ValueError, AttributeError):
+        return {"error": data[:200].decode("utf-8", "replace")}
+    if not isinstance(found, dict):
+        return {}
+    code = found.get("code") or found.get("type") or ""
+    return {"code": str(code), "error": str(found.get("message") or "")}
+
+
 async def _record(*, call: Call, fitted: Fitted, reply: Reply, incomplete: bool) -> None:
     # The provider answered: bookkeeping trouble is logged and shown, never the call's failure.
     await threads.run(
@@ -386,6 +493,11 @@ async def _record(*, call: Call, fitted: Fitted, reply: Reply, incomplete: bool)
         incomplete=incomplete,
         metadata={"requestedModel": fitted.model} if fitted.model != reply.model else None,
     )
+    if call.announced.call is not None:
+        chains = call.request.chains if call.request is not None else ()
+        # As record_thread_reply continues the chain (None: it computes it the long way).
+        after_chain = (chains[-1] or None) if chains else ""
+        call.announced.call.replied(reply=reply, after_chain=after_chain)
 
 
 # --- passthrough: endpoints the gateway has no rule for --------------------------------------------

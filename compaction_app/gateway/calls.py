@@ -1,0 +1,143 @@
+"""What the gateway measures of one call (`Trace`), handed to the calls ledger
+(sessions_app.calls) once the response is sent.
+
+The views fill a trace as the call goes (the session, each model tried, the first byte, the
+reply's usage, how it ended); after.py stores it from its worker thread together with the
+call's announcements, so recording a call costs the call nothing: no statement, no commit
+on its way. A call refused before its session is known is attributed to the session its
+headers name, when the caller's key owns it (a bad key or no session records nothing).
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from compaction_app.gateway.messages import Reply, chain_hash, event_id
+from sessions_app import sql
+from sessions_app.calls import call_record
+from sessions_app.models import CallStatus, Event, Session
+
+logger = logging.getLogger("compaction_app.gateway")
+
+
+@dataclass
+class Trace:
+    wire: str
+    key: str | None
+    session_header: str | None
+    model_requested: str = ""
+    stream: bool = False
+    started_at: datetime.datetime = field(
+        default_factory=lambda: datetime.datetime.now(datetime.UTC)
+    )
+    started: float = field(default_factory=time.monotonic)
+    session: Session | None = None
+    thread: str = ""
+    status: str = ""
+    http_status: int | None = None
+    error_code: str = ""
+    error: str = ""
+    first_byte: float | None = None
+    ended: float | None = None
+    model_served: str = ""
+    reply: Reply | None = None
+    reply_event: Any = None  # the reply's first event id, when it was recorded
+    fitted: bool = False
+    forwarded_tokens: int | None = None
+    saved_tokens: int = 0
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+
+    def mark_first_byte(self) -> None:
+        if self.first_byte is None:
+            self.first_byte = time.monotonic()
+
+    def end(
+        self, status: str, *, http_status: int | None = None, code: str = "", error: str = ""
+    ) -> None:
+        """How the call ended; the first ending given stands (a stream's on_end after the
+        view's own)."""
+        if self.status:
+            return
+        self.status = status
+        self.http_status = http_status
+        self.error_code = code
+        self.error = error
+        self.ended = time.monotonic()
+
+    def attempt(self, model: str, outcome: str, http_status: int | None = None) -> None:
+        entry: dict[str, Any] = {"model": model, "outcome": outcome}
+        if http_status is not None:
+            entry["httpStatus"] = http_status
+        self.attempts.append(entry)
+
+    def replied(self, *, reply: Reply, after_chain: str | None) -> None:
+        """The reply as recorded: its usage, and where its events are (ids derived as
+        record.record_reply derives them)."""
+        self.reply = reply
+        self.model_served = reply.model
+        if after_chain is not None and self.session is not None:
+            self.reply_event = event_id(
+                self.session.pk, chain_hash(after_chain, reply.message.hash), 0
+            )
+
+    def _ms(self, moment: float | None) -> int | None:
+        return None if moment is None else max(int(round((moment - self.started) * 1000)), 0)
+
+
+def save(trace: Trace) -> None:
+    """Store the call (sync; after.py's worker thread). Never raises."""
+    try:
+        _save(trace)
+    except Exception:
+        logger.exception("gateway: recording a call failed")
+
+
+def _save(trace: Trace) -> None:
+    if not trace.status:
+        # Ended without a word from the views: the client went away (the view was cancelled).
+        trace.end(CallStatus.CLIENT_DISCONNECTED)
+    session = trace.session
+    if session is None:
+        name = (trace.session_header or "").strip()
+        if not trace.key or not name:
+            return
+        session = sql.owned_session(key=trace.key, name=name)
+        if session is None:
+            return
+    reply = trace.reply
+    reply_seq = None
+    if trace.reply_event is not None:
+        reply_seq = (
+            Event.objects.filter(pk=trace.reply_event, session_id=session.pk)
+            .values_list("seq", flat=True)
+            .first()
+        )
+    call_record(
+        session_id=session.pk,
+        started_at=trace.started_at,
+        wire=trace.wire,
+        status=trace.status,
+        thread=trace.thread,
+        model_requested=trace.model_requested,
+        model_served=trace.model_served,
+        http_status=trace.http_status,
+        error_code=trace.error_code,
+        error=trace.error,
+        stream=trace.stream,
+        ttfb_ms=trace._ms(trace.first_byte),
+        total_ms=trace._ms(trace.ended),
+        prompt_tokens=reply.prompt_tokens if reply else None,
+        cached_input_tokens=reply.cached_input_tokens if reply else None,
+        cache_write_tokens=reply.cache_write_tokens if reply else None,
+        cache_write_1h_tokens=reply.cache_write_1h_tokens if reply else None,
+        completion_tokens=reply.completion_tokens if reply else None,
+        fitted=trace.fitted,
+        forwarded_tokens=trace.forwarded_tokens,
+        saved_tokens=trace.saved_tokens,
+        attempts=trace.attempts,
+        reply_seq=reply_seq,
+    )
