@@ -12,11 +12,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
-from django.db import transaction
-from django.db.models import Count, Q, QuerySet, Sum
+from django.db.models import Count, OuterRef, Q, QuerySet, Subquery, Sum
 
 from sessions_app import pricing
-from sessions_app.models import ERROR_STATUSES, Call, CallStatus, Session
+from sessions_app.models import ERROR_STATUSES, Call, CallStatus, Event, Session
 
 # Percentiles are computed over at most this many of the range's most recent calls (the
 # database engines share no percentile function); the totals cover the whole range.
@@ -52,7 +51,7 @@ def call_record(
     forwarded_tokens: int | None = None,
     saved_tokens: int = 0,
     attempts: Sequence[dict[str, Any]] = (),
-    reply_seq: int | None = None,
+    reply_event_id: uuid.UUID | None = None,
 ) -> Call:
     """Store one gateway call. Its cost is priced here, as the session's bill prices it."""
     if status not in CallStatus.values:
@@ -69,32 +68,33 @@ def call_record(
                 cache_write_1h_tokens=cache_write_1h_tokens or 0,
             ),
         ).nano_usd
-    with transaction.atomic():
-        return Call.objects.create(
-            session_id=session_id,
-            started_at=started_at,
-            wire=_bounded(wire, 32),
-            status=status,
-            thread=_bounded(thread, 200),
-            model_requested=_bounded(model_requested, 200),
-            model_served=_bounded(model_served, 200),
-            http_status=http_status,
-            error_code=_bounded(error_code, 100),
-            error=_bounded(error, 500),
-            stream=stream,
-            ttfb_ms=ttfb_ms,
-            total_ms=total_ms,
-            prompt_tokens=prompt_tokens,
-            cached_input_tokens=cached_input_tokens,
-            cache_write_tokens=cache_write_tokens,
-            completion_tokens=completion_tokens,
-            cost_nano_usd=cost,
-            fitted=fitted,
-            forwarded_tokens=forwarded_tokens,
-            saved_tokens=max(saved_tokens, 0),
-            attempts=list(attempts),
-            reply_seq=reply_seq,
-        )
+    # One INSERT, atomic by itself (on SQLite a transaction around it would take the write
+    # lock one statement earlier).
+    return Call.objects.create(
+        session_id=session_id,
+        started_at=started_at,
+        wire=_bounded(wire, 32),
+        status=status,
+        thread=_bounded(thread, 200),
+        model_requested=_bounded(model_requested, 200),
+        model_served=_bounded(model_served, 200),
+        http_status=http_status,
+        error_code=_bounded(error_code, 100),
+        error=_bounded(error, 500),
+        stream=stream,
+        ttfb_ms=ttfb_ms,
+        total_ms=total_ms,
+        prompt_tokens=prompt_tokens,
+        cached_input_tokens=cached_input_tokens,
+        cache_write_tokens=cache_write_tokens,
+        completion_tokens=completion_tokens,
+        cost_nano_usd=cost,
+        fitted=fitted,
+        forwarded_tokens=forwarded_tokens,
+        saved_tokens=max(saved_tokens, 0),
+        attempts=list(attempts),
+        reply_event_id=reply_event_id,
+    )
 
 
 # --- reads ---------------------------------------------------------------------------------------
@@ -141,7 +141,18 @@ def calls_visible_to(
         queryset = Call.objects.filter(session__owner_id=user.pk)
     if filters is not None:
         queryset = filters.apply(queryset)
-    return queryset.order_by("-started_at", "id")
+    return with_reply_seq(queryset).order_by("-started_at", "id")
+
+
+def with_reply_seq(queryset: QuerySet[Call]) -> QuerySet[Call]:
+    """Each call with `reply_seq`: its reply's first event's seq (None: no reply stored)."""
+    return queryset.annotate(
+        reply_seq=Subquery(
+            Event.objects.filter(
+                pk=OuterRef("reply_event_id"), session_id=OuterRef("session_id")
+            ).values("seq")[:1]
+        )
+    )
 
 
 def _percentile(values: list[int], fraction: float) -> int | None:
@@ -235,5 +246,5 @@ def call_document(call: Call) -> dict[str, Any]:
         "savedTokens": call.saved_tokens,
         "failovers": call.failovers,
         "attempts": call.attempts,
-        "replySeq": call.reply_seq,
+        "replySeq": getattr(call, "reply_seq", None),
     }

@@ -300,8 +300,9 @@ class Call(models.Model):
     # Every model tried, in order: [{"model", "outcome", "httpStatus"?}]; more than one is a
     # failover.
     attempts = models.JSONField(default=list, blank=True)
-    # The reply's first event (None: nothing recorded).
-    reply_seq = models.PositiveBigIntegerField(null=True, blank=True)
+    # The reply's first event (its id is derived before it is stored, so the call is written
+    # without looking it up; None: no reply). Readers resolve its seq (calls.with_reply_seq).
+    reply_event_id = models.UUIDField(null=True, blank=True)
 
     class Meta:
         ordering = ["-started_at", "id"]

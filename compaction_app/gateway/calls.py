@@ -19,7 +19,7 @@ from typing import Any
 from compaction_app.gateway.messages import Reply, chain_hash, event_id
 from sessions_app import sql
 from sessions_app.calls import call_record
-from sessions_app.models import CallStatus, Event, Session
+from sessions_app.models import CallStatus, Session
 
 logger = logging.getLogger("compaction_app.gateway")
 
@@ -109,13 +109,6 @@ def _save(trace: Trace) -> None:
         if session is None:
             return
     reply = trace.reply
-    reply_seq = None
-    if trace.reply_event is not None:
-        reply_seq = (
-            Event.objects.filter(pk=trace.reply_event, session_id=session.pk)
-            .values_list("seq", flat=True)
-            .first()
-        )
     call_record(
         session_id=session.pk,
         started_at=trace.started_at,
@@ -139,5 +132,6 @@ def _save(trace: Trace) -> None:
         forwarded_tokens=trace.forwarded_tokens,
         saved_tokens=trace.saved_tokens,
         attempts=trace.attempts,
-        reply_seq=reply_seq,
+        # None when the reply's append failed: then no event has this id (readers check).
+        reply_event_id=trace.reply_event,
     )

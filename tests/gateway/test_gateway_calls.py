@@ -10,6 +10,7 @@ import openai
 import pytest
 
 from compaction_app.testkit.provider_standin import Step
+from sessions_app.calls import with_reply_seq
 from sessions_app.models import Call, Event, Session
 from sessions_app.services import session_create
 from tests.support.gateway_live import anthropic_client, openai_client, token_for, wait_until
@@ -21,7 +22,9 @@ HI = [{"role": "user", "content": "Hi"}]
 
 
 def the_call(client_key: str) -> Call:
-    (call,) = wait_until(lambda: list(Call.objects.filter(session__client_key=client_key)))
+    """The session's one call, with its reply's seq (as the API reads it)."""
+    wait_until(lambda: Call.objects.filter(session__client_key=client_key).exists())
+    (call,) = with_reply_seq(Call.objects.filter(session__client_key=client_key))
     return call
 
 
@@ -51,9 +54,7 @@ def test_it_records_a_streamed_call_with_the_first_chunk_as_its_first_byte(
 ):
     upstream.script(Step(text="one two three four", pause=0.15, prompt_tokens=12))
     client = anthropic_client(gateway_url, key=token_for(alice), session="streamed-call")
-    with client.messages.stream(
-        model="claude-3.5-sonnet", max_tokens=50, messages=HI
-    ) as stream:
+    with client.messages.stream(model="claude-3.5-sonnet", max_tokens=50, messages=HI) as stream:
         "".join(stream.text_stream)
     call = the_call("streamed-call")
     assert call.status == "ok" and call.stream is True and call.wire == "anthropic"
