@@ -111,6 +111,9 @@ class CallFilters:
     thread: str | None = None
 
     def apply(self, queryset: QuerySet[Call]) -> QuerySet[Call]:
+        if any("\x00" in (value or "") for value in (self.model, self.thread)):
+            # No stored string holds a NUL (and PostgreSQL cannot compare one): no match.
+            return queryset.none()
         if self.since is not None:
             queryset = queryset.filter(started_at__gte=self.since)
         if self.until is not None:

@@ -27,9 +27,11 @@ ENDPOINTS = {
     "summary": "sessions/{session_id}/summary",
     "sessionSearch": "sessions/{session_id}/search",
     "recall": "sessions/{session_id}/recall",
+    "sessionCalls": "sessions/{session_id}/calls",
     "compaction": "compactions/{compaction_id}",
     "compactionRevert": "compactions/{compaction_id}/revert",
     "search": "search",
+    "calls": "calls",
     "models": "models",
     "tokenCount": "tokens/count",
 }

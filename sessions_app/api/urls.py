@@ -1,6 +1,6 @@
 from django.urls import path
 
-from sessions_app.api import search_views, views
+from sessions_app.api import call_views, search_views, views
 
 urlpatterns = [
     path("sessions", views.SessionListView.as_view(), name="session-list"),
@@ -19,6 +19,12 @@ urlpatterns = [
         name="event-detail",
     ),
     path("sessions/<str:session_id>/usage", views.SessionUsageView.as_view(), name="session-usage"),
+    path(
+        "sessions/<str:session_id>/calls",
+        call_views.SessionCallsView.as_view(),
+        name="session-calls",
+    ),
+    path("calls", call_views.CallsView.as_view(), name="calls"),
     path("tokens/count", views.TokenCountView.as_view(), name="tokens-count"),
     path("models", views.ModelListView.as_view(), name="model-list"),
     # Search and recall (sessions_app/api/search_views.py).

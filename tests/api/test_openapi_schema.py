@@ -359,6 +359,14 @@ def test_it_documents_every_response_of_every_operation(api_schema, alice, setti
     walk("POST", S + "/recall", 400, ids=full_ids, body={"query": 0})
     walk("POST", S + "/recall", 404, ids={"session_id": str(uuid.uuid4())}, body={"seqs": [1]})
 
+    # Gateway calls (none here: the pages and their summaries are empty).
+    walk("GET", S + "/calls", 200, ids=full_ids, query={"status": "ok,timeout"})
+    walk("GET", S + "/calls", 400, ids=full_ids, query={"status": "fine"})
+    walk("GET", S + "/calls", 404, ids={"session_id": str(uuid.uuid4())})
+    walk("GET", V + "/calls", 200, query={"since": "2026-01-01T00:00:00Z"})
+    walk("GET", V + "/calls", 400, query={"since": "yesterday"})
+    walk("GET", V + "/calls", 404, query={"page": "99"})
+
     walk("POST", V + "/tokens/count", 200, body={"model": "gpt-4o", "text": "hello"})
     walk("POST", V + "/tokens/count", 400, body={"model": "gpt-4o"})
     walk("GET", V + "/models", 200)
