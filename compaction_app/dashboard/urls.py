@@ -7,7 +7,9 @@ app_name = "dashboard"
 urlpatterns = [
     path("", views.sessions_list, name="sessions"),
     path("get-started/", views.get_started, name="get-started"),
+    path("calls/", views.calls_list, name="calls"),
     path("sessions/<uuid:session_id>/", views.session_detail, name="session"),
+    path("sessions/<uuid:session_id>/calls/", views.session_calls, name="session-calls"),
     path(
         "sessions/<uuid:session_id>/compact/preview/",
         views.compaction_preview,

@@ -19,6 +19,7 @@ from django.views.decorators.http import require_GET, require_POST
 from django_htmx.middleware import HtmxDetails
 
 from compaction_app import services as compaction_services
+from compaction_app.dashboard import calls as dashboard_calls
 from compaction_app.dashboard import queries
 from compaction_app.dashboard.render import (
     SESSION_PARTS,
@@ -173,6 +174,34 @@ def session_detail(request: HtmxHttpRequest, session_id: Any) -> HttpResponse:
     if part is not None:
         return _part(request, session, part, **_page_options(request))
     return _session_page(request, session)
+
+
+def _calls(request: HtmxHttpRequest, session: Session | None) -> HttpResponse:
+    try:
+        context = dashboard_calls.calls_page(user=request.user, params=request.GET, session=session)
+    except dashboard_calls.BadFilter as exc:
+        context = {
+            "error": str(exc),
+            "session": session,
+            "values": {name: request.GET.get(name, "")[:200] for name in dashboard_calls.FIELDS},
+            "statuses": dashboard_calls.CallStatus.values,
+        }
+        return render(request, "dashboard/calls.html", context, status=400)
+    return render(request, "dashboard/calls.html", context)
+
+
+@login_required
+@require_GET
+def calls_list(request: HtmxHttpRequest) -> HttpResponse:
+    """Every gateway call of the sessions the user may see (staff: every user's)."""
+    return _calls(request, None)
+
+
+@login_required
+@require_GET
+def session_calls(request: HtmxHttpRequest, session_id: Any) -> HttpResponse:
+    """One session's gateway calls."""
+    return _calls(request, _session_or_404(request, session_id))
 
 
 @login_required
