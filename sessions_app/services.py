@@ -253,6 +253,20 @@ def _check_token_usage(usage: TokenUsage | None, index: int) -> TokenUsage | Non
             code="invalid_request",
             fields={f"[{index}].tokenUsage.cachedInputTokens": "exceeds promptTokens"},
         )
+    if usage.total_tokens is None and (
+        usage.prompt_tokens is not None or usage.completion_tokens is not None
+    ):
+        # A total the client left out is prompt + completion (what every provider reports),
+        # so the session's totalTokens never reads 0 beside a prompt and a completion.
+        total = (usage.prompt_tokens or 0) + (usage.completion_tokens or 0)
+        if total > MAX_REPORTED_TOKENS:
+            raise InvalidInput(
+                f"tokenUsage without totalTokens: promptTokens + completionTokens (its total) "
+                f"must be at most {MAX_REPORTED_TOKENS}",
+                code="invalid_request",
+                fields={f"[{index}].tokenUsage.totalTokens": "give it, or smaller parts"},
+            )
+        usage = replace(usage, total_tokens=total)
     return usage
 
 

@@ -90,7 +90,12 @@ class TokenUsageSerializer(serializers.Serializer):
         min_value=0, max_value=MAX_REPORTED_TOKENS, required=False, allow_null=True
     )
     totalTokens = StrictIntegerField(
-        min_value=0, max_value=MAX_REPORTED_TOKENS, required=False, allow_null=True
+        min_value=0,
+        max_value=MAX_REPORTED_TOKENS,
+        required=False,
+        allow_null=True,
+        help_text="Left out (or null) beside promptTokens or completionTokens: their sum "
+        "(stored and counted so); that sum must then be within the same bound.",
     )
     cachedInputTokens = StrictIntegerField(
         min_value=0,

@@ -70,6 +70,18 @@ def test_it_returns_the_stored_event_for_an_identical_retry(alice_api, session_i
     assert state(session_id) == before
 
 
+def test_it_takes_a_retry_without_the_total_for_the_same_event(alice_api, session_id, stored):
+    # A total left out is prompt + completion: 7 + 1 is the stored 8.
+    event_id, first = stored
+    before = state(session_id)
+    usage = {"promptTokens": 7, "completionTokens": 1}
+    body = {"id": event_id, **BODY, "tokenUsage": usage}
+    retry = alice_api.post(url(session_id), body, format="json")
+    assert retry.status_code == 200, retry.content
+    assert retry.json() == first
+    assert state(session_id) == before
+
+
 @pytest.mark.parametrize(
     "change",
     [
@@ -80,7 +92,7 @@ def test_it_returns_the_stored_event_for_an_identical_retry(alice_api, session_i
         {"name": "bash"},
         {"toolCallId": "call-2"},
         {"tokenUsage": {"promptTokens": 7, "completionTokens": 1, "totalTokens": 9}},
-        {"tokenUsage": {"promptTokens": 7, "completionTokens": 1}},
+        {"tokenUsage": {"promptTokens": 7, "completionTokens": 2}},
         {"tokenUsage": None},
         {"metadata": {"source": "agent", "attempt": 2, "tags": ["a", "b"]}},
         {"metadata": {"source": "agent", "attempt": True, "tags": ["a", "b"]}},

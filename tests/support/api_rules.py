@@ -11,6 +11,8 @@ docs/api.md and docs/operations.md):
 - `compactThreshold` must not exceed `hardLimitThreshold`, the stored values (or the
   defaults) standing in for the ones a request leaves out;
 - a usage's `cachedInputTokens` and `cacheWriteTokens` are parts of its `promptTokens`;
+- a usage without `totalTokens` has `promptTokens + completionTokens` (its total) within the
+  bound of a total;
 - an event id appears at most once in one append;
 - recall's `maxTokens` is at most the session's `contextLimit`;
 - a compaction's `thread` names one of the session's threads.
@@ -65,6 +67,11 @@ def _usage_within_prompt(usage: Mapping[str, Any]) -> bool:
     )
     prompt = _integer(usage.get("promptTokens"))
     if prompt is not None and parts > prompt:
+        return False
+    if (
+        _integer(usage.get("totalTokens")) is None
+        and (prompt or 0) + (_integer(usage.get("completionTokens")) or 0) > 10**12
+    ):
         return False
     return (_integer(usage.get("cacheWrite1hTokens")) or 0) <= (
         _integer(usage.get("cacheWriteTokens")) or 0
