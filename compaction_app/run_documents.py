@@ -24,8 +24,32 @@ def complete_message(run: CompactionRun) -> dict[str, Any]:
         "reductionPercent": run.reduction_percent,
         "error": run.error or None,
         "keptPercent": (run.loss_report or {}).get("keptPercent") if success else None,
+        "outcome": outcome(run)[0],
         "message": text,
     }
+
+
+NOTHING_TO_FOLD = "nothing_to_fold"
+
+
+def outcome(run: CompactionRun) -> tuple[str | None, str | None]:
+    """(outcome, reason) of a run, as its JSON says it: "compacted" (events folded or tool
+    results cleared), "nothing_to_fold" (completed without changing the context; the reason
+    says why), "failed", or None while it is pending or running."""
+    if run.status == RunStatus.FAILED:
+        return "failed", run.error or None
+    if run.status != RunStatus.COMPLETED:
+        return None, None
+    if run.folded_count:
+        return "compacted", None
+    if run.strategy == "clear_tool_results":
+        reason = "no tool result is old enough to clear; the context is unchanged"
+    else:
+        reason = (
+            "no event may be folded now (the system prompt, the last user message, pinned "
+            "events and the newest events are kept); the context is unchanged"
+        )
+    return NOTHING_TO_FOLD, reason
 
 
 def completion_text(run: CompactionRun) -> str:
@@ -35,6 +59,8 @@ def completion_text(run: CompactionRun) -> str:
     change = round(100 * (before - after) / before) if before else 0
     effect = f"{change}% reduction" if change >= 0 else f"{-change}% increase"
     count = run.folded_count
+    if not count:
+        return f"Compaction complete! Nothing to fold: {before:,} tokens unchanged"
     # clear_tool_results folds nothing: what it counts are the results it cleared.
     if run.strategy == "clear_tool_results":
         what = "tool result cleared" if count == 1 else "tool results cleared"

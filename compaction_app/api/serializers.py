@@ -5,6 +5,7 @@ from typing import TYPE_CHECKING, Any
 from rest_framework import serializers
 
 from compaction_app.models import CompactionRun, RunningSummary
+from compaction_app.run_documents import outcome
 from sessions_app.api.serializers import StrictBooleanField, StrictCharField
 from sessions_app.event_documents import iso_datetime
 
@@ -56,6 +57,18 @@ class CompactionSerializer(serializers.Serializer):
     eventsAfter = serializers.IntegerField(allow_null=True)
     reductionPercent = serializers.FloatField(allow_null=True)
     summaryTokens = serializers.IntegerField(allow_null=True)
+    outcome = serializers.ChoiceField(
+        choices=["compacted", "nothing_to_fold", "failed"],
+        allow_null=True,
+        help_text="compacted (events folded or tool results cleared), nothing_to_fold "
+        "(completed, context unchanged: see reason), failed; null while pending or running.",
+    )
+    reason = serializers.CharField(
+        allow_null=True, help_text="Why nothing was folded (or why the run failed)."
+    )
+    foldedCount = serializers.IntegerField(
+        help_text="Events folded, or for clear_tool_results the tool results cleared."
+    )
     error = serializers.CharField(allow_null=True)
     createdAt = serializers.DateTimeField()
     startedAt = serializers.DateTimeField(allow_null=True)
@@ -101,6 +114,9 @@ def run_to_dict(run: CompactionRun) -> dict[str, Any]:
         "eventsAfter": run.events_after,
         "reductionPercent": run.reduction_percent,
         "summaryTokens": run.summary_tokens,
+        "outcome": outcome(run)[0],
+        "reason": outcome(run)[1],
+        "foldedCount": run.folded_count,
         "error": run.error or None,
         "createdAt": iso(run.created_at),
         "startedAt": iso(run.started_at),

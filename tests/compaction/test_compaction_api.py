@@ -39,7 +39,16 @@ DESIGN_FIELDS = {
 }
 # Documented additions: which summarizer the run used, whether and when it was reverted, the
 # thread it compacted (docs/fitting.md).
-EXTRA_FIELDS = {"summarizer", "revertedAt", "reverted", "lossReport", "thread"}
+EXTRA_FIELDS = {
+    "summarizer",
+    "revertedAt",
+    "reverted",
+    "lossReport",
+    "thread",
+    "outcome",
+    "reason",
+    "foldedCount",
+}
 
 
 def _snapshot(api, session_id: str) -> dict[str, Any]:
