@@ -3,7 +3,8 @@
 The index itself is described in `sessions_app/search_schema.py` and kept up to date by
 `sessions_app/search_index.py`; recall (original events as messages within a token budget) is
 `sessions_app/recall.py`. Here: turning what a user typed into a safe query, ranking, and
-HTML-safe snippets.
+snippets (plain text and where the matches are in it: escaping and highlighting are the
+page's business, not the API's).
 
 A query is never passed to the search engine as typed. It is split into words on whitespace;
 each word keeps only its letters and digits (the same split the index made) and becomes a
@@ -221,9 +222,38 @@ def _postgres_sql(
 # --- snippets --------------------------------------------------------------------------------
 
 
-def snippet(text: str, pattern: re.Pattern[str], *, width: int = SNIPPET_CHARS) -> str:
-    """About `width` characters of `text` around its first match, HTML-escaped, with every
-    match inside wrapped in `<mark>`; whitespace runs become one space, and `…` marks a cut."""
+@dataclass(frozen=True)
+class Snippet:
+    """A piece of an event's text around its first match: plain text (whitespace runs as one
+    space, `…` where it is cut) and each match's [start, end) in it, in characters."""
+
+    text: str
+    matches: tuple[tuple[int, int], ...] = ()
+
+    def html(self) -> str:
+        """The text HTML-escaped, every match in `<mark>` (the dashboard's rendering)."""
+        parts: list[str] = []
+        position = 0
+        for start, end in self.matches:
+            parts.append(html.escape(self.text[position:start]))
+            parts.append("<mark>" + html.escape(self.text[start:end]) + "</mark>")
+            position = end
+        parts.append(html.escape(self.text[position:]))
+        return "".join(parts)
+
+    def marked(self, before: str, after: str) -> str:
+        """The text with each match between `before` and `after` (plain-text emphasis)."""
+        parts: list[str] = []
+        position = 0
+        for start, end in self.matches:
+            parts.append(self.text[position:start] + before + self.text[start:end] + after)
+            position = end
+        return "".join(parts) + self.text[position:]
+
+
+def snippet(text: str, pattern: re.Pattern[str], *, width: int = SNIPPET_CHARS) -> Snippet:
+    """About `width` characters of `text` around its first match, and where every match
+    inside it is; whitespace runs become one space, and `…` marks a cut."""
     first = pattern.search(text)
     start = 0
     if first is not None and first.start() > width // 3:
@@ -234,16 +264,13 @@ def snippet(text: str, pattern: re.Pattern[str], *, width: int = SNIPPET_CHARS) 
     window = _SPACE.sub(" ", text[start : start + width * 4]).strip()
     cut_end = start + width * 4 < len(text) or len(window) > width
     window = window[:width]
-    parts: list[str] = []
-    position = 0
-    for found in pattern.finditer(window):
-        if found.end() == found.start():
-            continue
-        parts.append(html.escape(window[position : found.start()]))
-        parts.append("<mark>" + html.escape(found.group()) + "</mark>")
-        position = found.end()
-    parts.append(html.escape(window[position:]))
-    return ("…" if start > 0 else "") + "".join(parts) + ("…" if cut_end else "")
+    lead = "…" if start > 0 else ""
+    matches = tuple(
+        (len(lead) + found.start(), len(lead) + found.end())
+        for found in pattern.finditer(window)
+        if found.end() > found.start()
+    )
+    return Snippet(text=lead + window + ("…" if cut_end else ""), matches=matches)
 
 
 # --- search ----------------------------------------------------------------------------------
@@ -252,7 +279,7 @@ def snippet(text: str, pattern: re.Pattern[str], *, width: int = SNIPPET_CHARS) 
 @dataclass(frozen=True)
 class SearchHit:
     event: Event
-    snippet: str
+    snippet: Snippet
 
     @property
     def folded(self) -> bool:

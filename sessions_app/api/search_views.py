@@ -22,7 +22,18 @@ _HIT_FIELDS: dict[str, serializers.Field] = {
     "type": serializers.CharField(),
     "name": serializers.CharField(),
     "folded": serializers.BooleanField(),
-    "snippet": serializers.CharField(help_text="HTML: the text escaped, matches in <mark>."),
+    "snippet": serializers.CharField(
+        help_text="Plain text around the first match (not HTML: escape it to show it in a "
+        "page); `…` marks a cut."
+    ),
+    "matches": serializers.ListField(
+        child=inline_serializer(
+            "SearchMatch",
+            {"start": serializers.IntegerField(), "end": serializers.IntegerField()},
+        ),
+        help_text="Where the query matches in `snippet`: [start, end) offsets in characters "
+        "(Unicode code points), in order.",
+    ),
 }
 _SEARCH_PARAMETERS = [
     OpenApiParameter(
@@ -67,7 +78,8 @@ def hit_out(hit: search.SearchHit, *, with_session: bool = False) -> dict[str, A
         "type": event.type,
         "name": event.name,
         "folded": hit.folded,
-        "snippet": hit.snippet,
+        "snippet": hit.snippet.text,
+        "matches": [{"start": start, "end": end} for start, end in hit.snippet.matches],
     }
     if with_session:
         out["sessionId"] = str(event.session_id)

@@ -113,8 +113,13 @@ def test_it_returns_ranked_hits_with_event_fields_and_limit(alice_api):
         "type": "AGENT_MESSAGE",
         "name": "",
         "folded": False,
-        "snippet": "<mark>timeout</mark> <mark>timeout</mark> <mark>timeout</mark> in worker: "
-        "<mark>timeout</mark>",
+        "snippet": "timeout timeout timeout in worker: timeout",
+        "matches": [
+            {"start": 0, "end": 7},
+            {"start": 8, "end": 15},
+            {"start": 16, "end": 23},
+            {"start": 35, "end": 42},
+        ],
     }
     assert len(hits(alice_api, session_id, "timeout", limit=1)) == 1
     assert hits(alice_api, session_id, "absent") == []
@@ -141,23 +146,38 @@ def test_it_searches_folded_events_and_marks_them(alice_api):
 
 
 @pytest.mark.django_db
-def test_it_escapes_snippets_and_highlights_only_matches(alice_api):
+def test_it_gives_plain_snippets_with_match_offsets_and_leaves_html_to_the_page(alice, alice_api):
+    from django.test import Client
+
     text = "<script>alert('x')</script> & the failing_test_name in " + "padding " * 80
     session_id = session_with(
         alice_api, [{"type": "TOOL_RESULT", "toolCallId": "t", "content": text}]
     )
-    snippet = hits(alice_api, session_id, "failing_test_name")[0]["snippet"]
-    assert "<script>" not in snippet
-    assert "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt; &amp; the " in snippet
-    assert "<mark>failing_test_name</mark>" in snippet
+    (hit,) = hits(alice_api, session_id, "failing_test_name")
+    snippet = hit["snippet"]
+    # The API's text is the event's, unescaped: a client escapes it where it renders HTML.
+    assert snippet.startswith("<script>alert('x')</script> & the failing_test_name in ")
+    assert "<mark>" not in snippet and "&lt;" not in snippet
+    ((start, end),) = [(m["start"], m["end"]) for m in hit["matches"]]
+    assert snippet[start:end] == "failing_test_name"
     assert snippet.endswith("…")
     assert len(snippet) < 400
+    # The page escapes it and marks the match.
+    browser = Client()
+    browser.force_login(alice)
+    page = browser.get(f"/sessions/{session_id}/search/", {"q": "failing_test_name"})
+    html = page.content.decode()
+    assert "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt; &amp; the " in html
+    assert "<mark>failing_test_name</mark>" in html
+    assert "<script>alert('x')" not in html
 
     late = "lorem ipsum " * 100 + "the needle_42 is here " + "dolor " * 100
     session_id = session_with(alice_api, [{"type": "USER_MESSAGE", "content": late}])
-    snippet = hits(alice_api, session_id, "needle_42")[0]["snippet"]
+    (hit,) = hits(alice_api, session_id, "needle_42")
+    snippet = hit["snippet"]
     assert snippet.startswith("…") and snippet.endswith("…")
-    assert "the <mark>needle_42</mark> is here" in snippet
+    assert "the needle_42 is here" in snippet
+    assert [snippet[m["start"] : m["end"]] for m in hit["matches"]] == ["needle_42"]
 
 
 @pytest.mark.django_db
