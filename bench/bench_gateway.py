@@ -12,7 +12,8 @@ worker, on PostgreSQL and Redis. Measured:
 - non-streaming (full response) and streaming (time to the first body chunk);
 - the same for the Responses API (`/responses`, input items resent in full as `store: false`
   clients do) at 20 messages;
-- 8 threads, each its own conversation on ONE session: every message recorded exactly once.
+- 8 threads, each its own conversation on ONE session: every message recorded exactly once,
+  and every call's row in the calls ledger.
 
     .venv/bin/python bench/bench_gateway.py [--profile embedded|postgres|both] [--calls 300]
 """
@@ -290,7 +291,7 @@ def _latency(
 def _concurrent(profile: str, token: str, gateways: list[str]) -> list[Row]:
     import httpx
 
-    from sessions_app.models import Event, Session
+    from sessions_app.models import Call, Event, Session
 
     system = {"role": "system", "content": "You are a careful coding agent."}
     headers = {
@@ -326,17 +327,24 @@ def _concurrent(profile: str, token: str, gateways: list[str]) -> list[Row]:
     users = [c for t, c in events if t == "USER_MESSAGE"]
     replies = [c for t, c in events if t == "AGENT_MESSAGE"]
     expected = THREADS * CALLS_PER_THREAD
+    # Each call's row is written just after its response: give the last ones a moment.
+    deadline = time.monotonic() + 5
+    while (
+        recorded := Call.objects.filter(session=session, status="ok").count()
+    ) < expected and time.monotonic() < deadline:
+        time.sleep(0.1)
     ok = (
         not errors
         and len(users) == len(set(users)) == expected
         and len(replies) == len(set(replies)) == expected
         and sum(1 for t, _ in events if t == "SYSTEM_PROMPT") == 1
+        and recorded == expected
     )
     return [
         _row(
             profile,
             f"{THREADS} concurrent clients × {CALLS_PER_THREAD} calls on one session",
-            f"{len(users)} user messages, {len(replies)} replies, "
+            f"{len(users)} user messages, {len(replies)} replies, {recorded} calls, "
             f"{len(events)} events ({expected} each expected; {len(errors)} errors; {elapsed:.1f} s)",
             "none lost, none duplicated",
             ok,

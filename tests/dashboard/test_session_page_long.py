@@ -124,7 +124,8 @@ def test_it_shows_a_new_user_how_to_start_and_keeps_the_panel_reachable(alice, b
     client = client_for(alice)
     html = client.get("/").content.decode()
     assert 'id="get-started"' in html
-    assert token in html
+    # Shown as it is, not behind a "show" that the curl line below would give away anyway.
+    assert f'<code id="api-token">{token}</code>' in html and "<summary>show</summary>" not in html
     assert "http://testserver/gateway/openai/v1" in html
     assert "ANTHROPIC_BASE_URL=http://testserver/gateway/anthropic" in html
     assert "curl -s -X POST http://testserver/api/v1/sessions" in html
@@ -134,5 +135,7 @@ def test_it_shows_a_new_user_how_to_start_and_keeps_the_panel_reachable(alice, b
     assert 'id="get-started"' not in client.get("/").content.decode()
     later = client.get("/get-started/").content.decode()
     assert 'id="get-started"' in later and token in later
+    # Every page has its icon.
+    assert 'rel="icon"' in later
     # Nobody sees another user's token.
     assert token not in client_for(bob).get("/get-started/").content.decode()
