@@ -23,8 +23,7 @@ class CompactionRunAdmin(admin.ModelAdmin):
         "status",
         "created_at",
         "heartbeat_at",
-        "tokens_before",
-        "tokens_after",
+        "tokens",
     )
     list_filter = ("status", "trigger", "strategy")
     list_select_related = ("session",)
@@ -36,6 +35,13 @@ class CompactionRunAdmin(admin.ModelAdmin):
     readonly_fields = tuple(
         f.name for f in CompactionRun._meta.get_fields() if f.concrete and not f.many_to_many
     )
+
+    @admin.display(description="Tokens before → after", ordering="tokens_before")
+    def tokens(self, run: CompactionRun) -> str:
+        if run.tokens_before is None:
+            return "—"
+        after = "—" if run.tokens_after is None else f"{run.tokens_after:,}"
+        return f"{run.tokens_before:,} → {after}"
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[CompactionRun], search_term: str

@@ -14,7 +14,7 @@ from django.utils.html import format_html
 
 from sessions_app import services
 from sessions_app.errors import LedgerError
-from sessions_app.models import Event, Session
+from sessions_app.models import Call, Event, Session
 from sessions_app.signals import session_compaction_requested
 
 
@@ -179,4 +179,31 @@ class EventAdmin(admin.ModelAdmin):
         return False
 
     def has_delete_permission(self, request: HttpRequest, obj: Event | None = None) -> bool:
+        return False
+
+
+@admin.register(Call)
+class CallAdmin(admin.ModelAdmin):
+    """Gateway calls, read-only (the dashboard's calls table is the place to read them)."""
+
+    list_display = (
+        "started_at",
+        "session",
+        "thread",
+        "model_requested",
+        "model_served",
+        "status",
+        "http_status",
+        "ttfb_ms",
+        "total_ms",
+        "prompt_tokens",
+        "completion_tokens",
+    )
+    list_filter = ("status", "wire", "stream", "fitted")
+    list_select_related = ("session",)
+    search_fields = ("model_requested", "model_served", "thread", "error_code")
+    ordering = ("-started_at",)
+    readonly_fields = tuple(f.name for f in Call._meta.get_fields() if f.concrete)
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
         return False

@@ -177,3 +177,32 @@ def test_it_redirects_non_staff_to_login(alice, ledger):
 def test_it_offers_the_compact_now_action(admin_client_, ledger):
     html = admin_client_.get("/admin/sessions_app/session/").content.decode()
     assert 'value="compact_now"' in html
+
+
+def test_it_lists_runs_with_tokens_before_and_after(admin_client_, ledger):
+    from compaction_app.models import CompactionRun
+
+    session, _ = ledger
+    CompactionRun.objects.create(
+        session=session, strategy="trim", status="completed", tokens_before=11319, tokens_after=3495
+    )
+    html = admin_client_.get("/admin/compaction_app/compactionrun/").content.decode()
+    assert "11,319 → 3,495" in html
+
+
+def test_it_lists_gateway_calls_read_only(admin_client_, ledger):
+    import datetime
+
+    from sessions_app.calls import call_record
+
+    session, _ = ledger
+    call_record(
+        session_id=session.pk,
+        started_at=datetime.datetime(2026, 3, 1, tzinfo=datetime.UTC),
+        wire="openai",
+        status="timeout",
+        model_requested="gpt-4o",
+    )
+    html = admin_client_.get("/admin/sessions_app/call/").content.decode()
+    assert "timeout" in html and "gpt-4o" in html
+    assert admin_client_.get("/admin/sessions_app/call/add/").status_code == 403
