@@ -481,8 +481,10 @@ class SessionView:
 HISTORY_ROWS = 5
 
 
-def session_view(*, session: Session) -> SessionView:
-    runs = list(runs_for_session(session=session).select_related("compaction_event")[:HISTORY_ROWS])
+def session_view(*, session: Session, all_runs: bool = False) -> SessionView:
+    """`all_runs`: every run in the history (the page's "show all"), else the latest few."""
+    listed = runs_for_session(session=session).select_related("compaction_event")
+    runs = list(listed if all_runs else listed[:HISTORY_ROWS])
     for run in runs:
         # Read by the history table; a plain attribute keeps the model free of view code.
         run.duration_seconds = (  # type: ignore[attr-defined]
@@ -515,7 +517,9 @@ def session_view(*, session: Session) -> SessionView:
         summary=summary,
         schedule=schedule_for(session=session),
         runs_total=(
-            len(runs) if len(runs) < HISTORY_ROWS else runs_for_session(session=session).count()
+            len(runs)
+            if all_runs or len(runs) < HISTORY_ROWS
+            else runs_for_session(session=session).count()
         ),
         summary_tokens=(
             marker.token_count

@@ -83,7 +83,7 @@ def session_context(
             "user": user,
             **extra,
         }
-    view = queries.session_view(session=session)
+    view = queries.session_view(session=session, all_runs=show_all)
     timeline = queries.timeline(session=session, show_all=show_all)
     return {
         "session": session,

@@ -139,3 +139,24 @@ def test_it_shows_a_new_user_how_to_start_and_keeps_the_panel_reachable(alice, b
     assert 'rel="icon"' in later
     # Nobody sees another user's token.
     assert token not in client_for(bob).get("/get-started/").content.decode()
+
+
+def test_it_reaches_every_run_from_the_page(alice):
+    session = session_create(owner=alice, model="gpt-4o", title="Many runs")
+    for index in range(7):
+        CompactionRun.objects.create(
+            session=session,
+            strategy="trim",
+            status="completed",
+            tokens_before=1000 + index,
+            tokens_after=500,
+            folded_count=1,
+        )
+    client = client_for(alice)
+    html = client.get(page(session)).content.decode()
+    history = html[html.index('id="history"') :]
+    assert history.count('<tr id="run-') == 5
+    assert 'id="history-all"' in history and "show all 7" in history
+    everything = client.get(page(session), {"all": "1"}).content.decode()
+    history = everything[everything.index('id="history"') :]
+    assert history.count('<tr id="run-') == 7 and 'id="history-all"' not in history
