@@ -334,7 +334,8 @@ def test_it_refuses_an_append_that_would_take_the_cost_past_its_bound(alice_api)
     # 10^12 prompt and completion tokens on gpt-4o: $12.5 million a call, 720 of them pass
     # the $9 × 10⁹ a session's cost may reach. Refused whole, nothing stored, never a 500.
     session_id = create_session(alice_api)
-    huge = {"promptTokens": 10**12, "completionTokens": 10**12}
+    # (With its total: without one, prompt + completion would pass the bound of a total.)
+    huge = {"promptTokens": 10**12, "completionTokens": 10**12, "totalTokens": 10**12}
     bulk = [{"type": "AGENT_MESSAGE", "content": "r", "tokenUsage": huge}] * 800
     response = alice_api.post(f"/api/v1/sessions/{session_id}/events", bulk, format="json")
     assert response.status_code == 422, response.content
