@@ -217,6 +217,47 @@ class ChartGeometry:
     # Horizontal lines at the session's thresholds: y, label, css class.
     thresholds: tuple[tuple[float, str, str], ...] = ()
     axis: str = "seq"
+    # The drop labels drawn ("−1,234" above a mark): x, y (baseline), text. Only those that
+    # overlap no other label nor the threshold and limit labels (place_mark_labels).
+    mark_labels: tuple[tuple[float, float, str], ...] = ()
+
+
+# Label boxes are estimated in the viewBox's units (the SVG scales as a whole): the CSS sets
+# the drop labels at 11 px bold and the axis labels at 10-11 px; a digit or comma is at most
+# this wide at 11 px bold.
+CHAR_WIDTH = 7.0
+LABEL_HEIGHT = 12.0
+
+Box = tuple[float, float, float, float]  # left, top, right, bottom
+
+
+def _overlaps(a: Box, b: Box) -> bool:
+    return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
+
+
+def place_mark_labels(
+    *,
+    marks: Sequence[tuple[float, float, float, Mark]],
+    fixed: Sequence[Box],
+    width: float,
+) -> tuple[tuple[float, float, str], ...]:
+    """The drop labels that fit: newest first (the run people look for), each kept only if
+    its box overlaps no label already kept and none of the `fixed` boxes (threshold and
+    limit labels); kept inside the chart's width. Returned in the marks' order."""
+    kept: list[tuple[int, float, float, str]] = []
+    taken: list[Box] = list(fixed)
+    for index in range(len(marks) - 1, -1, -1):
+        x, y_before, _, mark = marks[index]
+        text = f"−{mark.freed:,}"
+        half = (len(text) * CHAR_WIDTH + 2) / 2
+        x = min(max(x, half), width - half)
+        baseline = y_before - 6
+        box = (x - half, baseline - LABEL_HEIGHT + 1, x + half, baseline + 2)
+        if box[1] < 0 or any(_overlaps(box, other) for other in taken):
+            continue
+        taken.append(box)
+        kept.append((index, x, baseline, text))
+    return tuple((x, baseline, text) for _, x, baseline, text in sorted(kept))
 
 
 def _nice_ceiling(value: int) -> int:
@@ -318,6 +359,15 @@ def chart_geometry(
         for index, (ratio, label) in enumerate(thresholds)
         if limit and 0 < ratio < 1
     )
+    # Where the template draws the threshold labels (left, below their line) and the limit's
+    # (right, above it): no drop label may cover them.
+    fixed: list[Box] = [
+        (left + 4, ty, left + 4 + len(label) * CHAR_WIDTH, ty + LABEL_HEIGHT + 1)
+        for ty, label, _ in lines
+    ]
+    if limit:
+        text = f"limit {limit:,}"
+        fixed.append((right - len(text) * CHAR_WIDTH, y(limit) - 3 - LABEL_HEIGHT, right, y(limit)))
     return ChartGeometry(
         width=width,
         height=height,
@@ -333,6 +383,7 @@ def chart_geometry(
         plot_bottom=bottom,
         thresholds=lines,
         axis="time" if use_time else "seq",
+        mark_labels=place_mark_labels(marks=marks, fixed=fixed, width=width),
     )
 
 

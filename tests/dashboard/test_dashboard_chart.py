@@ -132,3 +132,54 @@ def test_it_offers_a_time_axis_and_falls_back_to_seq_without_times():
     assert path_x[1] < geometry.plot_left + 30
     untimed = context_series(events=[ChartEvent(1, 10), ChartEvent(2, 10)])
     assert chart_geometry(series=untimed, limit=100, axis="time").axis == "seq"
+
+
+def _boxes(geometry) -> list[tuple[float, float, float, float]]:
+    from compaction_app.dashboard.chart import CHAR_WIDTH, LABEL_HEIGHT
+
+    return [
+        (
+            x - (len(text) * CHAR_WIDTH + 2) / 2,
+            y - LABEL_HEIGHT + 1,
+            x + (len(text) * CHAR_WIDTH + 2) / 2,
+            y + 2,
+        )
+        for x, y, text in geometry.mark_labels
+    ]
+
+
+@pytest.mark.parametrize("axis", ["seq", "time"])
+def test_it_draws_only_drop_labels_that_overlap_nothing(axis):
+    # Twelve compactions after an idle gap: by time they stand almost on one x.
+    events = [ChartEvent(seq, 20, at=1000.0 if seq < 3 else 90_000.0 + seq) for seq in range(1, 40)]
+    runs = [
+        ChartCompaction(seq=seq, tokens_before=760, tokens_after=400, at=90_000.0 + seq)
+        for seq in range(5, 29, 2)
+    ]
+    series = context_series(events=events, compactions=runs)
+    thresholds = [(0.8, "compact 80 %"), (0.95, "hard limit 95 %")]
+    geometry = chart_geometry(series=series, limit=1000, thresholds=thresholds, axis=axis)
+    assert len(geometry.marks) == 12
+    boxes = _boxes(geometry)
+    assert boxes, "the newest drop keeps its label"
+    for index, box in enumerate(boxes):
+        for other in boxes[index + 1 :]:
+            assert not (
+                box[0] < other[2] and other[0] < box[2] and box[1] < other[3] and other[1] < box[3]
+            )
+        for y, label, _ in geometry.thresholds:
+            label_box = (
+                geometry.plot_left + 4,
+                y,
+                geometry.plot_left + 4 + len(label) * 7.0,
+                y + 13,
+            )
+            assert not (
+                box[0] < label_box[2]
+                and label_box[0] < box[2]
+                and box[1] < label_box[3]
+                and label_box[1] < box[3]
+            )
+        assert box[0] >= 0 and box[2] <= geometry.width
+    if axis == "time":
+        assert len(boxes) < 12  # collapsed: most labels give way
