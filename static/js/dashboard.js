@@ -25,6 +25,14 @@
     history.replaceState(null, "", "#" + id);
     reveal(id);
   });
+  // A run's "Before / after" swaps its panel in by htmx: bring the panel into view (it sits
+  // below the history, often off screen).
+  document.addEventListener("htmx:afterSwap", function (event) {
+    var panel = event.target && event.target.id === "run-detail" ? event.target : document.getElementById("run-detail");
+    if (panel && event.detail && event.detail.requestConfig && /\/compactions\//.test(event.detail.requestConfig.path || "")) {
+      panel.scrollIntoView({ block: "start" });
+    }
+  });
   window.addEventListener("hashchange", fromHash);
   if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", fromHash);
   else fromHash();
