@@ -589,7 +589,9 @@ def _execute(run: CompactionRun) -> CompactionRun:
             marker=marker,
             folded_count=len(final_ids) + len(plan.cleared),
             previous=previous,
-            summary_tokens=marker.token_count if plan.needs_summary else None,
+            # The summary's own size, as GET /summary reports it (tokenCount), without the
+            # message framing the COMPACTION event's count adds.
+            summary_tokens=counter.count(summary_text) if plan.needs_summary else None,
             loss_report=report,
         )
 

@@ -65,6 +65,8 @@ def test_it_projects_in_the_dry_run_what_the_run_does(worker, alice_api, budget)
     assert (plan["tokensAfter"], plan["eventsAfter"]) == (run["tokensAfter"], run["eventsAfter"])
     usage = alice_api.get(f"/api/v1/sessions/{session_id}/usage").json()
     assert usage["contextTokens"] == plan["tokensAfter"]
+    summary = alice_api.get(f"/api/v1/sessions/{session_id}/summary").json()
+    assert run["summaryTokens"] == summary["tokenCount"]
 
 
 @pytest.mark.django_db(transaction=True)
