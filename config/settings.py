@@ -324,6 +324,11 @@ FILE_UPLOAD_MAX_MEMORY_SIZE = 256 * 1024
 HTTP_BODY_TIMEOUT_SECONDS = env_int("HTTP_BODY_TIMEOUT_SECONDS", 20, minimum=1)
 HTTP_IDLE_TIMEOUT_SECONDS = env_int("HTTP_IDLE_TIMEOUT_SECONDS", 60, minimum=1)
 API_THROTTLE_RATE = env_str("API_THROTTLE_RATE", "1200/min")
+# Heavy requests (/context, compaction dry runs, recall) one user may have running at once,
+# counted across processes in the cache (Redis on the production profile); a slot a crashed
+# process never released expires after HEAVY_REQUEST_EXPIRY_SECONDS. 0 turns the limit off.
+HEAVY_REQUESTS_PER_USER = env_int("HEAVY_REQUESTS_PER_USER", 2, minimum=0)
+HEAVY_REQUEST_EXPIRY_SECONDS = env_int("HEAVY_REQUEST_EXPIRY_SECONDS", 300, minimum=1)
 API_PAGE_SIZE = env_int("API_PAGE_SIZE", 50, minimum=1)
 API_MAX_EVENTS_PER_REQUEST = env_int("API_MAX_EVENTS_PER_REQUEST", 5000, minimum=1)
 

@@ -43,3 +43,11 @@ class ServiceUnavailable(LedgerError):
 
     status = 503
     code = "service_unavailable"
+
+
+class TooManyRequests(LedgerError):
+    """The caller already has as many heavy requests running as it may; `retryAfter` (seconds)
+    is sent in the body and as the Retry-After header."""
+
+    status = 429
+    code = "too_many_requests"

@@ -24,6 +24,7 @@ from sessions_app.api import serializers as s
 from sessions_app.api.openapi import errors, integer
 from sessions_app.api.views import int_param
 from sessions_app.errors import InvalidInput
+from sessions_app.heavy import heavy_slot
 
 
 class _FormatParamIsOurs(DefaultContentNegotiation):
@@ -65,6 +66,10 @@ class SessionContextView(APIView):
 
     def _answer(self, request: Request, session_id: str, *, compact: bool) -> Response:
         session = selectors.session_get(user=request.user, session_id=session_id)
+        with heavy_slot(user_id=request.user.pk):
+            return self._fitted(request, session, compact=compact)
+
+    def _fitted(self, request: Request, session: Any, *, compact: bool) -> Response:
         max_tokens = int_param(request, "maxTokens", 0, minimum=1) or None
         reserve = int_param(request, "reserveTokens", 0, minimum=0)
         fmt = request.query_params.get("format", "openai")

@@ -13,6 +13,7 @@ from compaction_app.api import serializers as s
 from compaction_app.models import Trigger
 from sessions_app.api.openapi import BODY, PAGE_PARAMETERS, errors, page_of
 from sessions_app.api.views import SessionPagination, _object
+from sessions_app.heavy import heavy_slot
 from sessions_app.selectors import session_get
 
 CompactionPage = page_of("CompactionPage", s.CompactionSerializer)
@@ -47,14 +48,15 @@ class SessionCompactionsView(APIView):
         data = body.validated_data
         thread = thread_scope.requested_thread(session=session, key=data.get("thread"))
         if data.get("dryRun"):
-            dry = services.compaction_plan(
-                session=session,
-                strategy=data.get("strategy"),
-                summarizer=data.get("summarizer"),
-                target_ratio=data.get("targetRatio"),
-                thread=thread,
-                project=True,
-            )
+            with heavy_slot(user_id=request.user.pk):
+                dry = services.compaction_plan(
+                    session=session,
+                    strategy=data.get("strategy"),
+                    summarizer=data.get("summarizer"),
+                    target_ratio=data.get("targetRatio"),
+                    thread=thread,
+                    project=True,
+                )
             return Response(s.dry_run_to_dict(dry))
         run = services.compaction_request(
             session=session,

@@ -39,7 +39,10 @@ _ERROR_TEXTS = {
     413: "Body too large (request_too_large, too_many_events).",
     415: "Body is not JSON (unsupported_media_type).",
     422: "Unprocessable (context_window_exhausted, token_usage_total_exceeded).",
-    429: "Throttled (throttled, with retryAfter; Retry-After header).",
+    429: (
+        "Throttled (throttled; too_many_requests: too many heavy requests at once), with "
+        "retryAfter and the Retry-After header."
+    ),
     503: "A service the request needs is down (service_unavailable, with Retry-After).",
 }
 

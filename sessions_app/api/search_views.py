@@ -14,6 +14,7 @@ from sessions_app import recall, search, selectors
 from sessions_app.api.openapi import BODY, NOT_BLANK, errors, integer
 from sessions_app.api.serializers import StrictCharField
 from sessions_app.errors import InvalidInput
+from sessions_app.heavy import heavy_slot
 from sessions_app.services import MAX_CONTEXT_LIMIT
 
 _HIT_FIELDS: dict[str, serializers.Field] = {
@@ -198,13 +199,14 @@ class RecallView(APIView):
         body = RecallInSerializer(data=request.data)
         body.is_valid(raise_exception=True)
         data = body.validated_data
-        result = recall.recall(
-            session=session,
-            text=data.get("query"),
-            seqs=data.get("seqs"),
-            max_tokens=recall.recall_budget(session=session, max_tokens=data.get("maxTokens")),
-            fmt=data["format"],
-        )
+        with heavy_slot(user_id=request.user.pk):
+            result = recall.recall(
+                session=session,
+                text=data.get("query"),
+                seqs=data.get("seqs"),
+                max_tokens=recall.recall_budget(session=session, max_tokens=data.get("maxTokens")),
+                fmt=data["format"],
+            )
         payload: dict[str, Any] = {
             "messages": result.messages,
             "tokenCount": result.token_count,

@@ -19,6 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from compaction_app.gateway import after
 from compaction_app.testkit.provider_standin import Step
 from sessions_app.models import Event, Session
 from tests.support.gateway_live import token_for
@@ -183,6 +184,112 @@ def test_it_runs_claude_code_through_a_tool_loop(gateway_url, upstream, alice, t
     assert json.loads(reasoning.content)[0]["signature"] == "sig-standin-0001"
     assert "remember the milk" in stored[types.index("TOOL_RESULT")].content
     assert len({e.id for e in stored}) == len(stored)
+
+
+def _lines_until(stream, done) -> list[dict]:
+    """Read Claude Code's stream-json output, one JSON object a line, until `done(line)`."""
+    seen = []
+    for raw in stream:
+        line = json.loads(raw)
+        seen.append(line)
+        if done(line):
+            return seen
+    raise AssertionError(f"Claude Code ended before the awaited line: {seen[-3:]}")
+
+
+def test_it_keeps_claude_codes_title_call_in_its_own_thread(
+    gateway_url, upstream, alice, alice_api, tmp_path
+):
+    """Nonessential traffic on. `claude -p` alone makes no side call; the host's
+    `generate_session_title` request (what the Agent SDK and the desktop app send over
+    stream-json) makes Claude Code's title call, with its own instructions and one message."""
+    _needs(CLAUDE)
+    work = tmp_path / "work"
+    work.mkdir()
+    notes = work / "notes.txt"
+    notes.write_text("remember the milk\n")
+    upstream.script(
+        Step(text="", tool_calls=(("toolu_01", "Read", json.dumps({"file_path": str(notes)})),)),
+        Step(text=FINAL),
+        Step(text='{"title": "Read the notes"}'),
+    )
+    env = {
+        **_base_env(tmp_path),
+        "ANTHROPIC_BASE_URL": f"{gateway_url}/gateway/anthropic",
+        "ANTHROPIC_API_KEY": FAKE_PROVIDER_KEY,
+        "ANTHROPIC_CUSTOM_HEADERS": (
+            f"X-Ledger-Key: {token_for(alice)}\nX-Ledger-Session: claude-title"
+        ),
+        "DISABLE_TELEMETRY": "1",
+        "DISABLE_AUTOUPDATER": "1",
+    }
+    command = [str(CLAUDE), "-p", "--input-format", "stream-json", "--output-format"]
+    command += ["stream-json", "--verbose", "--allowedTools", "Read"]
+    with subprocess.Popen(
+        command,
+        cwd=work,
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    ) as claude:
+        assert claude.stdin is not None and claude.stdout is not None
+
+        def send(line: dict) -> None:
+            assert claude.stdin is not None
+            claude.stdin.write(json.dumps(line) + "\n")
+            claude.stdin.flush()
+
+        try:
+            send(
+                {
+                    "type": "control_request",
+                    "request_id": "init",
+                    "request": {"subtype": "initialize"},
+                }
+            )
+            question = {"role": "user", "content": "What is in notes.txt?"}
+            send({"type": "user", "message": question, "parent_tool_use_id": None})
+            result = _lines_until(claude.stdout, lambda line: line.get("type") == "result")[-1]
+            assert result["result"] == FINAL and not result["is_error"]
+            title = {"subtype": "generate_session_title", "description": "What is in notes.txt?"}
+            send({"type": "control_request", "request_id": "title", "request": title})
+            answer = _lines_until(
+                claude.stdout,
+                lambda line: (
+                    line.get("type") == "control_response"
+                    and line["response"].get("request_id") == "title"
+                ),
+            )[-1]
+            assert answer["response"]["response"]["title"] == "Read the notes"
+        finally:
+            claude.stdin.close()
+            claude.wait(timeout=60)
+
+    calls = [r for r in upstream.requests if r.path == "/v1/messages"]
+    assert len(calls) == 3
+    side = calls[2].body
+    assert len(side["messages"]) == 1 and "<session>" in json.dumps(side["messages"])
+    assert not side.get("tools")
+    session = Session.objects.get(client_key="claude-title")
+    after.wait_idle()
+    threads = alice_api.get(f"/api/v1/sessions/{session.pk}/threads").json()["results"]
+    assert len(threads) == 2
+    main, other = threads
+    assert main["main"] is True and other["main"] is False
+    main_events = alice_api.get(
+        f"/api/v1/sessions/{session.pk}/events?thread={main['key']}&limit=200"
+    ).json()["results"]
+    types = [e["type"] for e in main_events]
+    assert "TOOL_CALL" in types and "TOOL_RESULT" in types
+    assert main_events[-1]["content"] == FINAL
+    side_events = alice_api.get(
+        f"/api/v1/sessions/{session.pk}/events?thread={other['key']}&limit=200"
+    ).json()["results"]
+    assert "<session>" in json.dumps([e["content"] for e in side_events])
+    assert "TOOL_CALL" not in [e["type"] for e in side_events]
+    assert side_events[-1]["content"] == '{"title": "Read the notes"}'
 
 
 def test_it_runs_codex_through_a_tool_loop(gateway_url, upstream, alice, tmp_path):
