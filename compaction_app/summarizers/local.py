@@ -722,11 +722,14 @@ class LocalSummarizer(Summarizer):
         finally:
             self.salience = None
 
-    def _piece_reserve(self, previous_summary: str, max_tokens: int) -> int:
-        # No model window is shared: a large budget (the room of a 1M window) must not cut
-        # the input into slivers that each re-read the whole previous summary.
-        del previous_summary, max_tokens
-        return 0
+    def _pieces(
+        self, messages: Sequence[SummaryMessage], *, reserve: int
+    ) -> list[list[SummaryMessage]]:
+        # No model window to respect: one pass over everything folded. Pieces would each
+        # re-read and re-rank the running summary, and with the room as budget that summary
+        # can be most of the session (quadratic in the session's size).
+        del reserve
+        return [list(messages)] if messages else []
 
     def _summarize_piece(
         self, *, previous_summary: str, messages: Sequence[SummaryMessage], max_tokens: int

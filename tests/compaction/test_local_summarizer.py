@@ -214,7 +214,10 @@ def test_it_merges_a_previous_summary_written_by_another_summarizer() -> None:
     assert "8443" in summary
 
 
-def test_it_summarizes_huge_input_in_pieces() -> None:
+def test_it_summarizes_huge_input_in_one_pass() -> None:
+    """The local summarizer has no model window: it reads everything folded at once (pieces
+    would each re-rank a running summary that, with the room as its budget, can be most of the
+    session), whatever `input_window_tokens` says."""
     facts_first = msg(0, "USER_MESSAGE", "Never deploy on Fridays; the freeze window is 48 hours.")
     bulk = [
         msg(i, "TOOL_RESULT", " ".join(f"line{i}_{k} ok." for k in range(400)), "bash")
@@ -225,7 +228,7 @@ def test_it_summarizes_huge_input_in_pieces() -> None:
     )
     messages = [facts_first, *bulk, facts_last]
     summarizer = LocalSummarizer(count_tokens=words, input_window_tokens=5_000)
-    assert len(summarizer._pieces(messages, reserve=300)) > 10
+    assert len(summarizer._pieces(messages, reserve=300)) == 1
     summary = summarizer.summarize(previous_summary="", messages=messages, max_tokens=300)
     assert words(summary) <= 300
     assert "freeze window is 48 hours" in summary
@@ -235,8 +238,7 @@ def test_it_summarizes_huge_input_in_pieces() -> None:
     )
     assert tally is not None
     assert int(tally.group(1)) == len(messages)
-    # The last piece alone holds far fewer messages than the whole input.
-    assert sum(int(tally.group(k)) for k in (2, 3, 4)) < len(messages)
+    assert sum(int(tally.group(k)) for k in (2, 3, 4)) == len(messages)
 
 
 def test_it_summarizes_a_million_token_session() -> None:
