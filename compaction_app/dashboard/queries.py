@@ -495,9 +495,9 @@ def session_view(*, session: Session, all_runs: bool = False) -> SessionView:
     active = next((run for run in runs if run.status in ACTIVE_STATUSES), None)
     latest = latest_revertible_run(session=session)
     summary = RunningSummary.objects.filter(session=session).exclude(summary="").first()
-    marker = next(
+    summarized = next(
         (
-            run.compaction_event
+            run
             for run in runs
             if run.status == RunStatus.COMPLETED
             and not run.reverted_at
@@ -521,9 +521,11 @@ def session_view(*, session: Session, all_runs: bool = False) -> SessionView:
             if all_runs or len(runs) < HISTORY_ROWS
             else runs_for_session(session=session).count()
         ),
+        # The summary's own size, as its run's summaryTokens and GET /summary's tokenCount
+        # state it (the COMPACTION event's count adds the message framing).
         summary_tokens=(
-            marker.token_count
-            if marker is not None
+            summarized.summary_tokens
+            if summarized is not None and summarized.summary_tokens is not None
             else (summary.token_count if summary is not None else None)
         ),
     )
