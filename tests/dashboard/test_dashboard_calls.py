@@ -4,32 +4,17 @@ row's way to its events."""
 
 from __future__ import annotations
 
-import datetime
-
 import pytest
 from django.test import Client
 
-from sessions_app.calls import call_record
-from sessions_app.models import Session
 from sessions_app.services import EventInput, TokenUsage, event_append, session_create
-
-NOW = datetime.datetime(2026, 3, 1, 12, 0, tzinfo=datetime.UTC)
+from tests.api.test_api_calls import a_call
 
 
 def client_for(user) -> Client:
     client = Client()
     client.force_login(user)
     return client
-
-
-def a_call(session: Session, minutes: int, status: str = "ok", **fields) -> None:
-    call_record(
-        session_id=session.pk,
-        started_at=NOW + datetime.timedelta(minutes=minutes),
-        wire="openai",
-        status=status,
-        **{"model_requested": "gpt-4o", "model_served": "gpt-4o", **fields},
-    )
 
 
 @pytest.fixture
