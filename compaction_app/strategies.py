@@ -20,7 +20,7 @@ from typing import Protocol
 # OpenAI's chat accounting; sessions_app.tokens is pure (tiktoken loads lazily), no Django.
 from sessions_app.tokens import MESSAGE_OVERHEAD, REPLY_PRIMER, context_tokens
 
-from .evidence import Salience, quoted_line
+from .evidence import Candidate, Salience, quoted_line
 from .types import (
     COMPACTION,
     CONTEXT_REFRESH,
@@ -371,6 +371,7 @@ def kept_lines(
     event: PlanEvent,
     salience: Salience,
     room: int | None = None,
+    ranked: tuple[list[Candidate], list[Candidate]] | None = None,
 ) -> tuple[str, ...]:
     """The lines of `event`'s output its placeholder keeps: the best of the output's lines by
     `salience` (the same ranking the local summarizer quotes from), taken best first while
@@ -383,7 +384,8 @@ def kept_lines(
         room = min(int(event.token_count * KEPT_MAX_SHARE), KEPT_MAX_TOKENS)
     if room <= 0:
         return ()
-    salient, spares = salience.ranked(event.content)
+    # `ranked`: the output's ranking when the caller already has it (it costs a pass).
+    salient, spares = ranked if ranked is not None else salience.ranked(event.content)
     offered = (
         [*salient, *(c for c in spares if c.information >= 0)]
         if room > KEPT_MAX_TOKENS
@@ -530,8 +532,8 @@ def _grow_into_room(
     if room <= 0:
         return cleared
     worth: list[int] = []
-    for event in events:
-        salient, spares = salience.ranked(event.content)
+    rankings = [salience.ranked(event.content) for event in events]
+    for salient, spares in rankings:
         lines = [*salient, *(c for c in spares if c.information >= 0)]
         worth.append(sum(len(c.line) for c in lines) // 4)
     total = sum(worth)
@@ -539,14 +541,14 @@ def _grow_into_room(
         return cleared
     grown: list[ClearedResult] = []
     spent = 0
-    for result, event, value in zip(cleared, events, worth, strict=True):
+    for result, event, value, ranking in zip(cleared, events, worth, rankings, strict=True):
         base = min(int(event.token_count * KEPT_MAX_SHARE), KEPT_MAX_TOKENS)
         # The placeholder's own words (tool, tokens freed) cost about 20 tokens.
         share = min(int(event.token_count * ROOM_MAX_SHARE) - 24, base + room * value // total)
         if share <= base or value <= 0:
             grown.append(result)
             continue
-        kept = kept_lines(count_tokens, event=event, salience=salience, room=share)
+        kept = kept_lines(count_tokens, event=event, salience=salience, room=share, ranked=ranking)
         priced = _price_placeholder(count_tokens, event=event, kept=kept)
         if priced is None or (kept and _KEPT_HEADING not in priced[0]):
             # Kept whole it would save nothing: the baseline placeholder stands.
