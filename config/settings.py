@@ -405,6 +405,10 @@ COMPACTION_RETRY_BACKOFF_SECONDS = env_float("COMPACTION_RETRY_BACKOFF_SECONDS",
 # --- Gateway --------------------------------------------------------------------------------
 LEDGER_OPENAI_UPSTREAM = env_str("LEDGER_OPENAI_UPSTREAM", "https://api.openai.com/v1")
 LEDGER_ANTHROPIC_UPSTREAM = env_str("LEDGER_ANTHROPIC_UPSTREAM", "https://api.anthropic.com")
+# The window of a model the registry does not know (a local model behind Ollama or vLLM), for
+# the sessions the gateway creates; 0: none (the call is refused with `unknown_model` unless
+# it sends X-Ledger-Context-Limit). MODEL_CONTEXT_OVERRIDES names windows model by model.
+LEDGER_GATEWAY_DEFAULT_CONTEXT_LIMIT = env_int("LEDGER_GATEWAY_DEFAULT_CONTEXT_LIMIT", 0, minimum=0)
 LEDGER_UPSTREAM_TIMEOUT_SECONDS = env_float("LEDGER_UPSTREAM_TIMEOUT_SECONDS", 600.0, minimum=0.1)
 # One streamed reply is cut (with the provider's error event; what arrived is recorded and
 # marked incomplete) past this size or duration (compaction_app/gateway/stream_limits.py).

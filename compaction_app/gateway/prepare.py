@@ -21,6 +21,7 @@ from compaction_app.gateway.record import caller_and_session
 from compaction_app.gateway.thread_fit import ThreadRequest
 from compaction_app.gateway.wire import Wire
 from sessions_app.models import Session, Thread
+from sessions_app.services import session_update
 from sessions_app.threads import main_thread
 
 
@@ -144,10 +145,22 @@ def prepare(
     continues: bool,
     announced: after.Announcements,
     thread_name: str | None = None,
+    context_limit: int | None = None,
+    default_context_limit: int | None = None,
 ) -> Call:
     """Authenticate, resolve the session, record what is new, and fit unless that may
-    compact (then `fitted` is None)."""
-    user, session = caller_and_session(key=key, header=session_header, model=model)
+    compact (then `fitted` is None). `context_limit` (X-Ledger-Context-Limit) is the window
+    the client's model holds: a session created now takes it, an existing one follows it
+    when it changes (as a PATCH of its contextLimit would)."""
+    user, session = caller_and_session(
+        key=key,
+        header=session_header,
+        model=model,
+        context_limit=context_limit,
+        default_context_limit=default_context_limit,
+    )
+    if context_limit is not None and session.context_limit != context_limit:
+        session = session_update(session=session, context_limit=context_limit)
     convert = Converter(wire, units)
     if continues:
         # What the provider keeps stands before the new items: the thread they continue (the

@@ -44,6 +44,7 @@ from sessions_app.services import (
     RowUpdate,
     TokenUsage,
     event_append,
+    model_registry,
     session_create,
     session_note_reply,
     thread_get_or_create,
@@ -70,10 +71,21 @@ def authenticate(key: str | None) -> AbstractBaseUser:
     return token.user
 
 
-def resolve_session(*, user: AbstractBaseUser, header: str | None, model: str) -> Session:
+def resolve_session(
+    *,
+    user: AbstractBaseUser,
+    header: str | None,
+    model: str,
+    context_limit: int | None = None,
+    default_context_limit: int | None = None,
+) -> Session:
     """The session named by `X-Ledger-Session`: a session id of this user, or a client key
     (any string up to 200 characters) that gets or creates the user's session for `model`.
-    Another user's session id is a 404, as if it did not exist."""
+    Another user's session id is a 404, as if it did not exist.
+
+    A session created here takes the window `context_limit` (the call's
+    X-Ledger-Context-Limit), else the registry's for `model`, else `default_context_limit`
+    (LEDGER_GATEWAY_DEFAULT_CONTEXT_LIMIT: a local model the registry does not know)."""
     key = (header or "").strip()
     if not key:
         raise GatewayError(
@@ -97,18 +109,39 @@ def resolve_session(*, user: AbstractBaseUser, header: str | None, model: str) -
     existing = Session.objects.filter(owner_id=user.pk, client_key=key).first()
     if existing is not None:
         return existing
+    limit = context_limit
+    if limit is None and model_registry().lookup(model.strip()) is None:
+        limit = default_context_limit
     try:
         with transaction.atomic():
-            return session_create(owner=user, model=model, title=key[:200], client_key=key)
+            return session_create(
+                owner=user, model=model, title=key[:200], client_key=key, context_limit=limit
+            )
     except IntegrityError:
         # Two first requests of one thread raced; the other one created it.
         return Session.objects.get(owner_id=user.pk, client_key=key)
     except LedgerError as exc:
+        if exc.code == "unknown_model":
+            # A gateway client cannot pass the API's contextLimit: say what it can do.
+            raise GatewayError(unknown_model_message(model), code=exc.code, param="model") from None
         raise GatewayError(exc.detail, code=exc.code, param="model") from None
 
 
+def unknown_model_message(model: str) -> str:
+    return (
+        f"unknown model {model.strip()!r}: the ledger does not know its context window. Send "
+        "it with the X-Ledger-Context-Limit header (tokens), or set "
+        "LEDGER_GATEWAY_DEFAULT_CONTEXT_LIMIT or MODEL_CONTEXT_OVERRIDES on the server"
+    )
+
+
 def caller_and_session(
-    *, key: str | None, header: str | None, model: str
+    *,
+    key: str | None,
+    header: str | None,
+    model: str,
+    context_limit: int | None = None,
+    default_context_limit: int | None = None,
 ) -> tuple[AbstractBaseUser, Session]:
     """`authenticate` and `resolve_session` in one query when the session exists (every call
     but a thread's first); anything else takes the two steps, with their errors. The user is
@@ -120,7 +153,13 @@ def caller_and_session(
             owner = cast(AbstractBaseUser, SimpleLazyObject(lambda: session.owner))
             return owner, session
     user = authenticate(key)
-    return user, resolve_session(user=user, header=header, model=model)
+    return user, resolve_session(
+        user=user,
+        header=header,
+        model=model,
+        context_limit=context_limit,
+        default_context_limit=default_context_limit,
+    )
 
 
 @dataclass(frozen=True)

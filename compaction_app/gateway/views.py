@@ -40,6 +40,9 @@ from compaction_app.gateway import (
     thread_fit,
     threads,
 )
+from compaction_app.gateway import (
+    body as body_reader,
+)
 from compaction_app.gateway import wire as wire_kinds
 from compaction_app.gateway.fit import Fitted
 from compaction_app.gateway.messages import GatewayError, GatewayInputError, Reply
@@ -51,20 +54,20 @@ from compaction_app.realtime import broadcast
 from sessions_app import tokens
 from sessions_app.api.parsers import (
     MAX_JSON_DEPTH,
-    check_depth,
     release_freed_memory,
     strict_loads,
 )
-from sessions_app.errors import InvalidInput
 from sessions_app.models import ROLE_FOR_TYPE, CallStatus
 from sessions_app.pricing import saved_tokens
-from sessions_app.services import model_registry
+from sessions_app.services import MAX_CONTEXT_LIMIT, model_registry
 from sessions_app.storable import provider_loads
 
 logger = logging.getLogger("compaction_app.gateway")
 
 # Every wire format the gateway speaks (mypy checks each module against the contract).
 WIRES: tuple[Wire, ...] = (openai, responses, anthropic)
+
+CONTEXT_LIMIT_HEADER = "X-Ledger-Context-Limit"
 
 # Django types URL views as sync; an async view is a coroutine function all the same.
 View = Callable[..., Any]
@@ -114,12 +117,13 @@ def _method_not_allowed(wire: Wire, allowed: tuple[str, ...]) -> JsonResponse:
 
 
 def _read_json(request: HttpRequest) -> tuple[forward.Body, Any]:
-    """The body as it is forwarded when nothing is fitted (its exact bytes), and parsed.
+    """The body as it is forwarded when nothing is fitted (its exact bytes), and parsed once.
 
-    A large body is held at most twice at any moment (issue 22, row 14): the bytes are
-    decoded, then let go of (Django's copy included) before the text is parsed, and the text
-    is kept to forward: as UTF-8 it gives back exactly the bytes it came from. Parsing the
-    bytes directly held the bytes, the text json.loads decodes them to, and the result."""
+    orjson reads it when its answer is exactly the strict reader's (body.py); the bytes are
+    kept to forward. A large body is held at most twice at any moment (issue 22, row 14):
+    the bytes (Django's hold let go of) and the parsed value. On the exact path the bytes are
+    decoded, then let go of before the text is parsed, and the text is kept to forward: as
+    UTF-8 it gives back exactly the bytes it came from."""
     try:
         raw = request.body
     except RequestDataTooBig:
@@ -128,6 +132,13 @@ def _read_json(request: HttpRequest) -> tuple[forward.Body, Any]:
         ) from None
     _release_body(request)
     release_freed_memory(len(raw))
+    fast = body_reader.fast_loads(raw)
+    if fast is not None:
+        # Forwarded as the bytes it came as; held beside the parsed value, as the text was.
+        if body_reader.nests_deeper(fast, MAX_JSON_DEPTH):
+            raise _too_deep()
+        return forward.Body(raw), fast
+    # What orjson refused or might read differently: the exact reader decides (body.py).
     try:
         encoding = json.detect_encoding(raw)
         if encoding in ("utf-8", "utf-8-sig"):
@@ -149,11 +160,9 @@ def _read_json(request: HttpRequest) -> tuple[forward.Body, Any]:
     except RecursionError:
         # The decoder gives up on very deep input before returning anything.
         raise _too_deep() from None
-    try:
-        # The API's bound: nothing downstream (counting, json.dumps) may hit the recursion limit.
-        check_depth(body)
-    except InvalidInput:
-        raise _too_deep() from None
+    # The API's bound: nothing downstream (counting, json.dumps) may hit the recursion limit.
+    if body_reader.nests_deeper(body, MAX_JSON_DEPTH):
+        raise _too_deep()
     return source, body
 
 
@@ -224,6 +233,9 @@ class _Request:
     body: dict[str, Any]
     parsed: ParsedRequest
     fit_enabled: bool
+    # X-Ledger-Context-Limit: the window of the client's model (a local one the registry
+    # does not know); None when not sent.
+    context_limit: int | None = None
 
 
 async def _serve(
@@ -249,7 +261,24 @@ async def _serve(
     return await _respond(wire, call, forwarded, stream=sent.parsed.stream)
 
 
+def _context_limit(request: HttpRequest) -> int | None:
+    """X-Ledger-Context-Limit as a window in tokens: decimal digits, 1 to the API's bound."""
+    header = request.headers.get(CONTEXT_LIMIT_HEADER)
+    if header is None:
+        return None
+    text = header.strip()
+    if not (text.isascii() and text.isdigit()) or not 0 < int(text) <= MAX_CONTEXT_LIMIT:
+        raise GatewayError(
+            f"{CONTEXT_LIMIT_HEADER} must be a whole number of tokens from 1 to "
+            f"{MAX_CONTEXT_LIMIT}, got {header[:40]!r}",
+            code="invalid_context_limit",
+            param=CONTEXT_LIMIT_HEADER,
+        )
+    return int(text)
+
+
 def _validate(request: HttpRequest, wire: Wire) -> _Request:
+    context_limit = _context_limit(request)
     raw, body = _read_json(request)
     try:
         parsed = wire.parse_request(body)
@@ -258,7 +287,13 @@ def _validate(request: HttpRequest, wire: Wire) -> _Request:
     off = (request.headers.get("X-Ledger-Fit") or "").strip().lower() == "off"
     # A request that continues a conversation the provider keeps holds only what is new: the
     # gateway cannot fit what it cannot see, so it records and forwards as sent.
-    return _Request(raw=raw, body=body, parsed=parsed, fit_enabled=not off and not parsed.continues)
+    return _Request(
+        raw=raw,
+        body=body,
+        parsed=parsed,
+        fit_enabled=not off and not parsed.continues,
+        context_limit=context_limit,
+    )
 
 
 async def _prepare(
@@ -277,6 +312,8 @@ async def _prepare(
         fit_enabled=sent.fit_enabled,
         continues=sent.parsed.continues,
         thread_name=request.headers.get("X-Ledger-Thread"),
+        context_limit=sent.context_limit,
+        default_context_limit=settings.LEDGER_GATEWAY_DEFAULT_CONTEXT_LIMIT or None,
     )
     if call.fitted is None:
         # May compact synchronously: not on the short hops' threads (prepare.py).
