@@ -56,7 +56,7 @@ from django.db.models import Field, Model
 from django.utils import timezone
 from rest_framework.authtoken.models import Token
 
-from sessions_app.models import Event, Session
+from sessions_app.models import Event, Session, Thread
 
 M = TypeVar("M", bound=Model)
 
@@ -182,6 +182,24 @@ def _owned_session_sql(vendor: str, column: str) -> str:
         f"JOIN {quote(Token._meta.db_table)} t ON t.{quote('user_id')} = s.{quote('owner_id')} "
         f"JOIN {quote(user_model._meta.db_table)} u ON u.{quote('id')} = s.{quote('owner_id')} "
         f"WHERE t.{quote('key')} = %s AND u.{quote('is_active')} = %s AND s.{quote(column)} = %s"
+    )
+
+
+def recent_threads(*, session_id: uuid.UUID, limit: int) -> list[Thread]:
+    """The session's `limit` most recently updated threads, newest first: what
+    `Thread.objects.filter(session=…).order_by("-updated_at")[:limit]` reads. The gateway
+    reads them on every call; building that ORM query each time cost more than running it."""
+    value = Thread._meta.get_field("session").get_db_prep_value(session_id, connection)
+    return instances(Thread, _recent_threads_sql(connection.vendor), [value, limit])
+
+
+@lru_cache(maxsize=4)
+def _recent_threads_sql(vendor: str) -> str:
+    quote = connection.ops.quote_name
+    session, updated = (Thread._meta.get_field(name).column for name in ("session", "updated_at"))
+    return (
+        f"SELECT {columns(Thread)} FROM {quote(Thread._meta.db_table)} "  # noqa: S608
+        f"WHERE {quote(session)} = %s ORDER BY {quote(updated)} DESC LIMIT %s"
     )
 
 

@@ -262,7 +262,7 @@ def record_request(
     alone exceeds it is refused before anything is stored."""
     # No lock around the match: the derived ids make the append idempotent under the append's
     # own lock, and a thread's remembered history is only a hint checked before use.
-    recent = list(Thread.objects.filter(session=session).order_by("-updated_at")[:RECENT_THREADS])
+    recent = sql.recent_threads(session_id=session.pk, limit=RECENT_THREADS)
     fast = _fast_match(recent, count, convert)
     if fast is not None:
         matched, start = fast
