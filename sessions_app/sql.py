@@ -196,7 +196,9 @@ def recent_threads(*, session_id: uuid.UUID, limit: int) -> list[Thread]:
 @lru_cache(maxsize=4)
 def _recent_threads_sql(vendor: str) -> str:
     quote = connection.ops.quote_name
-    session, updated = (Thread._meta.get_field(name).column for name in ("session", "updated_at"))
+    session, updated = (
+        cast(Field, Thread._meta.get_field(name)).column for name in ("session", "updated_at")
+    )
     return (
         f"SELECT {columns(Thread)} FROM {quote(Thread._meta.db_table)} "  # noqa: S608
         f"WHERE {quote(session)} = %s ORDER BY {quote(updated)} DESC LIMIT %s"

@@ -62,10 +62,13 @@ class Announcements:
         if not batch and self.call is None:
             _close()
             return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # closed by a sync server: its thread is done with the response
+            _send(batch, self.call)
+            return
         # Not thread_sensitive: the request's own thread is about to finish the response.
-        task = asyncio.get_running_loop().create_task(
-            sync_to_async(_send, thread_sensitive=False)(batch, self.call)
-        )
+        task = loop.create_task(sync_to_async(_send, thread_sensitive=False)(batch, self.call))
         _tasks.add(task)
         task.add_done_callback(_tasks.discard)
 
