@@ -42,6 +42,8 @@ class Announcements:
         global _open
         self.collected: list[dict[str, Any]] = []
         self.done = False
+        # The task sending them, once started (wait_sent).
+        self.task: asyncio.Task[None] | None = None
         # The call to store with them (a conversation call's).
         self.call = call
         with _idle:
@@ -71,6 +73,24 @@ class Announcements:
         task = loop.create_task(sync_to_async(_send, thread_sensitive=False)(batch, self.call))
         _tasks.add(task)
         task.add_done_callback(_tasks.discard)
+        self.task = task
+
+
+def attach(response: Any, announced: Announcements) -> None:
+    """Mark `response` as carrying `announced`, for the gateway's handler (wait_sent)."""
+    response.ledger_announcements = announced
+
+
+async def wait_sent(response: Any) -> None:
+    """Until the announcements `response` carries are sent: the gateway's handler waits
+    for them once the response is out, so that the event loop outlives their thread, which
+    may push to that loop (broadcast.DEFER_TO_LOOP; a server that ends its loop when the
+    application returns, as asgiref's async_to_sync does, would otherwise leave it waiting
+    forever). The client is not kept waiting: it has the whole response by then."""
+    announced = getattr(response, "ledger_announcements", None)
+    task = getattr(announced, "task", None)
+    if task is not None:
+        await asyncio.wait({task})
 
 
 def _send(batch: list[dict[str, Any]], call: calls.Trace | None = None) -> None:

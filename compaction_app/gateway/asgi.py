@@ -34,7 +34,7 @@ from django.http.response import HttpResponseBase
 from django.middleware.security import SecurityMiddleware
 from django.urls import set_script_prefix
 
-from compaction_app.gateway import guard
+from compaction_app.gateway import after, guard
 
 PREFIX = "/gateway/"
 
@@ -134,6 +134,7 @@ class GatewayHandler(ASGIHandler):
             signals.request_finished.send(sender=self.__class__)
         else:
             response.close()  # sends request_finished
+            await after.wait_sent(response)
         body_file.close()
 
 

@@ -132,11 +132,12 @@ def _read_json(request: HttpRequest) -> tuple[forward.Body, Any]:
         ) from None
     _release_body(request)
     release_freed_memory(len(raw))
-    fast = body_reader.fast_loads(raw)
+    try:
+        fast = body_reader.fast_loads(raw, max_depth=MAX_JSON_DEPTH)
+    except body_reader.TooDeep:
+        raise _too_deep() from None
     if fast is not None:
         # Forwarded as the bytes it came as; held beside the parsed value, as the text was.
-        if body_reader.nests_deeper(fast, MAX_JSON_DEPTH):
-            raise _too_deep()
         return forward.Body(raw), fast
     # What orjson refused or might read differently: the exact reader decides (body.py).
     try:
@@ -210,6 +211,7 @@ async def conversation(request: HttpRequest, wire: Wire) -> HttpResponseBase:
     announced = after.Announcements(trace)
     try:
         response = await _serve(request, wire, announced)
+        after.attach(response, announced)
     except asyncio.CancelledError:
         trace.end(CallStatus.CLIENT_DISCONNECTED)  # the client went away (Django cancels)
         announced.send_later()

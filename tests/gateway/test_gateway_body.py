@@ -11,10 +11,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compaction_app.gateway.body import FAST_MAX_BYTES, fast_loads, nests_deeper
+from compaction_app.gateway.body import FAST_MAX_BYTES, TooDeep, nests_deeper
+from compaction_app.gateway.body import fast_loads as read_fast
 from sessions_app.api.parsers import MAX_JSON_DEPTH, _too_deep, strict_loads
 
 pytestmark = pytest.mark.profile_independent
+
+
+def fast_loads(raw: bytes) -> Any:
+    return read_fast(raw, max_depth=MAX_JSON_DEPTH)
 
 
 def same(a: Any, b: Any) -> bool:
@@ -59,10 +64,13 @@ def test_it_reads_a_body_exactly_as_the_strict_reader_or_leaves_it_to_it(value, 
         b'{"a": 1e400}',  # past a double's range: read as an OutOfRangeNumber
         b'{"a": 12345678901234567890123}',  # past 64 bits: orjson would make it a float
         b'{"a": -9300000000000000000}',
+        b'[[[{"a": [18446744073709551616]}]]]',  # 2**64, nested
+        b"99999999999999999999",
         b'{"a": NaN}',
         b'{"a": "\x00"}',  # a raw control character
         '{"a": 1}'.encode("utf-16"),
         b"[" * 2000 + b"]" * 2000,  # deeper than orjson's own limit
+        b'{"a": 1e19}',  # a float past 2**63: read by the exact reader, alike
     ],
 )
 def test_it_leaves_what_orjson_reads_otherwise_to_the_strict_reader(raw):
@@ -101,3 +109,14 @@ def test_it_leaves_a_body_past_the_fast_bound_to_the_lean_reader():
     assert fast_loads(raw) is None
     small = json.dumps({"content": "x" * (FAST_MAX_BYTES - 20)}).encode()
     assert same(fast_loads(small), json.loads(small))
+
+
+def test_it_reads_64_bit_integers_itself():
+    raw = b'{"a": [9223372036854775807, -9223372036854775808, 18446744073709551615]}'
+    assert same(fast_loads(raw), json.loads(raw))
+
+
+def test_it_refuses_too_deep_a_body_it_read():
+    with pytest.raises(TooDeep):
+        fast_loads(json.dumps({"messages": [nested(65)]}).encode())
+    assert fast_loads(json.dumps(nested(MAX_JSON_DEPTH)).encode()) is not None
