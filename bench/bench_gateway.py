@@ -7,15 +7,21 @@ requests sent to the stand-in directly and through the gateway. embedded: one da
 with the in-memory layer (as `manage.py serve`). postgres: the production profile, two daphne
 processes (calls alternate between them, as behind a load balancer) and a separate Celery
 worker, on PostgreSQL and Redis. Measured:
-- N-message conversations (N = 20 and 400) in their steady state: the session already holds
-  the first N − 1 messages, the request adds one (one session per call, prepared unmeasured);
+- N-message conversations (N = 20, 400 and 1,600; `--sizes`) in their steady state: the
+  session already holds the first N − 1 messages, the request adds one (one session per call,
+  prepared unmeasured);
 - non-streaming (full response) and streaming (time to the first body chunk);
+- beside the gateway, in the same run and interleaved call by call, a bare aiohttp proxy (its
+  own process: forwards the bytes, relays the answer, nothing else): what any Python proxy
+  costs on this machine; and the growth of the added p50 from the smallest size to the
+  largest, the gateway's beside the bare proxy's;
 - the same for the Responses API (`/responses`, input items resent in full as `store: false`
   clients do) at 20 messages;
 - 8 threads, each its own conversation on ONE session: every message recorded exactly once,
   and every call's row in the calls ledger.
 
     .venv/bin/python bench/bench_gateway.py [--profile embedded|postgres|both] [--calls 300]
+        [--sizes 20,400,1600]
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ SIZES = (20, 400, 1600)
 # at most GROWTH x the 20-message figure (issue 31, item 5).
 TARGETS = {20: (5.0, 4.0), 400: (25.0, 25.0)}
 GROWTH = 1.3
+RESPONSES_TARGETS = (15.0, 15.0)  # 20 messages
 THREADS = 8
 CALLS_PER_THREAD = 25
 
@@ -281,10 +288,15 @@ def _latency(
                 # Alternate so both see the same machine load; each session's calls go to the
                 # server processes in turn.
                 gateway = gateways[(call + (mode == "stream")) % len(gateways)]
-                straight.append(timer(client, direct, body, {"Authorization": "Bearer sk-bench"}))
+                plain_headers = {"Authorization": "Bearer sk-bench"}
+                turns = [(straight, direct, plain_headers), (through, gateway, headers)]
                 if bare is not None:
-                    proxied.append(timer(client, bare, body, {"Authorization": "Bearer sk-bench"}))
-                through.append(timer(client, gateway, body, headers))
+                    turns.append((proxied, bare, plain_headers))
+                # Each in turn goes first: whoever follows the gateway shares the machine with
+                # the work it does after answering (the calls row, the usage push).
+                shift = call % len(turns)
+                for times, url, sent_headers in turns[shift:] + turns[:shift]:
+                    times.append(timer(client, url, body, sent_headers))
                 histories[call] = histories[call] + [
                     {"role": "assistant", "content": f"Re: {question}"}
                 ]
@@ -311,7 +323,8 @@ def _latency(
                 f"{statistics.median(through):.1f} / {_percentile(through, 0.99):.1f} ms",
             )
         )
-        target = TARGETS.get(size, (None, None))[mode == "stream"]
+        targets = TARGETS.get(size, (None, None)) if wire == "chat" else RESPONSES_TARGETS
+        target = targets[mode == "stream"]
         rows.append(
             _row(
                 profile,

@@ -43,8 +43,10 @@ _RETURNED = frozenset({"retry-after", "x-request-id", "request-id", "retry-after
 _sessions: dict[asyncio.AbstractEventLoop, aiohttp.ClientSession] = {}
 
 
-# A body is handed to the HTTP client in pieces of this size (see Body).
+# A body is handed to the HTTP client in pieces of this size (see Body)...
 PIECE_BYTES = 1 << 16
+# ... unless it is kept as bytes and at most this large: then whole (Body.whole).
+WHOLE_MAX_BYTES = 1 << 20
 
 
 class Body:
@@ -67,6 +69,15 @@ class Body:
                 else sum(len(piece) for piece in self._text_pieces(data))
             )
         self.length = length
+
+    def whole(self) -> bytes | None:
+        """The body as one bytes object when it is kept as bytes and small enough for the
+        HTTP client to write at once (a copy of what the socket does not take is cheap there;
+        the pieces cost a loop round trip each)."""
+        data = self._data
+        if isinstance(data, bytes) and not self._prefix and len(data) <= WHOLE_MAX_BYTES:
+            return data
+        return None
 
     def pieces(self) -> Iterator[bytes]:
         if self._prefix:
@@ -184,9 +195,13 @@ async def send(
         content = Body(content)
     data: Any = content or None
     if isinstance(content, Body):
-        # Its exact length up front: the pieces go out as a plain body, not chunked.
-        headers = {**headers, "content-length": str(content.length)}
-        data = _stream(content) if content.length else None
+        whole = content.whole()
+        if whole is not None:
+            data = whole or None
+        else:
+            # Its exact length up front: the pieces go out as a plain body, not chunked.
+            headers = {**headers, "content-length": str(content.length)}
+            data = _stream(content) if content.length else None
     try:
         response = await _session().request(
             method,
