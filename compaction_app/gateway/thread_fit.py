@@ -281,7 +281,7 @@ def fit_thread(
     )
     return Fitted(
         model=model,
-        body=shape.render(wire.SHAPE_FORMAT, body, request.units, plan, model),
+        body=wire.render_fitted(body, request.units, plan, model),
         token_count=total,
         limit=limit,
         compacted=True,

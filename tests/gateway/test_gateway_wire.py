@@ -8,13 +8,14 @@ import json
 import pytest
 
 from compaction_app.fitting import FitPolicy, passes_through
-from compaction_app.gateway import anthropic, openai
 from compaction_app.gateway.messages import (
     GatewayInputError,
     chain_hash,
     event_id,
     message_hash,
 )
+from compaction_app.gateway.providers import anthropic_messages as anthropic
+from compaction_app.gateway.providers import openai_chat as openai
 
 pytestmark = pytest.mark.profile_independent
 
@@ -207,7 +208,7 @@ def test_it_renders_a_fitted_request_in_the_clients_own_shape():
     ]
     body = {"model": "m", "messages": units, "temperature": 0}
     plan = shape.Plan(kept=(0, 3, 4), summary="what happened", cleared={})
-    out = shape.render("openai", body, units, plan, "m2")
+    out = openai.render_fitted(body, units, plan, "m2")
     # The result whose call was folded is left out; the kept turn is the client's own dict.
     assert out["messages"] == [
         units[0],
@@ -216,12 +217,12 @@ def test_it_renders_a_fitted_request_in_the_clients_own_shape():
     ]
     assert out["temperature"] == 0 and out["model"] == "m2"
     cleared = shape.Plan(kept=(0, 1, 2, 3, 4), summary=None, cleared={3: {"a": "[cleared]"}})
-    out = shape.render("openai", body, units, cleared, "m")
+    out = openai.render_fitted(body, units, cleared, "m")
     assert out["messages"][2] is units[2]  # the words beside the call stay with it
     assert out["messages"][3] == {"role": "tool", "tool_call_id": "a", "content": "[cleared]"}
     # Same inputs, same bytes.
-    assert json.dumps(shape.render("openai", body, units, plan, "m")) == json.dumps(
-        shape.render("openai", body, units, plan, "m")
+    assert json.dumps(openai.render_fitted(body, units, plan, "m")) == json.dumps(
+        openai.render_fitted(body, units, plan, "m")
     )
 
 
@@ -237,7 +238,7 @@ def test_it_keeps_anthropic_system_blocks_and_opens_with_a_user_turn():
     body = {"model": "c", "system": system, "messages": messages}
     units = [{"role": "system", "content": system}, *messages]
     plan = shape.Plan(kept=(0, 2, 3), summary="earlier", cleared={})
-    out = shape.render("anthropic", body, units, plan, "c")
+    out = anthropic.render_fitted(body, units, plan, "c")
     assert out["system"][0] == system[0]
     assert out["system"][1]["cache_control"] == {"type": "ephemeral"}
     assert out["messages"] == [
