@@ -8,6 +8,7 @@ import json
 import pytest
 
 from compaction_app.fitting import FitPolicy, passes_through
+from compaction_app.gateway import providers, wire
 from compaction_app.gateway.messages import (
     GatewayInputError,
     chain_hash,
@@ -247,3 +248,102 @@ def test_it_keeps_anthropic_system_blocks_and_opens_with_a_user_turn():
         messages[2],
     ]
     assert body["system"] == system  # the client's body is not touched
+
+
+def _events(*events: tuple[str | None, dict | str]) -> list[bytes]:
+    """SSE events, each `event:` (when named) and `data:` line ended by CRLF, as some
+    providers (Google's) frame them."""
+    framed = []
+    for name, data in events:
+        text = data if isinstance(data, str) else json.dumps(data)
+        head = f"event: {name}\r\n" if name else ""
+        framed.append(f"{head}data: {text}\r\n\r\n".encode())
+    return framed
+
+
+_CRLF_STREAMS = {
+    "openai": _events(
+        (None, {"model": "gpt-4o", "choices": [{"index": 0, "delta": {"content": "Hello "}}]}),
+        (None, {"choices": [{"index": 0, "delta": {"content": "there"}}]}),
+        (None, "[DONE]"),
+    ),
+    "responses": _events(
+        ("response.created", {"type": "response.created", "response": {"model": "gpt-4o"}}),
+        (
+            "response.completed",
+            {
+                "type": "response.completed",
+                "response": {
+                    "model": "gpt-4o",
+                    "output": [
+                        {
+                            "type": "message",
+                            "role": "assistant",
+                            "content": [{"type": "output_text", "text": "Hello there"}],
+                        }
+                    ],
+                    "usage": {"input_tokens": 3, "output_tokens": 2, "total_tokens": 5},
+                },
+            },
+        ),
+    ),
+    "anthropic": _events(
+        ("message_start", {"type": "message_start", "message": {"model": "claude-x"}}),
+        (
+            "content_block_start",
+            {"type": "content_block_start", "index": 0, "content_block": {"type": "text"}},
+        ),
+        (
+            "content_block_delta",
+            {
+                "type": "content_block_delta",
+                "index": 0,
+                "delta": {"type": "text_delta", "text": "Hello "},
+            },
+        ),
+        (
+            "content_block_delta",
+            {
+                "type": "content_block_delta",
+                "index": 0,
+                "delta": {"type": "text_delta", "text": "there"},
+            },
+        ),
+        ("message_stop", {"type": "message_stop"}),
+    ),
+    "gemini": _events(
+        (None, {"candidates": [{"content": {"role": "model", "parts": [{"text": "Hello "}]}}]}),
+        (
+            None,
+            {
+                "candidates": [
+                    {
+                        "content": {"role": "model", "parts": [{"text": "there"}]},
+                        "finishReason": "STOP",
+                    }
+                ]
+            },
+        ),
+    ),
+}
+
+
+@pytest.mark.parametrize("wire", providers.PROVIDERS, ids=lambda wire: wire.NAME)
+@pytest.mark.parametrize("size", [1, 3, 1 << 16])
+def test_it_reads_a_crlf_framed_stream_on_every_wire(wire, size):
+    """One SSE framer for every wire: CRLF line ends (and a CR and its LF in different
+    pieces) read as LF."""
+    data = b"".join(_CRLF_STREAMS[wire.NAME])
+    accumulator = wire.stream_accumulator("m")
+    for start in range(0, len(data), size):
+        accumulator.feed(data[start : start + size])
+    assert accumulator.done and not accumulator.errored
+    reply = accumulator.reply()
+    assert reply is not None
+    assert reply.message.hash_text == "Hello there"
+
+
+def test_the_framer_joins_data_lines_and_reads_lone_cr_line_ends():
+    framer = wire.SSEFramer()
+    assert framer.feed(b"event: x\rdata: a\rdata: b\r") == []
+    assert framer.feed(b"\r: comment\n\ndata: c\n\n") == [b"a\nb", b"c"]

@@ -274,7 +274,7 @@ def _model_message(parts: list[dict[str, Any]], ids: list[str]) -> ClientMessage
             own.append(part)
     shown = [part for part in own if not part.get("thought")]
     drafts: list[EventDraft] = []
-    if shown or not calls:
+    if own or not calls:
         if own and all(_is_plain_text(part) for part in own):
             stored: Any = "".join(part["text"] for part in own)
         else:
