@@ -284,12 +284,14 @@ def browser():
 
 @pytest.fixture
 def upstream(settings):
-    """The provider stand-in (tests/provider_standin.py), set as both gateway upstreams."""
+    """The provider stand-in (compaction_app/testkit/provider_standin.py), set as every
+    gateway upstream."""
     from compaction_app.testkit.provider_standin import ProviderStandIn
 
     with ProviderStandIn() as standin:
         settings.LEDGER_OPENAI_UPSTREAM = standin.openai_url
         settings.LEDGER_ANTHROPIC_UPSTREAM = standin.anthropic_url
+        settings.LEDGER_GEMINI_UPSTREAM = standin.gemini_url
         yield standin
 
 
@@ -297,3 +299,22 @@ def upstream(settings):
 def gateway_url(live_url):
     """The live server, as the gateway tests call it: the gateway is one more path of the app."""
     return live_url
+
+
+@pytest.fixture(scope="session")
+def gemini_gateway_url(gateway_url):
+    """The gateway's Gemini wire, where Gemini CLI and google-genai point their base URL.
+    Until the route lands (issue 31) a POST there meets the gateway's JSON 404 (the key is
+    looked at after routing): the tests that need it skip, saying so."""
+    import httpx
+
+    base = f"{gateway_url}/gateway/gemini"
+    probe = httpx.post(
+        f"{base}/v1beta/models/gemini-2.5-flash:countTokens",
+        json={},
+        headers={"X-Ledger-Key": "not-a-key"},
+        timeout=30,
+    )
+    if probe.status_code == 404:
+        pytest.skip("the gateway has no Gemini route (/gateway/gemini/, issue 31) yet")
+    return base
