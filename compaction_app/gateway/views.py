@@ -735,7 +735,10 @@ def view(
                 rest = upstream_path.format(**kwargs)
             return await passthrough(request, wire, rest)
         if kind in (wire_kinds.CONVERSATION, wire_kinds.COUNT_TOKENS):
-            return await handler(request, wire, {**kwargs, **dict(params)})
+            # The query's parameters (Gemini's `alt`), then the path's, then the route's; a
+            # key in the query is never among them.
+            query = {k: v for k, v in request.GET.items() if k != wire.KEY_QUERY}
+            return await handler(request, wire, {**query, **kwargs, **dict(params)})
         return await handler(request, wire)
 
     serve.__name__ = f"{wire.NAME}_{kind}"

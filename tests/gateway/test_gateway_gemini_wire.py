@@ -253,8 +253,13 @@ def test_it_builds_the_upstream_url_per_version_and_action():
         == f"{base}/v1beta/models/gemini-2.5-pro:generateContent"
     )
     assert (
-        gemini.complete_url(base, model="gemini-2.5-flash", stream=True, params={"version": "v1"})
+        gemini.complete_url(
+            base, model="gemini-2.5-flash", stream=True, params={"version": "v1", "alt": "sse"}
+        )
         == f"{base}/v1/models/gemini-2.5-flash:streamGenerateContent?alt=sse"
+    )
+    assert gemini.complete_url(base, model="m", stream=True, params={}).endswith(
+        "/v1beta/models/m:streamGenerateContent"
     )
     # A fallback model name cannot leave the models collection.
     assert "/../" not in gemini.complete_url(base, model="../x", stream=False, params=GENERATE)

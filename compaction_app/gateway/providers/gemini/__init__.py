@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 from compaction_app.gateway import usage as usage_figures
 from compaction_app.gateway import wire
@@ -95,12 +95,17 @@ _USER_SIDE = ("user", "function", "tool")
 
 
 def complete_url(base: str, *, model: str, stream: bool, params: Mapping[str, str]) -> str:
-    """`{base}/{version}/models/{model}:generateContent`, or the streamed action with
-    `alt=sse` (Server-Sent Events; without it the API streams one JSON array)."""
+    """`{base}/{version}/models/{model}:generateContent`, or the streamed action with the
+    `alt` the client asked for: `sse` (Server-Sent Events, every SDK) or none (the API then
+    streams one JSON array, relayed as it comes and recorded as a plain reply)."""
     version = params.get("version") or VERSIONS[0]
     name = quote(model.removeprefix("models/"), safe="")
-    action = f"{STREAM}?alt=sse" if stream else GENERATE
-    return f"{base}/{version}/models/{name}:{action}"
+    if not stream:
+        return f"{base}/{version}/models/{name}:{GENERATE}"
+    # As the client asked: SSE (every SDK), or one JSON array of chunks (`alt` left out).
+    alt = params.get("alt")
+    query = "?" + urlencode({"alt": alt}) if alt else ""
+    return f"{base}/{version}/models/{name}:{STREAM}{query}"
 
 
 def parse_request(body: Any, params: Mapping[str, str] | None = None) -> wire.ParsedRequest:
@@ -320,6 +325,13 @@ def count_tokens_body(count: int) -> dict[str, Any]:
 def reply_from_response(payload: Any, *, model: str) -> Reply | None:
     """The first candidate's content and the usage of a GenerateContentResponse (None when
     it has no content: a prompt blocked before any candidate)."""
+    if isinstance(payload, list):
+        # A stream without `alt=sse`: one JSON array of chunks, read as the SSE chunks are.
+        accumulator = StreamAccumulator(model)
+        for chunk in payload:
+            if isinstance(chunk, dict):
+                accumulator.add_chunk(chunk)
+        return accumulator.reply()
     if not isinstance(payload, dict):
         return None
     candidates = payload.get("candidates")
@@ -418,8 +430,10 @@ class StreamAccumulator:
 
     def _data(self, data: bytes) -> None:
         payload = wire.sse_json(data)
-        if payload is None:
-            return
+        if payload is not None:
+            self.add_chunk(payload)
+
+    def add_chunk(self, payload: dict[str, Any]) -> None:
         if "error" in payload:
             self.errored = True
             return
