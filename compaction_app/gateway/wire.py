@@ -14,7 +14,8 @@ format it serves; it calls the contract, in the spirit of LiteLLM's per-provider
   top-level system prompt or instructions first.
 - `to_client_message` turns one unit into what the ledger identifies (hash) and records
   (event drafts); `render_fitted` puts a per-thread fit back into the client's own shape,
-  `with_context` puts the ledger's rendered messages into a body (the fallback ladder).
+  `with_context` puts the ledger's rendered messages into a body (the fallback ladder),
+  `with_model` names another model (a fallback) in a body sent as it came.
 - `reply_from_response` (transform_response), `usage` and `stream_accumulator` read the
   reply, plain or streamed; `error_body` / `stream_error` are the provider's error shapes,
   `count_tokens_body` its count_tokens answer.
@@ -170,6 +171,8 @@ class Wire(Protocol):
     def render_fitted(
         self, body: dict[str, Any], units: Sequence[dict[str, Any]], plan: Plan, model: str
     ) -> dict[str, Any]: ...
+
+    def with_model(self, body: dict[str, Any], model: str) -> dict[str, Any]: ...
 
     def with_context(
         self,

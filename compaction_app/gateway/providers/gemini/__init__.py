@@ -318,6 +318,11 @@ def usage(raw: Any) -> dict[str, int | None]:
     )
 
 
+def with_model(body: dict[str, Any], model: str) -> dict[str, Any]:
+    """The model is named in the URL (complete_url): the body stays as it came."""
+    return body
+
+
 def count_tokens_body(count: int) -> dict[str, Any]:
     return {"totalTokens": count}
 

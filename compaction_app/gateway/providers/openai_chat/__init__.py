@@ -59,6 +59,10 @@ def usage(raw: Any) -> dict[str, int | None]:
     )
 
 
+def with_model(body: dict[str, Any], model: str) -> dict[str, Any]:
+    return {**body, "model": model}
+
+
 def count_tokens_body(count: int) -> dict[str, Any]:
     return {"input_tokens": count}
 

@@ -93,6 +93,10 @@ def usage(raw: Any) -> dict[str, int | None]:
     )
 
 
+def with_model(body: dict[str, Any], model: str) -> dict[str, Any]:
+    return chat.with_model(body, model)
+
+
 def count_tokens_body(count: int) -> dict[str, Any]:
     return chat.count_tokens_body(count)
 
