@@ -407,3 +407,28 @@ def test_the_registry_finds_a_paths_wire_and_each_base():
         "anthropic": "anthropic",
         "gemini": "gemini",
     }
+
+
+def test_the_servers_access_log_never_shows_a_key_sent_in_the_query():
+    from compaction_app.http_server import LedgerServer, redacted
+
+    logged: list[dict] = []
+    server = LedgerServer(
+        application=None,
+        endpoints=["tcp:port=0:interface=127.0.0.1"],
+        action_logger=lambda p, a, d: logged.append(d),
+    )
+    uri = "/gateway/gemini/v1beta/models/m:generateContent?alt=sse&key=AIzaSecret&x=1"
+    server.log_action("http", "complete", {"path": uri, "status": 200})
+    assert logged == [
+        {
+            "path": "/gateway/gemini/v1beta/models/m:generateContent?alt=sse&key=***&x=1",
+            "status": 200,
+        }
+    ]
+    assert (
+        redacted("/gateway/gemini/v1beta/models?KEY=AIza")
+        == "/gateway/gemini/v1beta/models?KEY=***"
+    )
+    assert redacted("/gateway/anthropic/v1/messages") == "/gateway/anthropic/v1/messages"
+    assert redacted("/api/v1/sessions?monkey=1") == "/api/v1/sessions?monkey=1"
