@@ -488,7 +488,7 @@ _STREAM_STATUS = {
 
 
 def _provider_error(data: bytes) -> dict[str, str]:
-    """The provider's error code and message, from its error body (both wires nest them
+    """The provider's error code and message, from its error body (every wire nests them
     under `error`), for the call's row."""
     try:
         found = json.loads(data).get("error")
@@ -498,7 +498,8 @@ def _provider_error(data: bytes) -> dict[str, str]:
         return {}
     code = found.get("code") or found.get("type") or ""
     if isinstance(code, int):
-        # Google's shape: `code` is the HTTP status, `status` the canonical name.
+        # A numeric code repeats the HTTP status; the canonical name, when the body has one
+        # (`status`), says more.
         code = found.get("status") or code
     return {"code": str(code), "error": str(found.get("message") or "")}
 

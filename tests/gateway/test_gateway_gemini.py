@@ -128,7 +128,16 @@ def test_it_keeps_unknown_fields_signatures_and_ids_byte_for_byte(
     assert sent.raw == raw
     session = Session.objects.get(client_key="exact")
     types = [e.type for e in Event.objects.filter(session=session).order_by("seq")]
-    assert types == ["SYSTEM_PROMPT", "USER_MESSAGE", "TOOL_CALL", "TOOL_RESULT", "AGENT_MESSAGE"]
+    assert types == [
+        "SYSTEM_PROMPT",
+        "USER_MESSAGE",
+        "AGENT_MESSAGE",  # the call's signature, kept beside it
+        "TOOL_CALL",
+        "TOOL_RESULT",
+        "AGENT_MESSAGE",
+    ]
+    signed = Event.objects.filter(session=session, type="AGENT_MESSAGE").order_by("seq").first()
+    assert GEMINI_SIGNATURE in signed.content
     call = Event.objects.get(session=session, type="TOOL_CALL")
     assert (call.tool_call_id, call.name) == ("fc-1", "read")
 
@@ -154,8 +163,10 @@ def test_it_streams_sse_chunks_and_records_the_reply(gemini_gateway_url, upstrea
     session = Session.objects.get(client_key="streamed")
     stored = list(Event.objects.filter(session=session).order_by("seq"))
     assert [e.type for e in stored] == ["USER_MESSAGE", "AGENT_MESSAGE", "TOOL_CALL"]
-    # The text pieces joined; the call's signature with the parts recorded as they came.
-    assert stored[1].content == "It is a small module."
+    # The text pieces joined; the call's signature kept beside them.
+    own = json.loads(stored[1].content)
+    assert own[0] == {"text": "It is a small module."}
+    assert own[1]["thoughtSignature"] == GEMINI_SIGNATURE
     assert stored[2].tool_call_id == "c-7"
     call = wait_until(lambda: Call.objects.filter(session=session).first())
     assert call.stream and call.status == "ok" and call.prompt_tokens and call.cost_nano_usd

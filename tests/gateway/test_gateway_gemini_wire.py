@@ -127,8 +127,12 @@ def test_it_records_calls_and_responses_by_their_ids_and_thoughts_apart():
     assert [d.type for d in call.drafts] == ["AGENT_MESSAGE", "TOOL_CALL"]
     assert call.drafts[1].tool_call_id == "call-1" and call.drafts[1].name == "read_file"
     assert json.loads(call.drafts[1].content) == {"path": "a.py"}
-    # The thought is recorded (non-text rule), never part of the turn's identity.
-    assert call.drafts[0].content == [{"text": "Planning the read.", "thought": True}]
+    # The thought is recorded (non-text rule), never part of the turn's identity; so is the
+    # call's signature, on a stand-in for the call (its arguments are the TOOL_CALL's).
+    assert call.drafts[0].content == [
+        {"text": "Planning the read.", "thought": True},
+        {"functionCall": {"id": "call-1", "name": "read_file"}, "thoughtSignature": SIGNATURE},
+    ]
     assert call.hash_text == "" and call.tool_ids == ("call-1",)
     result = gemini.to_client_message(units[3], 3)
     assert [d.type for d in result.drafts] == ["TOOL_RESULT"]
@@ -211,7 +215,8 @@ def test_it_reads_a_reply_and_its_usage():
     assert (reply.prompt_tokens, reply.cached_input_tokens) == (1200, 1000)
     assert (reply.completion_tokens, reply.total_tokens) == (100, 1300)
     assert reply.raw_usage["thoughtsTokenCount"] == 70
-    assert [d.type for d in reply.message.drafts] == ["TOOL_CALL"]
+    assert [d.type for d in reply.message.drafts] == ["AGENT_MESSAGE", "TOOL_CALL"]
+    assert reply.message.drafts[0].content[0]["thoughtSignature"] == SIGNATURE
     assert gemini.reply_from_response({"candidates": []}, model="m") is None
     assert (
         gemini.reply_from_response({"promptFeedback": {"blockReason": "SAFETY"}}, model="m") is None
@@ -305,7 +310,10 @@ def test_it_rebuilds_a_streamed_reply_from_sse_chunks_without_done(size):
     assert accumulator.done and not accumulator.errored
     reply = accumulator.reply()
     assert reply is not None
-    assert reply.message.drafts[0].content == "Let me look."
+    assert reply.message.drafts[0].content == [
+        {"text": "Let me look."},
+        {"functionCall": {"id": "c9", "name": "ls"}, "thoughtSignature": SIGNATURE},
+    ]
     call = reply.message.drafts[1]
     assert (call.type, call.tool_call_id, call.name) == ("TOOL_CALL", "c9", "ls")
     assert reply.prompt_tokens == 40 and reply.completion_tokens == 9
@@ -366,7 +374,9 @@ def test_it_turns_the_ledgers_render_into_contents():
         {"role": "user", "content": "go"},
         {
             "role": "assistant",
-            "content": "",
+            "content": [
+                {"functionCall": {"id": "c1", "name": "ls"}, "thoughtSignature": SIGNATURE}
+            ],
             "tool_calls": [
                 {"id": "c1", "function": {"name": "ls", "arguments": '{"dir": "."}'}},
                 {"id": "gemini:ls:1", "function": {"name": "ls", "arguments": "{}"}},
@@ -384,7 +394,10 @@ def test_it_turns_the_ledgers_render_into_contents():
         {
             "role": "model",
             "parts": [
-                {"functionCall": {"name": "ls", "args": {"dir": "."}, "id": "c1"}},
+                {
+                    "functionCall": {"name": "ls", "args": {"dir": "."}, "id": "c1"},
+                    "thoughtSignature": SIGNATURE,
+                },
                 {"functionCall": {"name": "ls", "args": {}}},
             ],
         },

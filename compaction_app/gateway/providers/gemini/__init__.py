@@ -42,6 +42,7 @@ from compaction_app.gateway.messages import (
     canonical_json,
 )
 from compaction_app.gateway.providers.gemini.shape import (
+    SIGNATURE,
     call_ids,
     field,
 )
@@ -260,13 +261,24 @@ def _stored(parts: list[dict[str, Any]], sep: str) -> Any:
 
 def _model_message(parts: list[dict[str, Any]], ids: list[str]) -> ClientMessage:
     """The model's turn: its words (thoughts and signatures recorded, never identifying it)
-    then one TOOL_CALL per function call. Streamed text arrives in pieces the client may or
-    may not join when it resends them, so the texts are joined without a separator."""
+    then one TOOL_CALL per function call. A signed call's signature is kept with the words,
+    on a stand-in for the call (its id and name, no arguments: those are the TOOL_CALL's), so
+    the ledger's own render can send it back. Streamed text arrives in pieces the client may
+    or may not join when it resends them, so the texts are joined without a separator."""
     calls: list[EventDraft] = []
     own: list[dict[str, Any]] = []
+    signed: list[dict[str, Any]] = []
     for number, part in enumerate(parts):
         call = field(part, "functionCall")
         if isinstance(call, dict):
+            signature = field(part, "thoughtSignature")
+            if signature is not None:
+                signed.append(
+                    {
+                        "functionCall": {"id": ids[number], "name": str(call.get("name"))},
+                        SIGNATURE: signature,
+                    }
+                )
             calls.append(
                 EventDraft(
                     TOOL_CALL,
@@ -279,11 +291,11 @@ def _model_message(parts: list[dict[str, Any]], ids: list[str]) -> ClientMessage
             own.append(part)
     shown = [part for part in own if not part.get("thought")]
     drafts: list[EventDraft] = []
-    if own or not calls:
-        if own and all(_is_plain_text(part) for part in own):
+    if own or signed or not calls:
+        if not signed and all(_is_plain_text(part) for part in own):
             stored: Any = "".join(part["text"] for part in own)
         else:
-            stored = own
+            stored = own + signed
         drafts.append(EventDraft(AGENT_MESSAGE, stored))
     drafts.extend(calls)
     return ClientMessage(

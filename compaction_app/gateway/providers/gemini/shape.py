@@ -18,6 +18,7 @@ from compaction_app.gateway.shape import RESUME_TEXT, Plan, summary_text
 
 # The ids the gateway gives calls (and their responses) the API sent without one.
 SYNTHETIC_PREFIX = "gemini:"
+SIGNATURE = "thoughtSignature"
 
 
 def _snake(name: str) -> str:
@@ -150,6 +151,14 @@ def with_context(
             system_parts.extend(_text_parts(content))
         elif role == "assistant":
             parts = _text_parts(content)
+            # The signatures recorded beside the calls (on stand-ins for them) go back on the
+            # calls themselves.
+            signatures = {
+                str(field(part, "functionCall").get("id")): field(part, SIGNATURE)
+                for part in parts
+                if isinstance(field(part, "functionCall"), dict)
+            }
+            parts = [part for part in parts if not isinstance(field(part, "functionCall"), dict)]
             for call in message.get("tool_calls") or []:
                 function = call.get("function") or {}
                 call_id = str(call.get("id") or "")
@@ -161,7 +170,10 @@ def with_context(
                 found: dict[str, Any] = {"name": names[call_id], "args": args}
                 if call_id and not call_id.startswith(SYNTHETIC_PREFIX):
                     found["id"] = call_id
-                parts.append({"functionCall": found})
+                part: dict[str, Any] = {"functionCall": found}
+                if signatures.get(call_id) is not None:
+                    part[SIGNATURE] = signatures[call_id]
+                parts.append(part)
             add("model", parts)
         elif role == "tool":
             call_id = str(message.get("tool_call_id") or "")
