@@ -701,9 +701,10 @@ GEMINI_ROUTE = re.compile(
 # part of a text reply: opaque bytes, base64 on the wire (the SDKs decode them), that the
 # client must send back as they came.
 GEMINI_SIGNATURE = base64.b64encode(b"sig-standin-gemini-0001").decode()
-# Implicit caching: the leading turns a request repeats from an earlier request to the same
-# model are reported as `cachedContentTokenCount`, once they reach this many tokens (Gemini
-# 2.5 Flash's minimum for implicit caching).
+# Implicit caching: what a request repeats of an earlier request to the same model, from its
+# start (instruction and tools, then the turns' parts), is reported as
+# `cachedContentTokenCount` once it reaches this many tokens (Gemini 2.5 Flash's minimum for
+# implicit caching).
 GEMINI_IMPLICIT_CACHE_MIN = 1024
 _GEMINI_STATUS = {
     400: "INVALID_ARGUMENT",
