@@ -303,18 +303,6 @@ def gateway_url(live_url):
 
 @pytest.fixture(scope="session")
 def gemini_gateway_url(gateway_url):
-    """The gateway's Gemini wire, where Gemini CLI and google-genai point their base URL.
-    Until the route lands (issue 31) a POST there meets the gateway's JSON 404 (the key is
-    looked at after routing): the tests that need it skip, saying so."""
-    import httpx
-
-    base = f"{gateway_url}/gateway/gemini"
-    probe = httpx.post(
-        f"{base}/v1beta/models/gemini-2.5-flash:countTokens",
-        json={},
-        headers={"X-Ledger-Key": "not-a-key"},
-        timeout=30,
-    )
-    if probe.status_code == 404:
-        pytest.skip("the gateway has no Gemini route (/gateway/gemini/, issue 31) yet")
-    return base
+    """The gateway's Gemini wire: the base URL Gemini CLI (`GOOGLE_GEMINI_BASE_URL`) and
+    google-genai (`http_options.base_url`) are given; they add `/{version}/models/…`."""
+    return f"{gateway_url}/gateway/gemini"

@@ -60,7 +60,9 @@ class Step:
     `prompt_tokens` None: the stand-in's own estimate (characters / 4). Cache figures are
     parts of it, reported as each provider does: OpenAI's `prompt_tokens_details.
     cached_tokens`; Anthropic's `cache_read_input_tokens`, `cache_creation_input_tokens` and
-    its `cache_creation` split (`cache_write_1h_tokens` of the write at the one-hour rate).
+    its `cache_creation` split (`cache_write_1h_tokens` of the write at the one-hour rate);
+    Gemini's `cachedContentTokenCount` (without a scripted figure, its implicit caching:
+    ProviderStandIn.gemini_cached_tokens).
     """
 
     kind: str = "reply"
@@ -79,7 +81,9 @@ class Step:
     raw_body: bytes = b""
     # Responses: a reasoning item with this opaque `encrypted_content` opens the output.
     reasoning: str = ""
-    # Anthropic: a thinking block (this text, signed) opens the reply.
+    # Anthropic: a thinking block (this text, signed) opens the reply. Gemini: the reply
+    # thought (`thoughtsTokenCount`, a signature on its last part when it calls nothing, a
+    # `thought: true` part with this text when the request asks for thoughts).
     thinking: str = ""
 
 
@@ -701,9 +705,10 @@ GEMINI_ROUTE = re.compile(
 # part of a text reply: opaque bytes, base64 on the wire (the SDKs decode them), that the
 # client must send back as they came.
 GEMINI_SIGNATURE = base64.b64encode(b"sig-standin-gemini-0001").decode()
-# Implicit caching: the leading turns a request repeats from an earlier request to the same
-# model are reported as `cachedContentTokenCount`, once they reach this many tokens (Gemini
-# 2.5 Flash's minimum for implicit caching).
+# Implicit caching: what a request repeats of an earlier request to the same model, from its
+# start (instruction and tools, then the turns' parts), is reported as
+# `cachedContentTokenCount` once it reaches this many tokens (Gemini 2.5 Flash's minimum for
+# implicit caching).
 GEMINI_IMPLICIT_CACHE_MIN = 1024
 _GEMINI_STATUS = {
     400: "INVALID_ARGUMENT",

@@ -464,8 +464,14 @@ def test_it_runs_gemini_cli_through_a_tool_loop(
     assert types[-1] == "AGENT_MESSAGE" and main_events[-1]["content"] == FINAL
     assert "What is in notes.txt?" in json.dumps([e["content"] for e in main_events])
     assert "remember the milk" in main_events[types.index("TOOL_RESULT")]["content"]
-    # The signature is kept with the call, so a fitted history can send it back.
-    assert GEMINI_SIGNATURE in json.dumps(main_events)
+    call = main_events[types.index("TOOL_CALL")]
+    assert (call["name"], call["toolCallId"]) == ("read_file", "call_01")
+    assert json.loads(call["content"]) == {"file_path": str(notes)}
+    # The reply's thought summary (the CLI asks for them) is kept, with the call it came with.
+    thought = main_events[types.index("TOOL_CALL") - 1]
+    assert thought["type"] == "AGENT_MESSAGE" and thought["content"][0]["thought"] is True
+    # The second turn resent the first: the stand-in's implicit cache shows on the reply.
+    assert main_events[-1]["tokenUsage"]["cachedInputTokens"] > 0
     side_events = events(side)
     assert "TOOL_CALL" not in [e["type"] for e in side_events]
     assert json.loads(side_events[-1]["content"]) == GEMINI_ROUTE
