@@ -445,3 +445,30 @@ def test_the_servers_access_log_never_shows_a_key_sent_in_the_query():
     )
     assert redacted("/gateway/anthropic/v1/messages") == "/gateway/anthropic/v1/messages"
     assert redacted("/api/v1/sessions?monkey=1") == "/api/v1/sessions?monkey=1"
+
+
+def test_the_ledgers_own_render_of_a_recorded_loop_goes_back_as_valid_contents():
+    """The fallback ladder (fit.py): what the ledger recorded of a Gemini loop, rendered in
+    its Chat shape, becomes contents whose calls carry their signatures and whose responses
+    follow their calls."""
+    from sessions_app.render import Record, render
+
+    units = _units(a_tool_loop())
+    records = [
+        Record(
+            key=f"{i}.{n}", type=d.type, content=d.content, name=d.name, tool_call_id=d.tool_call_id
+        )
+        for i, unit in enumerate(units)
+        for n, d in enumerate(gemini.to_client_message(unit, i).drafts)
+    ]
+    rendered = render(records, fmt=gemini.RENDER_FORMAT)
+    body = a_tool_loop()
+    out = gemini.with_context(body, messages=rendered.messages, system=rendered.system, model="m")
+    assert out["systemInstruction"]["parts"][0]["text"] == "You are an interactive CLI agent."
+    assert [c["role"] for c in out["contents"]] == ["user", "model", "user", "model", "user"]
+    call = out["contents"][1]["parts"][-1]
+    assert call["functionCall"] == {"name": "read_file", "args": {"path": "a.py"}, "id": "call-1"}
+    assert call["thoughtSignature"] == SIGNATURE
+    response = out["contents"][2]["parts"][0]["functionResponse"]
+    assert (response["id"], response["name"]) == ("call-1", "read_file")
+    assert out["tools"] is body["tools"]

@@ -135,6 +135,7 @@ def with_context(
     system_parts: list[dict[str, Any]] = []
     contents: list[dict[str, Any]] = []
     names: dict[str, str] = {}
+    signatures: dict[str, Any] = {}
 
     def add(role: str, parts: list[dict[str, Any]]) -> None:
         if not parts:
@@ -152,12 +153,12 @@ def with_context(
         elif role == "assistant":
             parts = _text_parts(content)
             # The signatures recorded beside the calls (on stand-ins for them) go back on the
-            # calls themselves.
-            signatures = {
-                str(field(part, "functionCall").get("id")): field(part, SIGNATURE)
+            # calls themselves (the render may give the calls a message of their own).
+            signatures.update(
+                (str(field(part, "functionCall").get("id")), field(part, SIGNATURE))
                 for part in parts
                 if isinstance(field(part, "functionCall"), dict)
-            }
+            )
             parts = [part for part in parts if not isinstance(field(part, "functionCall"), dict)]
             for call in message.get("tool_calls") or []:
                 function = call.get("function") or {}
