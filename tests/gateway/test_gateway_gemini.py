@@ -188,6 +188,45 @@ def test_it_records_a_stream_sent_as_one_json_array(gemini_gateway_url, upstream
     assert reply.type == "AGENT_MESSAGE" and reply.content == "An array of chunks."
 
 
+def test_it_fails_over_to_a_fallback_model_named_in_the_path(gemini_gateway_url, upstream, alice):
+    upstream.script(Step(kind="error", status=503, message="overloaded"), Step(text="From lite."))
+    body = {"contents": [_ask("Summarize the plan.")]}
+    answer = _post(
+        gemini_gateway_url,
+        f"v1beta/models/{MODEL}:generateContent",
+        body,
+        **_ledger(alice, "failover"),
+        **{"X-Ledger-Fallback-Models": "gemini-2.5-flash-lite"},
+    )
+    assert answer.status_code == 200 and answer.headers["X-Ledger-Model"] == "gemini-2.5-flash-lite"
+    first, second = upstream.requests[-2:]
+    assert first.path == f"/v1beta/models/{MODEL}:generateContent"
+    assert second.path == "/v1beta/models/gemini-2.5-flash-lite:generateContent"
+    assert second.body == body  # the model is in the path, never added to the body
+
+
+def test_it_relays_a_stream_that_fails_midway_and_marks_the_reply_incomplete(
+    gemini_gateway_url, upstream, alice
+):
+    upstream.script(Step(kind="stream_error", text="A long answer " * 20, chunks_before_break=2))
+    with httpx.stream(
+        "POST",
+        f"{gemini_gateway_url}/v1/models/{MODEL}:streamGenerateContent?alt=sse",
+        json={"contents": [_ask("Go on.")]},
+        headers=_ledger(alice, "midway"),
+        timeout=30,
+    ) as response:
+        raw = b"".join(response.iter_raw())
+    last = [chunk for chunk in raw.split(b"\r\n\r\n") if chunk.startswith(b"data: ")][-1]
+    assert json.loads(last[6:])["error"]["status"] == "INTERNAL"
+    after.wait_idle()
+    session = Session.objects.get(client_key="midway")
+    reply = Event.objects.filter(session=session).order_by("seq").last()
+    assert reply.type == "AGENT_MESSAGE" and reply.metadata["incomplete"] is True
+    call = wait_until(lambda: Call.objects.filter(session=session).first())
+    assert call.status == "provider_error"
+
+
 def test_it_counts_tokens_itself(gemini_gateway_url, upstream, alice):
     body = {"contents": [_ask("count me " * 20)]}
     counted = _post(
