@@ -411,6 +411,9 @@ COMPACTION_RETRY_BACKOFF_SECONDS = env_float("COMPACTION_RETRY_BACKOFF_SECONDS",
 # --- Gateway --------------------------------------------------------------------------------
 LEDGER_OPENAI_UPSTREAM = env_str("LEDGER_OPENAI_UPSTREAM", "https://api.openai.com/v1")
 LEDGER_ANTHROPIC_UPSTREAM = env_str("LEDGER_ANTHROPIC_UPSTREAM", "https://api.anthropic.com")
+LEDGER_GEMINI_UPSTREAM = env_str(
+    "LEDGER_GEMINI_UPSTREAM", "https://generativelanguage.googleapis.com"
+)
 LEDGER_UPSTREAM_TIMEOUT_SECONDS = env_float("LEDGER_UPSTREAM_TIMEOUT_SECONDS", 600.0, minimum=0.1)
 # One streamed reply is cut (with the provider's error event; what arrived is recorded and
 # marked incomplete) past this size or duration (compaction_app/gateway/stream_limits.py).

@@ -12,8 +12,8 @@ How a block runs:
   `http://127.0.0.1:8000` by the live server's, and the token placeholders (`<ledger token>`,
   `<the token serve printed>`, `<token printed by serve>`, `<your API token>`) by a real API
   token. The environment also holds LEDGER (the server's address), TOKEN, and the provider
-  keys the SDK examples say to export (OPENAI_API_KEY, ANTHROPIC_API_KEY: the stand-in
-  accepts anything).
+  keys the SDK examples say to export (OPENAI_API_KEY, ANTHROPIC_API_KEY, GEMINI_API_KEY:
+  the stand-in accepts anything).
 - SNIPPETS_SHOW=1 prints every block's output (to keep the docs' "→ …" comments true).
 - A block can opt out with `<!-- snippet: skip (reason) -->` on the line before its fence;
   the reason is required.
@@ -109,6 +109,7 @@ def server():
         with live_ledger(
             LEDGER_OPENAI_UPSTREAM=upstream.openai_url,
             LEDGER_ANTHROPIC_UPSTREAM=upstream.anthropic_url,
+            LEDGER_GEMINI_UPSTREAM=upstream.gemini_url,
         ) as live:
             yield live
 
@@ -161,6 +162,7 @@ def test_it_runs_every_block_in_order(path, server, tmp_path):
         "TOKEN": server.tokens["alice"],
         "OPENAI_API_KEY": "sk-standin",
         "ANTHROPIC_API_KEY": "sk-ant-standin",
+        "GEMINI_API_KEY": "gemini-standin",
         "DJANGO_SETTINGS_MODULE": "config.settings",
         "VAR_DIR": str(tmp_path / "var"),
     }
