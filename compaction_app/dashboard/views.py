@@ -158,7 +158,13 @@ def _positive_int(value: str | None) -> int | None:
 
 
 # htmx targets the session page may ask for by themselves.
-PAGE_PARTS = {"timeline": "timeline", "chart": "chart", "run-detail": "run_detail"}
+PAGE_PARTS = {
+    "timeline": "timeline",
+    "chart": "chart",
+    "run-detail": "run_detail",
+    # "show all" runs: the history alone, every run in it, swapped in place.
+    "history": "history",
+}
 
 
 @login_required
