@@ -47,9 +47,9 @@ def oldest_run_figures(session) -> tuple[int, int]:
     return run.tokens_before, run.tokens_after
 
 
-def chart_shot(page, name: str) -> None:
+def chart_shot(page, name: str, *, part: str = "#chart") -> None:
     SHOTS.mkdir(parents=True, exist_ok=True)
-    page.locator("#chart").screenshot(path=str(SHOTS / name))
+    page.locator(part).screenshot(path=str(SHOTS / name))
 
 
 def _overlap(a: dict, b: dict) -> bool:
@@ -96,6 +96,26 @@ def test_it_keeps_twelve_runs_after_an_idle_gap_legible_and_reachable(
     chart_shot(page, f"many-runs-time-{width}.png")
     # The phone's drawing has half the room: fewer labels, but the newest always.
     assert by_event["drops"] and by_time["drops"]
+
+    # Folded events look folded: the stretch opens in one click, each folded event muted and
+    # dashed with the compaction it went into; the messages kept between them look as ever.
+    stretch = page.locator("#timeline li.fold-run")
+    assert stretch.count() == 1
+    stretch.locator("details.fold > summary").first.click()
+    folded = stretch.locator("li.entry.folded")
+    kept = stretch.locator("li.entry:not(.folded)")
+    assert folded.count() > 0 and kept.count() > 0
+    assert folded.first.is_visible()
+    assert folded.first.locator(".badge.folded").inner_text().startswith("folded at #")
+    assert kept.first.locator(".badge.kept").inner_text() == "in context"
+    look = """el => { const box = el.querySelector(':scope > details.entry-box');
+        const s = getComputedStyle(box);
+        return [s.borderTopStyle, s.backgroundColor,
+                getComputedStyle(el.querySelector('.who')).color]; }"""
+    folded_look, kept_look = folded.first.evaluate(look), kept.first.evaluate(look)
+    assert folded_look[0] == "dashed" and kept_look[0] != "dashed", (folded_look, kept_look)
+    assert folded_look[2] != kept_look[2], (folded_look, kept_look)
+    chart_shot(page, f"many-runs-folded-{width}.png", part="#timeline")
 
     # Every run is reachable: "show all" brings the whole history in place.
     history = page.locator("#history table.history tbody tr")
