@@ -4,7 +4,7 @@ provider stand-in, a coding-agent session driven through the gateway with the Op
 (tool calls, results, a few failed calls, several compactions on a small window), then
 headless Debian Chromium through Playwright.
 
-    .venv/bin/python bench/screenshots.py [--turns 40] [--out-dir .]
+    .venv/bin/python bench/screenshots.py [--turns 60] [--out-dir .]
 
 Writes (relative to --out-dir, the checkout by default):
 - docs/img/dashboard.png          the session page's first screen at 1,280 px (README, dashboard.md)
@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 TITLE = "Fix the flaky payment tests"
-CONTEXT_LIMIT = 12_000
+CONTEXT_LIMIT = 10_000
 
 
 def _free_port() -> int:
@@ -151,7 +151,7 @@ def _drive(*, base: str, token: str, standin, turns: int) -> str:
                 continue
             history.append({"role": "assistant", "content": message.content})
             break
-        time.sleep(0.3)  # the embedded worker compacts between turns
+        time.sleep(0.3)  # an agent's pace: the page's live updates keep up
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         runs = _api(base, token, f"sessions/{session}/compactions")["results"]
@@ -186,6 +186,13 @@ def _shoot(*, base: str, session: str, out: Path) -> list[Path]:
             page.wait_for_url(f"{base}/")
             page.goto(f"{base}/sessions/{session}/")
             page.wait_for_load_state("networkidle")
+            # A picture of a page that scrolls sideways would hide what it shows.
+            overflow = page.evaluate(
+                "[...document.querySelectorAll('.scroll')]"
+                ".filter(s => s.scrollWidth > s.clientWidth).map(s => s.parentElement.id)"
+            )
+            if overflow:
+                print(f"warning: at {width} px these parts scroll sideways: {overflow}")
             if width > 1000:
                 page.screenshot(path=path("docs/img/dashboard.png"))
                 # The page with a folded stretch open, as a reader explores it.
@@ -209,7 +216,7 @@ def _shoot(*, base: str, session: str, out: Path) -> list[Path]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--turns", type=int, default=40)
+    parser.add_argument("--turns", type=int, default=60)
     parser.add_argument("--out-dir", type=Path, default=ROOT)
     args = parser.parse_args()
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")

@@ -128,6 +128,11 @@ def test_it_reads_as_a_trace_with_thresholds_and_a_runs_before_and_after(
     assert page.locator("#chart svg.chart-wide .threshold-line").count() == 2
     assert "cooldown" in page.locator("#auto-compaction").inner_text()
 
+    # The history fits the page, the staff's Revert column included (no sideways scroll).
+    assert page.evaluate(
+        "(() => { const s = document.querySelector('#history .scroll');"
+        " return s.scrollWidth <= s.clientWidth; })()"
+    )
     # A run's before / after opens from the history.
     page.locator(f"#run-{run.pk} a.run-open").click()
     detail = page.locator("#run-detail")
