@@ -164,7 +164,7 @@ def _drive(*, base: str, token: str, standin, turns: int) -> str:
 def _shoot(*, base: str, session: str, out: Path) -> list[Path]:
     from playwright.sync_api import sync_playwright
 
-    from tests.support.browser import launch_chromium
+    from compaction_app.testkit.browser import launch_chromium
 
     made: list[Path] = []
 

@@ -274,7 +274,7 @@ def browser():
     Django refuse the ORM in every later test of the process."""
     from playwright.sync_api import sync_playwright
 
-    from tests.support.browser import launch_chromium
+    from compaction_app.testkit.browser import launch_chromium
 
     with sync_playwright() as playwright:
         browser = launch_chromium(playwright)
