@@ -1,7 +1,8 @@
 """Fairness under heavy requests: user A fires 8 heavy requests at once (GET /context of a big
 session, compaction dry runs), round after round, while user B does simple reads (GET /usage of
 its own small session). B's read latency at rest, then under A's load with the per-user limit
-off (HEAVY_REQUESTS_PER_USER=0, as before it existed) and on (the default, 2).
+off (HEAVY_REQUESTS_PER_USER=0, as before it existed) and on (the default, 2), with Python's
+5 ms GIL switch interval and with the servers' 0.5 ms (GIL_SWITCH_INTERVAL_MS).
 
 embedded: one daphne process on SQLite (the in-process count). postgres: two daphne processes
 on a throwaway PostgreSQL database and a private redis-server on a spare port (the count in
@@ -34,6 +35,13 @@ from child_env import child_env  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 HEAVY_AT_ONCE = 8
+# (HEAVY_REQUESTS_PER_USER, GIL_SWITCH_INTERVAL_MS, label): no limit and Python's 5 ms switch
+# interval as before either existed, the limit alone, and the limit with today's interval.
+PHASES = (
+    ("0", "5", "limit off, GIL 5 ms (before)"),
+    ("2", "5", "limit 2, GIL 5 ms"),
+    ("2", "0.5", "limit 2, GIL 0.5 ms (now)"),
+)
 
 
 class Servers:
@@ -269,9 +277,9 @@ def main() -> int:
         _warm(servers, tokens, sessions)
         took, _ = _phase(servers, tokens, sessions, seconds=5, heavy=False)
         lines.append(_line("B alone", took, {}))
-        for limit, label in (("0", "limit off (before)"), ("2", "limit 2 (after)")):
+        for limit, switch, label in PHASES:
             servers.stop()
-            servers.start(HEAVY_REQUESTS_PER_USER=limit)
+            servers.start(HEAVY_REQUESTS_PER_USER=limit, GIL_SWITCH_INTERVAL_MS=switch)
             _warm(servers, tokens, sessions)
             took, statuses = _phase(servers, tokens, sessions, seconds=args.seconds, heavy=True)
             lines.append(

@@ -13,11 +13,15 @@ byte and defaults to 12 hours: a client sending its body a byte at a time held a
 - a connection idle for `HTTP_IDLE_TIMEOUT_SECONDS` (nothing sent, e.g. a keep-alive between
   requests, or no request line at all) is closed (Twisted's idle timeout, set on the factory).
 Responses, streams and websockets are not limited here.
+
+Its access log never shows a provider key: Gemini's clients may put theirs in the query
+(`?key=`), which daphne would print with the request's URI (`redacted`).
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import time
 from typing import Any
 
@@ -38,7 +42,21 @@ _REQUEST_TIMEOUT = (
 )
 
 
+# A `key` query parameter (Gemini's API key in the URL), wherever it sits in the query.
+_KEY_IN_QUERY = re.compile(r"([?&]key=)[^&#]*", re.IGNORECASE)
+
+
+def redacted(uri: str) -> str:
+    """A request's URI as the access log shows it: a key in the query replaced by `***`."""
+    return _KEY_IN_QUERY.sub(r"\1***", uri) if "?" in uri else uri
+
+
 class LedgerServer(Server):
+    def log_action(self, protocol: str, action: str, details: dict[str, Any]) -> None:
+        if isinstance(details.get("path"), str):
+            details = {**details, "path": redacted(details["path"])}
+        super().log_action(protocol, action, details)
+
     def run(self) -> None:
         from twisted.internet import reactor
 

@@ -2,11 +2,17 @@
 
 import gc
 import os
+import sys
 
+from django.conf import settings
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 django_asgi_app = get_asgi_application()
+
+# A light request shares its process with CPU-bound heavy ones (a big session's /context, dry
+# runs): it must get the GIL back soon after each database round trip (GIL_SWITCH_INTERVAL_MS).
+sys.setswitchinterval(settings.GIL_SWITCH_INTERVAL_MS / 1000)
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402

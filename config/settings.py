@@ -329,6 +329,12 @@ API_THROTTLE_RATE = env_str("API_THROTTLE_RATE", "1200/min")
 # process never released expires after HEAVY_REQUEST_EXPIRY_SECONDS. 0 turns the limit off.
 HEAVY_REQUESTS_PER_USER = env_int("HEAVY_REQUESTS_PER_USER", 2, minimum=0)
 HEAVY_REQUEST_EXPIRY_SECONDS = env_int("HEAVY_REQUEST_EXPIRY_SECONDS", 300, minimum=1)
+# How long a server process's thread may hold the GIL while another waits for it (config/asgi.py
+# sets it; Python's default is 5 ms). A heavy request's thread is CPU-bound: a light request on
+# the same process waits for the GIL after each database round trip, up to this long each time.
+# 0.5 ms took another user's p99 under a heavy load from 430-520 ms to about 130 ms
+# (bench/bench_fairness.py; docs/operations.md, "Heavy requests per user").
+GIL_SWITCH_INTERVAL_MS = env_float("GIL_SWITCH_INTERVAL_MS", 0.5, minimum=0.05)
 API_PAGE_SIZE = env_int("API_PAGE_SIZE", 50, minimum=1)
 API_MAX_EVENTS_PER_REQUEST = env_int("API_MAX_EVENTS_PER_REQUEST", 5000, minimum=1)
 
@@ -405,6 +411,9 @@ COMPACTION_RETRY_BACKOFF_SECONDS = env_float("COMPACTION_RETRY_BACKOFF_SECONDS",
 # --- Gateway --------------------------------------------------------------------------------
 LEDGER_OPENAI_UPSTREAM = env_str("LEDGER_OPENAI_UPSTREAM", "https://api.openai.com/v1")
 LEDGER_ANTHROPIC_UPSTREAM = env_str("LEDGER_ANTHROPIC_UPSTREAM", "https://api.anthropic.com")
+LEDGER_GEMINI_UPSTREAM = env_str(
+    "LEDGER_GEMINI_UPSTREAM", "https://generativelanguage.googleapis.com"
+)
 # The window of a model the registry does not know (a local model behind Ollama or vLLM), for
 # the sessions the gateway creates; 0: none (the call is refused with `unknown_model` unless
 # it sends X-Ledger-Context-Limit). MODEL_CONTEXT_OVERRIDES names windows model by model.

@@ -29,8 +29,15 @@ __all__ = [
     "default_registry",
 ]
 
-# genai-prices has no plain "gemini-3-pro" entry (only previews without a window).
-DEFAULT_OVERRIDES: dict[str, int] = {"gemini-3-pro": 1_000_000}
+# genai-prices has no plain "gemini-3-pro" entry (only previews without a window), and lists
+# Gemini 2.5 Pro and the 3 / 3.1 Pro previews (Gemini CLI's defaults) without one: their input
+# limits as Google's model pages give them.
+DEFAULT_OVERRIDES: dict[str, int] = {
+    "gemini-3-pro": 1_000_000,
+    "gemini-2.5-pro": 1_048_576,
+    "gemini-3-pro-preview": 1_048_576,
+    "gemini-3.1-pro-preview": 1_048_576,
+}
 
 # First-party providers win over resellers and aggregators that list the same model id.
 PREFERRED_PROVIDERS = ("openai", "anthropic", "google")

@@ -274,7 +274,7 @@ def browser():
     Django refuse the ORM in every later test of the process."""
     from playwright.sync_api import sync_playwright
 
-    from tests.support.browser import launch_chromium
+    from compaction_app.testkit.browser import launch_chromium
 
     with sync_playwright() as playwright:
         browser = launch_chromium(playwright)
@@ -284,12 +284,14 @@ def browser():
 
 @pytest.fixture
 def upstream(settings):
-    """The provider stand-in (tests/provider_standin.py), set as both gateway upstreams."""
+    """The provider stand-in (compaction_app/testkit/provider_standin.py), set as every
+    gateway upstream."""
     from compaction_app.testkit.provider_standin import ProviderStandIn
 
     with ProviderStandIn() as standin:
         settings.LEDGER_OPENAI_UPSTREAM = standin.openai_url
         settings.LEDGER_ANTHROPIC_UPSTREAM = standin.anthropic_url
+        settings.LEDGER_GEMINI_UPSTREAM = standin.gemini_url
         yield standin
 
 
@@ -297,3 +299,10 @@ def upstream(settings):
 def gateway_url(live_url):
     """The live server, as the gateway tests call it: the gateway is one more path of the app."""
     return live_url
+
+
+@pytest.fixture(scope="session")
+def gemini_gateway_url(gateway_url):
+    """The gateway's Gemini wire: the base URL Gemini CLI (`GOOGLE_GEMINI_BASE_URL`) and
+    google-genai (`http_options.base_url`) are given; they add `/{version}/models/…`."""
+    return f"{gateway_url}/gateway/gemini"

@@ -14,6 +14,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from compaction_app.gateway import providers
 from sessions_app.api.openapi import errors
 
 # Relative to /api/v1/; `{session_id}` and `{compaction_id}` are placeholders, spelled as in the schema.
@@ -70,9 +71,9 @@ class ApiRootView(APIView):
                 "endpoints": {name: base + path for name, path in ENDPOINTS.items()},
                 "schema": base + "schema/",
                 "docs": base + "docs/",
+                # Each provider's base URL (the registry's prefixes).
                 "gateway": {
-                    "openai": root + "gateway/openai/v1",
-                    "anthropic": root + "gateway/anthropic",
+                    name: root + "gateway/" + prefix for name, prefix in providers.bases().items()
                 },
                 "authentication": "Authorization: Token <your API token> (every endpoint but "
                 "this one)",

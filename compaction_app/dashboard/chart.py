@@ -217,8 +217,9 @@ class ChartGeometry:
     # Horizontal lines at the session's thresholds: y, label, css class.
     thresholds: tuple[tuple[float, str, str], ...] = ()
     axis: str = "seq"
-    # The drop labels drawn ("−1,234" above a mark): x, y (baseline), text. Only those that
-    # overlap no other label nor the threshold and limit labels (place_mark_labels).
+    # The drop labels drawn ("−1,234" above a mark, or beside it): x (middle), y (baseline),
+    # text. Only those that overlap no other label, no threshold, limit or axis label and no
+    # mark (place_mark_labels).
     mark_labels: tuple[tuple[float, float, str], ...] = ()
 
 
@@ -227,6 +228,9 @@ class ChartGeometry:
 # this wide at 11 px bold.
 CHAR_WIDTH = 7.0
 LABEL_HEIGHT = 12.0
+# Room around a drop label's text, so two labels side by side keep a gap the eye sees (the
+# minus sign is wider than a digit, and fonts differ).
+LABEL_PAD = 6.0
 
 Box = tuple[float, float, float, float]  # left, top, right, bottom
 
@@ -235,28 +239,56 @@ def _overlaps(a: Box, b: Box) -> bool:
     return a[0] < b[2] and b[0] < a[2] and a[1] < b[3] and b[1] < a[3]
 
 
+def _label_half_width(text: str) -> float:
+    return (len(text) * CHAR_WIDTH + LABEL_PAD) / 2
+
+
+def _label_box(center_x: float, baseline: float, text: str) -> Box:
+    half = _label_half_width(text)
+    return (center_x - half, baseline - LABEL_HEIGHT + 1, center_x + half, baseline + 2)
+
+
 def place_mark_labels(
     *,
     marks: Sequence[tuple[float, float, float, Mark]],
     fixed: Sequence[Box],
     width: float,
+    height: float | None = None,
 ) -> tuple[tuple[float, float, str], ...]:
     """The drop labels that fit: newest first (the run people look for), each kept only if
-    its box overlaps no label already kept and none of the `fixed` boxes (threshold and
-    limit labels); kept inside the chart's width. Returned in the marks' order."""
+    its box overlaps no label already kept, none of the `fixed` boxes (threshold, limit and
+    axis labels) and no other mark's line or dot, inside the chart. A label sits above its
+    drop; where that is taken it sits beside the drop, left or right of its line, so runs
+    close together (twelve in a minute after an idle day, on a time axis) stack their labels
+    down the column instead of dropping all but one. Returned in the marks' order; text
+    anchored at its middle."""
+    # Every mark's line and dot: a label on them would be read as crossed out.
+    glyphs: list[Box] = []
+    for x, y_before, y_after, _ in marks:
+        glyphs.append((x - 1.5, y_before, x + 1.5, y_after))
+        glyphs.append((x - 4.5, y_after - 4.5, x + 4.5, y_after + 4.5))
     kept: list[tuple[int, float, float, str]] = []
-    taken: list[Box] = list(fixed)
+    taken: list[Box] = list(fixed) + glyphs
+    bottom = height if height is not None else float("inf")
     for index in range(len(marks) - 1, -1, -1):
-        x, y_before, _, mark = marks[index]
+        x, y_before, y_after, mark = marks[index]
         text = f"−{mark.freed:,}"
-        half = (len(text) * CHAR_WIDTH + 2) / 2
-        x = min(max(x, half), width - half)
-        baseline = y_before - 6
-        box = (x - half, baseline - LABEL_HEIGHT + 1, x + half, baseline + 2)
-        if box[1] < 0 or any(_overlaps(box, other) for other in taken):
-            continue
-        taken.append(box)
-        kept.append((index, x, baseline, text))
+        half = _label_half_width(text)
+        middle = (y_before + y_after) / 2 + LABEL_HEIGHT / 2 - 2
+        candidates = (
+            (min(max(x, half), width - half), y_before - 6),  # above the drop
+            (x - 6 - half, middle),  # left of its line
+            (x + 6 + half, middle),  # right of it
+        )
+        for center, baseline in candidates:
+            box = _label_box(center, baseline, text)
+            if box[0] < 0 or box[2] > width or box[1] < 0 or box[3] > bottom:
+                continue
+            if any(_overlaps(box, other) for other in taken):
+                continue
+            taken.append(box)
+            kept.append((index, round(center, 1), round(baseline, 1), text))
+            break
     return tuple((x, baseline, text) for _, x, baseline, text in sorted(kept))
 
 
@@ -368,6 +400,14 @@ def chart_geometry(
     if limit:
         text = f"limit {limit:,}"
         fixed.append((right - len(text) * CHAR_WIDTH, y(limit) - 3 - LABEL_HEIGHT, right, y(limit)))
+    # The axes' labels: the y ticks right-aligned left of the plot, the x ticks below it.
+    for ty, value in y_ticks:
+        text = f"{value:,}"
+        fixed.append((left - 6 - len(text) * CHAR_WIDTH, ty - 8, left - 6, ty + 6))
+    fixed.extend(
+        (tx - len(text) * CHAR_WIDTH, bottom + 6, tx + len(text) * CHAR_WIDTH, bottom + 22)
+        for tx, text in x_ticks
+    )
     return ChartGeometry(
         width=width,
         height=height,
@@ -383,7 +423,7 @@ def chart_geometry(
         plot_bottom=bottom,
         thresholds=lines,
         axis="time" if use_time else "seq",
-        mark_labels=place_mark_labels(marks=marks, fixed=fixed, width=width),
+        mark_labels=place_mark_labels(marks=marks, fixed=fixed, width=width, height=bottom),
     )
 
 

@@ -69,10 +69,12 @@ def session_context(
     show_all: bool = False,
     axis: str = "seq",
     before: int | None = None,
+    all_runs: bool | None = None,
     **extra: Any,
 ) -> dict[str, Any]:
     """The context every session-page partial renders from (`before`: an "earlier" window of
-    the timeline alone, which needs nothing else)."""
+    the timeline alone, which needs nothing else; `all_runs`: every run in the history, by
+    default as `show_all` says)."""
     if before is not None:
         timeline = queries.timeline(session=session, before=before)
         return {
@@ -83,7 +85,9 @@ def session_context(
             "user": user,
             **extra,
         }
-    view = queries.session_view(session=session, all_runs=show_all)
+    view = queries.session_view(
+        session=session, all_runs=show_all if all_runs is None else all_runs
+    )
     timeline = queries.timeline(session=session, show_all=show_all)
     return {
         "session": session,

@@ -93,6 +93,10 @@ class Entry:
     open: bool = True
     cost: Decimal | None = None
     run: Any = None
+    # A folded event's compaction: the seq of its marker (the summary that holds it now, as
+    # the chart names runs) and the run, for the entry's "folded at #n" badge.
+    folded_at: int | None = None
+    folded_run: Any = None
 
     @property
     def is_group(self) -> bool:
@@ -329,6 +333,8 @@ def build_trace(
         if marker is None:
             items.append(entry)
             continue
+        entry.folded_at = marker_seqs.get(marker)
+        entry.folded_run = runs_by_marker.get(marker)
         last = items[-1] if items else None
         if isinstance(last, FoldGroup) and last.marker_id == marker:
             last.entries.append(entry)

@@ -158,7 +158,13 @@ def _positive_int(value: str | None) -> int | None:
 
 
 # htmx targets the session page may ask for by themselves.
-PAGE_PARTS = {"timeline": "timeline", "chart": "chart", "run-detail": "run_detail"}
+PAGE_PARTS = {
+    "timeline": "timeline",
+    "chart": "chart",
+    "run-detail": "run_detail",
+    # "show all" runs: the history alone, every run in it, swapped in place.
+    "history": "history",
+}
 
 
 @login_required
@@ -172,7 +178,11 @@ def session_detail(request: HtmxHttpRequest, session_id: Any) -> HttpResponse:
         return _part(request, session, "timeline_items", before=before, **_page_options(request))
     part = PAGE_PARTS.get(request.htmx.target or "") if request.htmx else None
     if part is not None:
-        return _part(request, session, part, **_page_options(request))
+        options = _page_options(request)
+        if part == "history":
+            # Every run, without the whole conversation the page's ?all=1 also renders.
+            options.update(all_runs=options["show_all"], show_all=False)
+        return _part(request, session, part, **options)
     return _session_page(request, session)
 
 

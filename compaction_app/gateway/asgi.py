@@ -12,7 +12,7 @@ Django's handler also starts a thread per request (a ThreadSensitiveContext) and
 for request_started and again for request_finished, only to run their receivers (which close
 that thread's database connections). The gateway's views never touch the ORM on the request
 thread: their sync work runs on the gateway's own threads, which hand their connections back
-after each hop (threads.py). So this handler sends both signals inline, on the event loop,
+after each hop (workers.py). So this handler sends both signals inline, on the event loop,
 where their receivers find nothing to close. Everything else is Django's own handler: body
 reading, URL resolution, exception handling, disconnect handling.
 """

@@ -81,7 +81,7 @@ def fit(
     # The client's own messages, as sent (to another model: with that model's name).
     as_sent = Fitted(
         model=model,
-        body=None if same_model_as_request else {**body, "model": model},
+        body=None if same_model_as_request else wire.with_model(body, model),
         token_count=context + definitions,
         limit=limit,
         compacted=False,

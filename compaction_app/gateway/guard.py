@@ -15,15 +15,15 @@ The answers are in the provider's error shape (the wire module is chosen by the 
 from __future__ import annotations
 
 import re
-from types import ModuleType
 from typing import Any
 
 from django.http import HttpRequest, JsonResponse
 from django.http.response import HttpResponseBase
 
-from compaction_app.gateway import anthropic, openai, threads
+from compaction_app.gateway import providers, workers
 from compaction_app.gateway.messages import GatewayError
 from compaction_app.gateway.record import authenticate
+from compaction_app.gateway.wire import Wire
 
 _ANY_CONTROL = re.compile(rb"[\x00-\x1f\x7f]")
 _CONTROL_BUT_TAB = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
@@ -31,12 +31,12 @@ _LEDGER_PREFIX = b"x-ledger-"
 _META_PREFIX = "HTTP_X_LEDGER_"
 
 
-def wire_for(path: str) -> ModuleType:
-    """The wire module whose error shape a path under /gateway/ answers in."""
-    return anthropic if "/gateway/anthropic" in path else openai
+def wire_for(path: str) -> Wire:
+    """The wire whose error shape a path under /gateway/ answers in (the registry's)."""
+    return providers.for_path(path)
 
 
-def error_response(wire: ModuleType, exc: GatewayError) -> JsonResponse:
+def error_response(wire: Wire, exc: GatewayError) -> JsonResponse:
     body = wire.error_body(
         exc.message, status=exc.status, code=exc.code, param=exc.param, **exc.extra
     )
@@ -101,7 +101,7 @@ async def unless_unauthenticated(scope: Any, response: HttpResponseBase) -> Http
         # An unknown path or method says nothing of the request's body: answered as is.
         return response
     try:
-        await threads.run(authenticate, _header(list(scope.get("headers") or []), b"x-ledger-key"))
+        await workers.run(authenticate, _header(list(scope.get("headers") or []), b"x-ledger-key"))
     except GatewayError as exc:
         return error_response(wire_for(scope.get("path", "")), exc)
     return response

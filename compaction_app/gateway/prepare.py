@@ -1,4 +1,4 @@
-"""The gateway's sync steps before forwarding (run on the gateway's threads, threads.py):
+"""The gateway's sync steps before forwarding (run on the gateway's worker threads, workers.py):
 who calls, which session, record the request's new messages, fit.
 
 A fit that may compact synchronously (the hard limit) can wait for a remote summarizer for

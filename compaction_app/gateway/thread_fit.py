@@ -1,8 +1,8 @@
 """Fit per thread, cache-stable: what one thread's request forwards.
 
 The request itself is the thread's history (a side call's one message, a worker's own turns),
-so fitting works on it, in its own shape (see shape.py), never on the session's interleaved
-ledger. The ledger says which of the request's messages a compaction folded, which tool
+so fitting works on it, in its own shape (the wire's `render_fitted`: each provider package's
+shape.py), never on the session's interleaved ledger. The ledger says which of the request's messages a compaction folded, which tool
 results it cleared and what the summary says; each message is found by its chain id.
 
 Hysteresis: below `compactThreshold` the thread forwards what the last compaction left plus
@@ -281,7 +281,7 @@ def fit_thread(
     )
     return Fitted(
         model=model,
-        body=shape.render(wire.SHAPE_FORMAT, body, request.units, plan, model),
+        body=wire.render_fitted(body, request.units, plan, model),
         token_count=total,
         limit=limit,
         compacted=True,

@@ -1,4 +1,4 @@
-"""The gateway's routes, built from the wire formats' own (wire.py): each format's routes
+"""The gateway's routes, built from the providers' own (the PROVIDERS registry): each format's routes
 under its prefix, then for each prefix its root (HEAD probes) and a passthrough for every
 other path below it, then a JSON 404 for anything else under /gateway/."""
 
@@ -7,6 +7,7 @@ import re
 from django.urls import URLPattern, path
 
 from compaction_app.gateway import views, wire
+from compaction_app.gateway.providers import PROVIDERS
 
 app_name = "gateway"
 
@@ -19,13 +20,18 @@ def _upstream_path(route_path: str) -> str:
 def _patterns() -> list[URLPattern]:
     patterns: list[URLPattern] = []
     prefixes: dict[str, views.Wire] = {}
-    for module in views.WIRES:
+    for module in PROVIDERS:
         prefixes.setdefault(module.PREFIX, module)
         for route in module.ROUTES:
             patterns.append(
                 path(
                     f"{module.PREFIX}/{route.path}",
-                    views.view(route.kind, module, upstream_path=_upstream_path(route.path)),
+                    views.view(
+                        route.kind,
+                        module,
+                        upstream_path=_upstream_path(route.path),
+                        params=route.params,
+                    ),
                     name=route.name,
                 )
             )
@@ -37,7 +43,7 @@ def _patterns() -> list[URLPattern]:
             path(f"{prefix}/", views.prefix_view(views.root, first)),
             path(f"{prefix}/<path:rest>", views.view(wire.PASSTHROUGH, first)),
         ]
-    fallback = views.WIRES[0]
+    fallback = PROVIDERS[0]
     patterns += [
         path("", views.prefix_view(views.not_found, fallback)),
         path("<path:rest>", views.prefix_view(views.not_found, fallback)),

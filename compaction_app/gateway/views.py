@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
-from urllib.parse import unquote
+from urllib.parse import parse_qsl, unquote, urlencode
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
@@ -31,14 +31,11 @@ from django.views.decorators.csrf import csrf_exempt
 
 from compaction_app.gateway import (
     after,
-    anthropic,
     calls,
     forward,
-    openai,
-    responses,
     stream_limits,
     thread_fit,
-    threads,
+    workers,
 )
 from compaction_app.gateway import (
     body as body_reader,
@@ -47,6 +44,7 @@ from compaction_app.gateway import wire as wire_kinds
 from compaction_app.gateway.fit import Fitted
 from compaction_app.gateway.messages import GatewayError, GatewayInputError, Reply
 from compaction_app.gateway.prepare import Call, fit_call, prepare
+from compaction_app.gateway.providers import PROVIDERS
 from compaction_app.gateway.record import authenticate
 from compaction_app.gateway.stream import StreamEnding, relay
 from compaction_app.gateway.wire import ParsedRequest, Wire
@@ -64,8 +62,8 @@ from sessions_app.storable import provider_loads
 
 logger = logging.getLogger("compaction_app.gateway")
 
-# Every wire format the gateway speaks (mypy checks each module against the contract).
-WIRES: tuple[Wire, ...] = (openai, responses, anthropic)
+# Every wire format the gateway speaks: the providers' registry (providers/__init__.py).
+WIRES: tuple[Wire, ...] = PROVIDERS
 
 CONTEXT_LIMIT_HEADER = "X-Ledger-Context-Limit"
 
@@ -191,6 +189,23 @@ def _ledger_headers(call: Call, fitted: Fitted) -> dict[str, str]:
     }
 
 
+def _upstream_headers(request: HttpRequest, wire: Wire) -> tuple[dict[str, str], str]:
+    """The headers to forward and the query string left to forward. A key the client put in
+    the query (Gemini's `?key=`) goes upstream in the wire's key header instead, unless that
+    header is already there: no URL the gateway builds or sends holds a key."""
+    headers = forward.forward_headers(request.headers)
+    query = request.META.get("QUERY_STRING") or ""
+    if not wire.KEY_QUERY or not query:
+        return headers, query
+    pairs = parse_qsl(query, keep_blank_values=True)
+    keys = [value for name, value in pairs if name == wire.KEY_QUERY]
+    if keys and not any(name.lower() == wire.KEY_HEADER for name in headers):
+        headers[wire.KEY_HEADER] = keys[0]
+    if keys:
+        query = urlencode([(name, value) for name, value in pairs if name != wire.KEY_QUERY])
+    return headers, query
+
+
 def _fallbacks(request: HttpRequest) -> list[str]:
     header = request.headers.get("X-Ledger-Fallback-Models") or ""
     return [name.strip() for name in header.split(",") if name.strip()][:5]
@@ -199,7 +214,9 @@ def _fallbacks(request: HttpRequest) -> list[str]:
 # --- conversation calls: prepare → forward → respond --------------------------------------------
 
 
-async def conversation(request: HttpRequest, wire: Wire) -> HttpResponseBase:
+async def conversation(
+    request: HttpRequest, wire: Wire, params: dict[str, str] | None = None
+) -> HttpResponseBase:
     # Websocket pushes caused by this request go out on this loop without holding it up.
     broadcast.DEFER_TO_LOOP.set(asyncio.get_running_loop())
     # What the calls ledger keeps of this call, stored with the announcements (after.py).
@@ -210,7 +227,7 @@ async def conversation(request: HttpRequest, wire: Wire) -> HttpResponseBase:
     )
     announced = after.Announcements(trace)
     try:
-        response = await _serve(request, wire, announced)
+        response = await _serve(request, wire, announced, params or {})
         after.attach(response, announced)
     except asyncio.CancelledError:
         trace.end(CallStatus.CLIENT_DISCONNECTED)  # the client went away (Django cancels)
@@ -247,13 +264,15 @@ class _Request:
     body: dict[str, Any]
     parsed: ParsedRequest
     fit_enabled: bool
+    # The path's parameters (a Gemini model and action).
+    params: dict[str, str]
     # X-Ledger-Context-Limit: the window of the client's model (a local one the registry
     # does not know); None when not sent.
     context_limit: int | None = None
 
 
 async def _serve(
-    request: HttpRequest, wire: Wire, announced: after.Announcements
+    request: HttpRequest, wire: Wire, announced: after.Announcements, params: dict[str, str]
 ) -> HttpResponseBase:
     trace = announced.call
     assert trace is not None
@@ -261,7 +280,7 @@ async def _serve(
         trace.end(CallStatus.REFUSED, http_status=405, code="method_not_allowed")
         return _method_not_allowed(wire, ("POST",))
     try:
-        sent = _validate(request, wire)
+        sent = _validate(request, wire, params)
         trace.model_requested, trace.stream = sent.parsed.model, bool(sent.parsed.stream)
         call = await _prepare(request, wire, sent, announced)
     except GatewayError as exc:
@@ -291,21 +310,23 @@ def _context_limit(request: HttpRequest) -> int | None:
     return int(text)
 
 
-def _validate(request: HttpRequest, wire: Wire) -> _Request:
+def _validate(request: HttpRequest, wire: Wire, params: dict[str, str]) -> _Request:
     context_limit = _context_limit(request)
     raw, body = _read_json(request)
     try:
-        parsed = wire.parse_request(body)
+        parsed = wire.parse_request(body, params)
     except GatewayInputError as exc:
         raise GatewayError(exc.message, param=exc.param) from None
     off = (request.headers.get("X-Ledger-Fit") or "").strip().lower() == "off"
     # A request that continues a conversation the provider keeps holds only what is new: the
     # gateway cannot fit what it cannot see, so it records and forwards as sent.
+    fit_enabled = not off and not parsed.continues and not parsed.unfitted
     return _Request(
         raw=raw,
         body=body,
         parsed=parsed,
-        fit_enabled=not off and not parsed.continues,
+        fit_enabled=fit_enabled,
+        params=params,
         context_limit=context_limit,
     )
 
@@ -313,7 +334,7 @@ def _validate(request: HttpRequest, wire: Wire) -> _Request:
 async def _prepare(
     request: HttpRequest, wire: Wire, sent: _Request, announced: after.Announcements
 ) -> Call:
-    call = await threads.run(
+    call = await workers.run(
         announced.collecting,
         prepare,
         announced=announced,
@@ -331,7 +352,7 @@ async def _prepare(
     )
     if call.fitted is None:
         # May compact synchronously: not on the short hops' threads (prepare.py).
-        call.fitted = await threads.run_long(
+        call.fitted = await workers.run_long(
             announced.collecting,
             fit_call,
             call=call,
@@ -355,8 +376,8 @@ async def _forward(
     """Send to the request's model, then to each fallback model (fitted to its own window) on
     429, 5xx, a connection error or a timeout."""
     assert call.fitted is not None
-    headers = forward.forward_headers(request.headers)
-    url = _upstream_base(wire) + wire.UPSTREAM_PATH
+    headers, _ = _upstream_headers(request, wire)
+    base = _upstream_base(wire)
     model = sent.parsed.model
     models = [model, *[m for m in _fallbacks(request) if m != model]]
     fitted = call.fitted
@@ -368,7 +389,7 @@ async def _forward(
         last = number == len(models) - 1
         if number:
             try:
-                fitted = await threads.run_long(
+                fitted = await workers.run_long(
                     call.announced.collecting,
                     fit_call,
                     call=call,
@@ -386,6 +407,7 @@ async def _forward(
                 continue
         # A fitted body is sent as text too: encoded whole, it was held twice more.
         content = sent.raw if fitted.body is None else forward.Body(json.dumps(fitted.body))
+        url = wire.complete_url(base, model=target, stream=sent.parsed.stream, params=sent.params)
         try:
             response = await forward.send(url=url, headers=headers, content=content)
         except forward.UpstreamError as exc:
@@ -518,7 +540,7 @@ _STREAM_STATUS = {
 
 
 def _provider_error(data: bytes) -> dict[str, str]:
-    """The provider's error code and message, from its error body (both wires nest them
+    """The provider's error code and message, from its error body (every wire nests them
     under `error`), for the call's row."""
     try:
         found = json.loads(data).get("error")
@@ -527,12 +549,16 @@ def _provider_error(data: bytes) -> dict[str, str]:
     if not isinstance(found, dict):
         return {}
     code = found.get("code") or found.get("type") or ""
+    if isinstance(code, int):
+        # A numeric code repeats the HTTP status; the canonical name, when the body has one
+        # (`status`), says more.
+        code = found.get("status") or code
     return {"code": str(code), "error": str(found.get("message") or "")}
 
 
 async def _record(*, call: Call, fitted: Fitted, reply: Reply, incomplete: bool) -> None:
     # The provider answered: bookkeeping trouble is logged and shown, never the call's failure.
-    await threads.run(
+    await workers.run(
         call.announced.collecting,
         thread_fit.record_thread_reply,
         session=call.session,
@@ -559,7 +585,7 @@ async def passthrough(request: HttpRequest, wire: Wire, rest: str) -> HttpRespon
     wire's upstream and relay the answer; nothing is recorded. The caller must still hold
     an API token: the gateway is no open proxy."""
     try:
-        await threads.run(authenticate, request.headers.get("X-Ledger-Key"))
+        await workers.run(authenticate, request.headers.get("X-Ledger-Key"))
         body = request.body
     except RequestDataTooBig:
         return _error(
@@ -576,13 +602,14 @@ async def passthrough(request: HttpRequest, wire: Wire, rest: str) -> HttpRespon
                 code="invalid_path",
             ),
         )
+    headers, query = _upstream_headers(request, wire)
     url = f"{_upstream_base(wire)}/{rest}"
-    if request.META.get("QUERY_STRING"):
-        url += "?" + request.META["QUERY_STRING"]
+    if query:
+        url += "?" + query
     try:
         response = await forward.send(
             url=url,
-            headers=forward.forward_headers(request.headers),
+            headers=headers,
             content=body,
             method=request.method or "GET",
         )
@@ -664,15 +691,16 @@ async def models(request: HttpRequest, wire: Wire) -> HttpResponseBase:
     if request.method != "GET":
         return _method_not_allowed(wire, ("GET",))
     try:
-        await threads.run(authenticate, request.headers.get("X-Ledger-Key"))
+        await workers.run(authenticate, request.headers.get("X-Ledger-Key"))
     except GatewayError as exc:
         return _error(wire, exc)
     data = _model_list(json.dumps(settings.MODEL_CONTEXT_OVERRIDES, sort_keys=True))
     return JsonResponse({"object": "list", "data": data})
 
 
-def _count_tokens(wire: Wire, body: dict[str, Any]) -> int:
-    model, units, _, _ = wire.parse_request(body)
+def _count_tokens(wire: Wire, body: dict[str, Any], params: dict[str, str]) -> int:
+    parsed = wire.parse_request(body, params)
+    model, units = parsed.model, parsed.units
     counter = tokens.counter_for_model(model)
     drafts = [
         draft
@@ -688,19 +716,21 @@ def _count_tokens(wire: Wire, body: dict[str, Any]) -> int:
     return total
 
 
-async def count_tokens(request: HttpRequest, wire: Wire) -> HttpResponseBase:
+async def count_tokens(
+    request: HttpRequest, wire: Wire, params: dict[str, str] | None = None
+) -> HttpResponseBase:
     """count_tokens, answered by the ledger's own counter."""
     if request.method != "POST":
         return _method_not_allowed(wire, ("POST",))
     try:
-        await threads.run(authenticate, request.headers.get("X-Ledger-Key"))
+        await workers.run(authenticate, request.headers.get("X-Ledger-Key"))
         _, body = _read_json(request)
-        count = _count_tokens(wire, body)
+        count = _count_tokens(wire, body, params or {})
     except GatewayInputError as exc:
         return _error(wire, GatewayError(exc.message, param=exc.param))
     except GatewayError as exc:
         return _error(wire, exc)
-    return JsonResponse({"input_tokens": count})
+    return JsonResponse(wire.count_tokens_body(count))
 
 
 # --- the prefixes' roots and unknown paths ------------------------------------------------------
@@ -736,9 +766,17 @@ _KINDS: dict[str, Callable[..., Awaitable[HttpResponseBase]]] = {
 }
 
 
-def view(kind: str, wire: Wire, *, upstream_path: str | None = None) -> View:
+def view(
+    kind: str,
+    wire: Wire,
+    *,
+    upstream_path: str | None = None,
+    params: tuple[tuple[str, str], ...] = (),
+) -> View:
     """The async view serving `kind` routes of `wire` (urls.py builds the routes). A
-    passthrough route with a fixed path forwards to that path below the upstream base."""
+    passthrough route with a fixed path forwards to that path below the upstream base; a
+    conversation or count_tokens route hands the path's parameters (and the route's fixed
+    ones) to the wire."""
     handler = _KINDS[kind]
 
     @csrf_exempt
@@ -749,6 +787,11 @@ def view(kind: str, wire: Wire, *, upstream_path: str | None = None) -> View:
                 assert upstream_path is not None
                 rest = upstream_path.format(**kwargs)
             return await passthrough(request, wire, rest)
+        if kind in (wire_kinds.CONVERSATION, wire_kinds.COUNT_TOKENS):
+            # The query's parameters (Gemini's `alt`), then the path's, then the route's; a
+            # key in the query is never among them.
+            query = {k: v for k, v in request.GET.items() if k != wire.KEY_QUERY}
+            return await handler(request, wire, {**query, **kwargs, **dict(params)})
         return await handler(request, wire)
 
     serve.__name__ = f"{wire.NAME}_{kind}"

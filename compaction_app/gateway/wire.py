@@ -1,29 +1,66 @@
-"""The gateway's wire contract: what a wire format (Chat Completions, Responses, Messages)
-provides, written down once. Pure: no Django, no ORM.
+"""The gateway's wire contract: what a wire format (Chat Completions, Responses, Messages,
+Gemini's generateContent) provides, written down once; and what every wire shares (the SSE
+framer, the route kinds). Pure: no Django, no ORM.
 
-Each wire format is one module (`openai`, `responses`, `anthropic`) that satisfies `Wire`
-(mypy checks it where `WIRES` is built). The router never asks which format it serves; it
-calls the contract, in the spirit of LiteLLM's per-provider configs:
+Each wire format is one package under `providers/` that satisfies `Wire` (mypy checks it
+where the `PROVIDERS` registry is built, providers/__init__.py). The router never asks which
+format it serves; it calls the contract, in the spirit of LiteLLM's per-provider configs
+(`transform_request` / `transform_response`):
 
+- `ROUTES` are the format's endpoints under its `PREFIX`, with the path's parameters (a
+  Gemini model is named in the path); `complete_url` is where a conversation goes upstream.
 - `parse_request` validates the few fields the gateway reads (everything else passes through
   untouched) and returns the request's units: the messages in conversation order, a
   top-level system prompt or instructions first.
 - `to_client_message` turns one unit into what the ledger identifies (hash) and records
-  (event drafts); `with_context` (transform_request) puts fitted messages back into a body.
-- `reply_from_response` (transform_response) and `stream_accumulator` read the reply,
-  plain or streamed; `error_body` / `stream_error` are the provider's error shapes.
-- `UPSTREAM_SETTING` + `UPSTREAM_PATH` choose the upstream; `ROUTES` are the format's own
-  endpoints besides the conversation one (count_tokens, models, passthroughs).
+  (event drafts); `render_fitted` puts a per-thread fit back into the client's own shape,
+  `with_context` puts the ledger's rendered messages into a body (the fallback ladder),
+  `with_model` names another model (a fallback) in a body sent as it came.
+- `reply_from_response` (transform_response), `usage` and `stream_accumulator` read the
+  reply, plain or streamed; `error_body` / `stream_error` are the provider's error shapes,
+  `count_tokens_body` its count_tokens answer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 from compaction_app.gateway.messages import ClientMessage, Reply
+from compaction_app.gateway.shape import Plan
 from sessions_app.storable import provider_loads
+
+
+class SSEFramer:
+    """The one SSE framer every wire's stream accumulator reads through: bytes in, in
+    whatever pieces they arrive, each complete event's `data:` payload out (its data lines
+    joined by a newline, as the SSE spec joins them). Line ends may be `\\n`, `\\r\\n` or
+    `\\r` (all three are SSE); an event ends at a blank line. A `\\r` at the end of a piece is
+    held back until the next piece says whether a `\\n` follows it."""
+
+    def __init__(self) -> None:
+        self._buffer = b""
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        buffer = self._buffer + chunk
+        held = b""
+        if buffer.endswith(b"\r"):
+            buffer, held = buffer[:-1], b"\r"
+        if b"\r" in buffer:
+            buffer = buffer.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        payloads: list[bytes] = []
+        while b"\n\n" in buffer:
+            event, buffer = buffer.split(b"\n\n", 1)
+            data = [
+                line[5:].removeprefix(b" ")
+                for line in event.split(b"\n")
+                if line.startswith(b"data:")
+            ]
+            if data:
+                payloads.append(b"\n".join(data))
+        self._buffer = buffer + held
+        return payloads
 
 
 def sse_json(data: bytes) -> dict[str, Any] | None:
@@ -71,6 +108,8 @@ class Route:
     kind: str
     name: str
     methods: tuple[str, ...] = ("POST",)
+    # Fixed parameters the route adds to the path's own (Gemini: which action it is).
+    params: tuple[tuple[str, str], ...] = ()
 
 
 class ParsedRequest(NamedTuple):
@@ -84,6 +123,9 @@ class ParsedRequest(NamedTuple):
     units: list[dict[str, Any]]
     stream: bool
     continues: bool = False
+    # Recorded but forwarded as sent, never fitted: the request leans on a prefix the provider
+    # keeps (Gemini's `cachedContent`), which fitting would contradict.
+    unfitted: bool = False
 
 
 class StreamAccumulator(Protocol):
@@ -103,21 +145,34 @@ class Wire(Protocol):
     # is the same path below the base (several wires share one: Chat Completions and
     # Responses are both OpenAI's /v1).
     PREFIX: str
-    # How the ledger renders a fitted context for this wire ("openai" or "anthropic").
+    # How the ledger renders a fitted context for this wire (sessions_app.render's formats,
+    # "openai" or "anthropic"), which `with_context` turns into the wire's own body.
     RENDER_FORMAT: str
-    # How per-thread fitting reshapes the client's own request (shape.py): "openai" (Chat
-    # messages), "anthropic" (Messages) or "responses" (input items).
-    SHAPE_FORMAT: str
-    # The Django setting naming the upstream base URL, and the conversation endpoint under it.
+    # The Django setting naming the upstream base URL.
     UPSTREAM_SETTING: str
-    UPSTREAM_PATH: str
+    # A query parameter that may carry the provider key (Gemini's `?key=`, "" for none): moved
+    # into the KEY_HEADER header when forwarded, so no URL the gateway builds holds a key.
+    KEY_QUERY: str
+    KEY_HEADER: str
     # The body field that holds the conversation (for error params).
     MESSAGES_PARAM: str
     ROUTES: tuple[Route, ...]
 
-    def parse_request(self, body: Any) -> ParsedRequest: ...
+    def complete_url(
+        self, base: str, *, model: str, stream: bool, params: Mapping[str, str]
+    ) -> str: ...
+
+    def parse_request(
+        self, body: Any, params: Mapping[str, str] | None = None
+    ) -> ParsedRequest: ...
 
     def to_client_message(self, unit: dict[str, Any], index: int = 0) -> ClientMessage: ...
+
+    def render_fitted(
+        self, body: dict[str, Any], units: Sequence[dict[str, Any]], plan: Plan, model: str
+    ) -> dict[str, Any]: ...
+
+    def with_model(self, body: dict[str, Any], model: str) -> dict[str, Any]: ...
 
     def with_context(
         self,
@@ -127,6 +182,8 @@ class Wire(Protocol):
         system: str | None,
         model: str,
     ) -> dict[str, Any]: ...
+
+    def usage(self, raw: Any) -> dict[str, int | None]: ...
 
     def reply_from_response(self, payload: Any, *, model: str) -> Reply | None: ...
 
@@ -143,3 +200,5 @@ class Wire(Protocol):
     ) -> dict[str, Any]: ...
 
     def stream_error(self, message: str) -> bytes: ...
+
+    def count_tokens_body(self, count: int) -> dict[str, Any]: ...

@@ -27,7 +27,7 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from rest_framework import exceptions
 from rest_framework.authentication import TokenAuthentication
 
-from compaction_app.gateway import threads
+from compaction_app.gateway import workers
 from compaction_app.mcp.server import SCOPE_USER, build_server, rest_error
 
 PATH = "/mcp"
@@ -106,7 +106,7 @@ class McpApp:
             await _json(send, 400, {"error": "bad_request", "detail": "Invalid Host header."}, [])
             return
         raw = headers.get(b"authorization")
-        outcome = await threads.run(authenticate, raw.decode("latin-1") if raw else None)
+        outcome = await workers.run(authenticate, raw.decode("latin-1") if raw else None)
         if isinstance(outcome, tuple):
             status, body = outcome
             await _json(send, status, body, [(b"www-authenticate", b"Token")])

@@ -29,7 +29,7 @@ from django.contrib.auth.models import AbstractBaseUser
 from mcp.server import Server, ServerRequestContext
 from mcp.shared.exceptions import MCPError
 
-from compaction_app.gateway import threads
+from compaction_app.gateway import workers
 from compaction_app.mcp import selectors
 from compaction_app.mcp.tools import TOOLS, TOOLS_BY_NAME
 from sessions_app.api.errors import exception_handler
@@ -187,7 +187,7 @@ def build_server(*, stdio_user: AbstractBaseUser | None = None) -> Server[Any]:
             raise MCPError(code=types.INVALID_PARAMS, message=f"Unknown tool: {params.name}")
         user = _caller(ctx, stdio_user)
         arguments: Mapping[str, Any] = params.arguments or {}
-        outcome = await threads.run(_guarded, spec.handler, user, arguments)
+        outcome = await workers.run(_guarded, spec.handler, user, arguments)
         if isinstance(outcome, Failed):
             error = {**outcome.body, "status": outcome.status}
             return types.CallToolResult(
@@ -204,7 +204,7 @@ def build_server(*, stdio_user: AbstractBaseUser | None = None) -> Server[Any]:
         ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
     ) -> types.ListResourcesResult:
         user = _caller(ctx, stdio_user)
-        return types.ListResourcesResult(resources=await threads.run(_resources, user))
+        return types.ListResourcesResult(resources=await workers.run(_resources, user))
 
     async def list_resource_templates(
         ctx: ServerRequestContext[Any, Any], params: types.PaginatedRequestParams | None
@@ -237,7 +237,7 @@ def build_server(*, stdio_user: AbstractBaseUser | None = None) -> Server[Any]:
                 data={"uri": uri},
             )
         user = _caller(ctx, stdio_user)
-        outcome = await threads.run(_guarded, _read_resource, user, uri)
+        outcome = await workers.run(_guarded, _read_resource, user, uri)
         if isinstance(outcome, Failed):
             code = types.INTERNAL_ERROR if outcome.status >= 500 else types.INVALID_PARAMS
             raise MCPError(

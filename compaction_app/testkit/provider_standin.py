@@ -1,7 +1,9 @@
 """The provider stand-in: a real HTTP/1.1 server on 127.0.0.1 (random port) that speaks OpenAI
 Chat Completions (`POST /v1/chat/completions`), OpenAI Responses (`POST /v1/responses`, with
 `GET /v1/responses/{id}`, `/compact` and `/input_tokens`) and Anthropic Messages
-(`POST /v1/messages`, and `POST /v1/messages/count_tokens`), streamed or not, with usage,
+(`POST /v1/messages`, and `POST /v1/messages/count_tokens`) and Google's Gemini API
+(`POST /v1beta/models/{model}:generateContent`, `:streamGenerateContent` (`?alt=sse`, or a
+JSON array without it) and `:countTokens`, the same under `/v1/`), streamed or not, with usage,
 scripted errors, malformed answers and pauses, and keeps every request it received (method,
 path, headers, body and raw bytes: the real CLIs' traffic is captured with it).
 
@@ -21,12 +23,16 @@ format of the endpoint that was called.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
+import re
 import threading
 import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+from urllib.parse import parse_qs
 
 OPENAI_PATH = "/v1/chat/completions"
 ANTHROPIC_PATH = "/v1/messages"
@@ -54,7 +60,9 @@ class Step:
     `prompt_tokens` None: the stand-in's own estimate (characters / 4). Cache figures are
     parts of it, reported as each provider does: OpenAI's `prompt_tokens_details.
     cached_tokens`; Anthropic's `cache_read_input_tokens`, `cache_creation_input_tokens` and
-    its `cache_creation` split (`cache_write_1h_tokens` of the write at the one-hour rate).
+    its `cache_creation` split (`cache_write_1h_tokens` of the write at the one-hour rate);
+    Gemini's `cachedContentTokenCount` (without a scripted figure, its implicit caching:
+    ProviderStandIn.gemini_cached_tokens).
     """
 
     kind: str = "reply"
@@ -73,7 +81,9 @@ class Step:
     raw_body: bytes = b""
     # Responses: a reasoning item with this opaque `encrypted_content` opens the output.
     reasoning: str = ""
-    # Anthropic: a thinking block (this text, signed) opens the reply.
+    # Anthropic: a thinking block (this text, signed) opens the reply. Gemini: the reply
+    # thought (`thoughtsTokenCount`, a signature on its last part when it calls nothing, a
+    # `thought: true` part with this text when the request asks for thoughts).
     thinking: str = ""
 
 
@@ -132,6 +142,8 @@ class Received:
     # The forwarded body's bytes as they arrived (prefix-stability checks compare them).
     raw: bytes = b""
     method: str = "POST"
+    # The query string, without its "?" (Gemini's `alt=sse`, `key=`).
+    query: str = ""
 
 
 @dataclass
@@ -147,6 +159,9 @@ class ProviderStandIn:
         self._thread: threading.Thread | None = None
         # The bench turns this off: a long run would keep every request.
         self.keep_requests = True
+        # Digests of every Gemini request's prefixes (model, instruction and tools, then
+        # each turn in order), for implicit caching.
+        self._gemini_prefixes: set[str] = set()
 
     def script(self, *steps: Step) -> None:
         """Queue steps, one per upcoming request."""
@@ -159,6 +174,27 @@ class ProviderStandIn:
                 self.requests.append(received)
             return self._script.pop(0) if self._script else self.default
 
+    def gemini_cached_tokens(self, model: str, body: dict[str, Any]) -> int:
+        """Gemini's implicit caching: the tokens of the longest run of leading items
+        (instruction and tools, then the turns' parts) that an earlier request to `model` began with,
+        when they reach GEMINI_IMPLICIT_CACHE_MIN; 0 otherwise."""
+        digest = hashlib.sha256()
+        digests, chars, matching = [], 0, True
+        for item in _gemini_prefix(model, body):
+            digest.update(item.encode())
+            key = digest.hexdigest()  # of everything so far; the digest goes on
+            digests.append(key)
+            with self._lock:
+                matching = matching and key in self._gemini_prefixes
+            if matching:
+                chars += len(item)
+        with self._lock:
+            if len(self._gemini_prefixes) > 200_000:  # a long bench run: forget, stay bounded
+                self._gemini_prefixes.clear()
+            self._gemini_prefixes.update(digests)
+        tokens = chars // 4
+        return tokens if tokens >= GEMINI_IMPLICIT_CACHE_MIN else 0
+
     @property
     def base(self) -> str:
         assert self._server is not None, "stand-in not started"
@@ -170,6 +206,12 @@ class ProviderStandIn:
 
     @property
     def anthropic_url(self) -> str:
+        return self.base
+
+    @property
+    def gemini_url(self) -> str:
+        """As Google's `https://generativelanguage.googleapis.com`: the API version is part
+        of each path (`/v1beta/models/…`, `/v1/models/…`)."""
         return self.base
 
     def start(self, port: int = 0) -> ProviderStandIn:
@@ -655,6 +697,215 @@ def _reply(step: Step, body: dict[str, Any], is_openai: bool) -> dict[str, Any]:
     }
 
 
+# Gemini (Google's Generative Language API): `/{version}/models/{model}:{method}`.
+GEMINI_ROUTE = re.compile(
+    r"^/(v1|v1beta)/models/([^/:]+):(generateContent|streamGenerateContent|countTokens)$"
+)
+# Gemini 3 signs its function calls (the first of each reply) and, when it thought, the last
+# part of a text reply: opaque bytes, base64 on the wire (the SDKs decode them), that the
+# client must send back as they came.
+GEMINI_SIGNATURE = base64.b64encode(b"sig-standin-gemini-0001").decode()
+# Implicit caching: what a request repeats of an earlier request to the same model, from its
+# start (instruction and tools, then the turns' parts), is reported as
+# `cachedContentTokenCount` once it reaches this many tokens (Gemini 2.5 Flash's minimum for
+# implicit caching).
+GEMINI_IMPLICIT_CACHE_MIN = 1024
+_GEMINI_STATUS = {
+    400: "INVALID_ARGUMENT",
+    401: "UNAUTHENTICATED",
+    403: "PERMISSION_DENIED",
+    404: "NOT_FOUND",
+    409: "ABORTED",
+    429: "RESOURCE_EXHAUSTED",
+    499: "CANCELLED",
+    500: "INTERNAL",
+    501: "NOT_IMPLEMENTED",
+    503: "UNAVAILABLE",
+    504: "DEADLINE_EXCEEDED",
+}
+
+
+def _field(body: dict[str, Any], camel: str, snake: str) -> Any:
+    """The API takes both spellings of a field (the SDKs send camelCase)."""
+    value = body.get(camel)
+    return value if value is not None else body.get(snake)
+
+
+def gemini_error_body(status: int, message: str) -> dict[str, Any]:
+    """Google's error shape: the HTTP code, a message and the canonical status name."""
+    fallback = "INTERNAL" if status >= 500 else "INVALID_ARGUMENT"
+    return {
+        "error": {
+            "code": status,
+            "message": message,
+            "status": _GEMINI_STATUS.get(status, fallback),
+        }
+    }
+
+
+def _gemini_texts(content: Any) -> list[str]:
+    parts = content.get("parts") if isinstance(content, dict) else None
+    return [
+        p["text"] for p in parts or [] if isinstance(p, dict) and isinstance(p.get("text"), str)
+    ]
+
+
+def fake_gemini_token_count(body: dict[str, Any]) -> int:
+    """countTokens' answer, as fake_token_count: 7 per request, plus len // 3 + 2 for the
+    system instruction's text, plus per content 4 and len(text) // 3 for each text part. The
+    body is either `{"contents": …}` or `{"generateContentRequest": {…}}`."""
+    request = _field(body, "generateContentRequest", "generate_content_request") or body
+    total = 7
+    system = "".join(_gemini_texts(_field(request, "systemInstruction", "system_instruction")))
+    if system:
+        total += len(system) // 3 + 2
+    for content in request.get("contents") or []:
+        total += 4 + sum(len(text) // 3 for text in _gemini_texts(content))
+    return total
+
+
+def _gemini_estimate(body: dict[str, Any]) -> int:
+    prompt = [_field(body, "systemInstruction", "system_instruction"), body.get("contents")]
+    return max(1, len(json.dumps(prompt + [body.get("tools")])) // 4)
+
+
+def _gemini_prefix(model: str, body: dict[str, Any]) -> list[str]:
+    """What implicit caching compares, in order: the model, the instruction and tools, then
+    each part of each turn (with the turn's role)."""
+    head = [
+        model,
+        _field(body, "systemInstruction", "system_instruction"),
+        body.get("tools"),
+        _field(body, "toolConfig", "tool_config"),
+    ]
+    items = [json.dumps(head, sort_keys=True)]
+    for content in body.get("contents") or []:
+        role = content.get("role") if isinstance(content, dict) else None
+        parts = content.get("parts") if isinstance(content, dict) else None
+        for part in parts if isinstance(parts, list) else [content]:
+            items.append(json.dumps([role, part], sort_keys=True))
+    return items
+
+
+def _gemini_last_text(body: dict[str, Any]) -> str:
+    contents = body.get("contents") or [{}]
+    return " ".join(_gemini_texts(contents[-1]))
+
+
+def _gemini_usage(
+    step: Step, body: dict[str, Any], cached: int, *, emitted: int | None = None
+) -> dict[str, Any]:
+    """usageMetadata as the API sends it: the prompt counts cached tokens in, thoughts are
+    apart from the candidates and in the total; zero figures are left out (proto3 JSON).
+    `emitted`: the candidate tokens so far, for a stream's earlier chunks."""
+    prompt = step.prompt_tokens if step.prompt_tokens is not None else _gemini_estimate(body)
+    calls = sum(len(name) + len(args) for _, name, args in step.tool_calls)
+    candidates = max(1, (len(step.text) + calls) // 4) if emitted is None else emitted
+    thoughts = max(1, len(step.thinking) // 4) if step.thinking else 0
+    usage: dict[str, Any] = {
+        "promptTokenCount": prompt,
+        "candidatesTokenCount": candidates,
+        "totalTokenCount": prompt + candidates + thoughts,
+        "promptTokensDetails": [{"modality": "TEXT", "tokenCount": prompt}],
+    }
+    cached = min(cached, prompt)
+    if cached:
+        usage["cachedContentTokenCount"] = cached
+        usage["cacheTokensDetails"] = [{"modality": "TEXT", "tokenCount": cached}]
+    if thoughts:
+        usage["thoughtsTokenCount"] = thoughts
+    return usage
+
+
+def _gemini_includes_thoughts(body: dict[str, Any]) -> bool:
+    config = _field(body, "generationConfig", "generation_config") or {}
+    thinking = _field(config, "thinkingConfig", "thinking_config") or {}
+    return bool(_field(thinking, "includeThoughts", "include_thoughts"))
+
+
+def _gemini_parts(step: Step, body: dict[str, Any]) -> list[dict[str, Any]]:
+    """Thought summary (only when asked for), text, then the function calls; the first call
+    carries the signature, or, without calls, the last part of a reply that thought."""
+    parts: list[dict[str, Any]] = []
+    if step.thinking and _gemini_includes_thoughts(body):
+        parts.append({"text": step.thinking, "thought": True})
+    if step.text or not step.tool_calls:
+        parts.append({"text": step.text})
+    for n, (call_id, name, args) in enumerate(step.tool_calls):
+        part: dict[str, Any] = {
+            "functionCall": {"id": call_id, "name": name, "args": json.loads(args)}
+        }
+        if n == 0:
+            part["thoughtSignature"] = GEMINI_SIGNATURE
+        parts.append(part)
+    if step.thinking and not step.tool_calls:
+        parts[-1]["thoughtSignature"] = GEMINI_SIGNATURE
+    return parts
+
+
+def _gemini_response(
+    parts: list[dict[str, Any]], usage: dict[str, Any], model: str, *, finished: bool = True
+) -> dict[str, Any]:
+    candidate: dict[str, Any] = {"content": {"parts": parts, "role": "model"}, "index": 0}
+    if finished:
+        # STOP for function calls too: Gemini has no "tool_use" finish reason.
+        candidate["finishReason"] = "STOP"
+    return {
+        "candidates": [candidate],
+        "usageMetadata": usage,
+        "modelVersion": model,
+        "responseId": "standin-gemini-0001",
+    }
+
+
+def _gemini_chunks(
+    step: Step, body: dict[str, Any], model: str, cached: int
+) -> list[dict[str, Any]]:
+    """A stream as the API sends it: each chunk a whole GenerateContentResponse holding the
+    new parts, every chunk with usageMetadata (candidate tokens so far), the finish reason
+    on the last."""
+    parts = _gemini_parts(step, body)
+    groups: list[list[dict[str, Any]]] = []
+    calls = [p for p in parts if "functionCall" in p]
+    for part in parts:
+        if "functionCall" in part:
+            continue
+        if part.get("thought") or not part["text"]:
+            groups.append([part])
+            continue
+        pieces = _pieces(part["text"])
+        for n, piece in enumerate(pieces):
+            last = n == len(pieces) - 1
+            extra = (
+                {"thoughtSignature": part["thoughtSignature"]}
+                if last and "thoughtSignature" in part
+                else {}
+            )
+            groups.append([{"text": piece, **extra}])
+    if calls:
+        groups.append(calls)  # the API sends a reply's calls together, whole
+    chunks, emitted = [], 0
+    for n, group in enumerate(groups):
+        finished = n == len(groups) - 1
+        emitted += sum(len(p.get("text", "")) for p in group if not p.get("thought"))
+        usage = _gemini_usage(
+            step, body, cached, emitted=None if finished else max(1, emitted // 4)
+        )
+        chunks.append(_gemini_response(group, usage, model, finished=finished))
+    return chunks
+
+
+def _gemini_model(model: str) -> dict[str, Any]:
+    return {
+        "name": f"models/{model}",
+        "version": "001",
+        "displayName": model,
+        "inputTokenLimit": 1_048_576,
+        "outputTokenLimit": 65_536,
+        "supportedGenerationMethods": ["generateContent", "countTokens"],
+    }
+
+
 def _handler(standin: ProviderStandIn) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -681,6 +932,12 @@ def _handler(standin: ProviderStandIn) -> type[BaseHTTPRequestHandler]:
             if received.path == "/v1/models":
                 self._json(200, {"object": "list", "data": [{"id": "stand-in", "object": "model"}]})
                 return
+            if received.path == "/v1beta/models":
+                self._json(200, {"models": [_gemini_model("gemini-2.5-flash")]})
+                return
+            if received.path.startswith("/v1beta/models/"):
+                self._json(200, _gemini_model(received.path.rsplit("/", 1)[1]))
+                return
             self._json(404, {"error": {"message": "no such route"}})
 
         def _received(self, method: str, raw: bytes) -> Received:
@@ -688,12 +945,14 @@ def _handler(standin: ProviderStandIn) -> type[BaseHTTPRequestHandler]:
                 body = json.loads(raw) if raw else {}
             except ValueError:
                 body = {}
+            path, _, query = self.path.partition("?")
             return Received(
-                path=self.path.split("?", 1)[0],
+                path=path,
                 headers={k.lower(): v for k, v in self.headers.items()},
                 body=body,
                 raw=raw,
                 method=method,
+                query=query,
             )
 
         def do_POST(self) -> None:  # noqa: N802
@@ -719,6 +978,15 @@ def _handler(standin: ProviderStandIn) -> type[BaseHTTPRequestHandler]:
                         "usage": _responses_usage(Step(), body),
                     },
                 )
+                return
+            gemini = GEMINI_ROUTE.match(path)
+            if gemini is not None:
+                if step.delay and standin._closing.wait(step.delay):
+                    return
+                self._gemini(step, received, model=gemini.group(2), method=gemini.group(3))
+                return
+            if path.startswith("/v1beta/"):
+                self._json(404, gemini_error_body(404, f"no such route: {path}"))
                 return
             if path not in (OPENAI_PATH, ANTHROPIC_PATH, ANTHROPIC_COUNT_PATH, RESPONSES_PATH):
                 self._json(404, {"error": {"message": "no such route"}})
@@ -751,6 +1019,70 @@ def _handler(standin: ProviderStandIn) -> type[BaseHTTPRequestHandler]:
                 self._json(200, _response(step, request, status="completed", done=True), headers)
             else:
                 self._json(200, _reply(step, request, is_openai), headers)
+
+        def _gemini(self, step: Step, received: Received, *, model: str, method: str) -> None:
+            body = received.body if isinstance(received.body, dict) else {}
+            headers = dict(step.headers)
+            if step.text == ECHO:
+                step = Step(**{**step.__dict__, "text": f"Re: {_gemini_last_text(body)}"})
+            if step.kind == "error":
+                self._json(step.status, gemini_error_body(step.status, step.message), headers)
+                return
+            if step.kind == "invalid_json":
+                self._send(200, b'{"candidates": [', headers)
+                return
+            if step.kind == "missing_fields":
+                self._json(200, {"modelVersion": model, "responseId": "x"}, headers)
+                return
+            if step.kind == "raw":
+                self._send(200, step.raw_body, headers)
+                return
+            if method == "countTokens":
+                total = fake_gemini_token_count(body)
+                details = [{"modality": "TEXT", "tokenCount": total}]
+                self._json(200, {"totalTokens": total, "promptTokensDetails": details}, headers)
+                return
+            cached = step.cache_read_tokens or standin.gemini_cached_tokens(model, body)
+            if method == "generateContent":
+                usage = _gemini_usage(step, body, cached)
+                self._json(200, _gemini_response(_gemini_parts(step, body), usage, model), headers)
+                return
+            # streamGenerateContent: SSE with `alt=sse` (`data: {…}` and CRLF CRLF, no [DONE]),
+            # else one JSON array whose elements arrive as they are made.
+            sse = "sse" in parse_qs(received.query).get("alt", [])
+            chunks = _gemini_chunks(step, body, model, cached)
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream" if sse else "application/json")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.close_connection = True
+            try:
+                for number, chunk in enumerate(chunks):
+                    if (
+                        step.kind in ("break", "stream_error")
+                        and number == step.chunks_before_break
+                    ):
+                        if step.kind == "stream_error":
+                            error = json.dumps(gemini_error_body(500, "overloaded mid-stream"))
+                            self.wfile.write(
+                                f"data: {error}\r\n\r\n".encode()
+                                if sse
+                                else f",\r\n{error}]".encode()
+                            )
+                            self.wfile.flush()
+                        return
+                    data = json.dumps(chunk)
+                    if sse:
+                        self.wfile.write(f"data: {data}\r\n\r\n".encode())
+                    else:
+                        self.wfile.write(("[" if number == 0 else ",\r\n").encode() + data.encode())
+                    self.wfile.flush()
+                    if step.pause:
+                        time.sleep(step.pause)
+                if not sse:
+                    self.wfile.write(b"]")
+            except (BrokenPipeError, ConnectionResetError):
+                return
 
         def _json(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
             self._send(status, json.dumps(payload).encode(), headers)
@@ -833,7 +1165,8 @@ def main(argv: list[str] | None = None) -> None:
     standin.start(port=args.port)
     print(
         f"provider stand-in on {standin.base}: "
-        f"LEDGER_OPENAI_UPSTREAM={standin.openai_url} LEDGER_ANTHROPIC_UPSTREAM={standin.anthropic_url}",
+        f"LEDGER_OPENAI_UPSTREAM={standin.openai_url} LEDGER_ANTHROPIC_UPSTREAM={standin.anthropic_url} "
+        f"LEDGER_GEMINI_UPSTREAM={standin.gemini_url}",
         flush=True,
     )
     try:

@@ -7,6 +7,8 @@ The two running requests are held with the limiter itself, as two slow requests 
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from sessions_app.heavy import heavy_slot
@@ -68,3 +70,13 @@ def test_it_turns_the_limit_off_with_zero(alice, alice_api, settings):
     session_id = grown_session(alice_api, events=coding_turns(count=2), limit=100_000)
     with heavy_slot(user_id=alice.pk), heavy_slot(user_id=alice.pk), heavy_slot(user_id=alice.pk):
         assert alice_api.get(f"/api/v1/sessions/{session_id}/context").status_code == 200
+
+
+def test_it_lets_a_light_request_take_the_gil_back_within_half_a_millisecond(settings):
+    """A server process (config/asgi.py) switches threads every GIL_SWITCH_INTERVAL_MS, not
+    Python's 5 ms: a light request beside CPU-bound heavy ones waits that long for the GIL
+    after each database round trip (bench/bench_fairness.py measures the p99 it gives)."""
+    import config.asgi  # noqa: F401  (the server's entry point sets it on import)
+
+    assert settings.GIL_SWITCH_INTERVAL_MS == 0.5
+    assert sys.getswitchinterval() == pytest.approx(0.0005)

@@ -13,7 +13,11 @@ def test_it_answers_the_api_root_with_links_to_the_endpoints_schema_and_docs(db)
     assert body["docs"] == "http://testserver/api/v1/docs/"
     assert body["endpoints"]["sessions"] == "http://testserver/api/v1/sessions"
     assert body["endpoints"]["usage"] == "http://testserver/api/v1/sessions/{session_id}/usage"
-    assert body["gateway"]["openai"] == "http://testserver/gateway/openai/v1"
+    assert body["gateway"] == {
+        "openai": "http://testserver/gateway/openai/v1",
+        "anthropic": "http://testserver/gateway/anthropic",
+        "gemini": "http://testserver/gateway/gemini",
+    }
 
 
 def test_it_lists_only_paths_the_schema_publishes(alice_api):

@@ -4,7 +4,7 @@ real Celery worker thread, so a compaction really runs and its notices really ar
 websocket.
 
 Screenshots go to test-output/screenshots/ (docs/dashboard.md's pictures come from
-test_session_page_browser.py).
+bench/screenshots.py).
 """
 
 from __future__ import annotations
@@ -24,7 +24,6 @@ from sessions_app.services import EventInput, event_append, session_create
 CHROMIUM = Path("/usr/bin/chromium")
 ROOT = Path(__file__).resolve().parents[2]
 SHOTS = ROOT / "test-output" / "screenshots"
-README_SHOT = ROOT / "static" / "screenshots" / "session-page.png"
 XSS = "<script>alert(1)</script><img src=x onerror=alert(2)>"
 TIMEOUT_MS = 20_000
 

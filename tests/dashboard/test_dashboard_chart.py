@@ -135,13 +135,13 @@ def test_it_offers_a_time_axis_and_falls_back_to_seq_without_times():
 
 
 def _boxes(geometry) -> list[tuple[float, float, float, float]]:
-    from compaction_app.dashboard.chart import CHAR_WIDTH, LABEL_HEIGHT
+    from compaction_app.dashboard.chart import CHAR_WIDTH, LABEL_HEIGHT, LABEL_PAD
 
     return [
         (
-            x - (len(text) * CHAR_WIDTH + 2) / 2,
+            x - (len(text) * CHAR_WIDTH + LABEL_PAD) / 2,
             y - LABEL_HEIGHT + 1,
-            x + (len(text) * CHAR_WIDTH + 2) / 2,
+            x + (len(text) * CHAR_WIDTH + LABEL_PAD) / 2,
             y + 2,
         )
         for x, y, text in geometry.mark_labels
@@ -181,5 +181,21 @@ def test_it_draws_only_drop_labels_that_overlap_nothing(axis):
                 and label_box[1] < box[3]
             )
         assert box[0] >= 0 and box[2] <= geometry.width
+        # Nor on any mark's line or dot (a label there reads as crossed out).
+        for x, y_before, y_after, _ in geometry.marks:
+            for glyph in (
+                (x - 1.5, y_before, x + 1.5, y_after),
+                (x - 4, y_after - 4, x + 4, y_after + 4),
+            ):
+                assert not (
+                    box[0] < glyph[2]
+                    and glyph[0] < box[2]
+                    and box[1] < glyph[3]
+                    and glyph[1] < box[3]
+                )
     if axis == "time":
-        assert len(boxes) < 12  # collapsed: most labels give way
+        # Collapsed onto one x: the labels stack beside the column, left and right of it,
+        # rather than all but the newest giving way.
+        assert 3 <= len(boxes) < 12
+        centres = {round(x) for x, _, _ in geometry.mark_labels}
+        assert len(centres) >= 2

@@ -120,3 +120,25 @@ def test_it_names_a_trim_marker_and_a_trimmed_group():
     )
     assert isinstance(items[0], FoldGroup) and not items[0].summarized
     assert items[1].label == "Trim marker" and items[1].kind == "marker"
+
+
+def test_it_names_the_compaction_each_folded_event_went_into():
+    run = object()
+    items = build_trace(
+        [
+            Ev(1, "USER_MESSAGE", compacted_by_id="m1"),
+            Ev(2, "AGENT_MESSAGE", compacted_by_id="m1"),
+            Ev(3, "COMPACTION", content="summary", id="m1"),
+            Ev(4, "USER_MESSAGE"),
+        ],
+        runs_by_marker={"m1": run},
+        marker_seqs={"m1": 3},
+    )
+    group = items[0]
+    assert isinstance(group, FoldGroup)
+    assert [(e.folded, e.folded_at, e.folded_run) for e in group.entries] == [
+        (True, 3, run),
+        (True, 3, run),
+    ]
+    kept = [item for item in items[1:]]
+    assert all(not e.folded and e.folded_at is None for e in kept)

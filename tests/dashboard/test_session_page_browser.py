@@ -2,13 +2,11 @@
 thresholds, one compaction's before / after, and the phone layout.
 
 Uses the live server, browser and helpers of test_dashboard_browser (daphne in this process
-with a real Celery worker thread). With UPDATE_SCREENSHOTS=1 the two pictures
-docs/dashboard.md links are rewritten.
+with a real Celery worker thread). The pictures docs/dashboard.md shows come from
+bench/screenshots.py.
 """
 
 from __future__ import annotations
-
-import os
 
 import pytest
 
@@ -17,7 +15,6 @@ from compaction_app.services import compaction_execute, compaction_request
 from sessions_app.models import Session
 from sessions_app.services import EventInput, TokenUsage, event_append, session_create
 from tests.dashboard.test_dashboard_browser import (
-    README_SHOT,
     _orm_beside_playwright,  # noqa: F401  (an autouse fixture)
     in_thread,
     log_in,
@@ -27,7 +24,6 @@ from tests.dashboard.test_dashboard_browser import (
     ws_ready,
 )
 
-PHONE_SHOT = README_SHOT.parent / "session-page-phone.png"
 LONG_RESULT = "\n".join(f"tests/test_module_{n}.py::test_case_{n} PASSED" for n in range(60))
 
 
@@ -132,6 +128,11 @@ def test_it_reads_as_a_trace_with_thresholds_and_a_runs_before_and_after(
     assert page.locator("#chart svg.chart-wide .threshold-line").count() == 2
     assert "cooldown" in page.locator("#auto-compaction").inner_text()
 
+    # The history fits the page, the staff's Revert column included (no sideways scroll).
+    assert page.evaluate(
+        "(() => { const s = document.querySelector('#history .scroll');"
+        " return s.scrollWidth <= s.clientWidth; })()"
+    )
     # A run's before / after opens from the history.
     page.locator(f"#run-{run.pk} a.run-open").click()
     detail = page.locator("#run-detail")
@@ -145,11 +146,6 @@ def test_it_reads_as_a_trace_with_thresholds_and_a_runs_before_and_after(
     first_folded.click()
     # The link opens the fold that holds the event.
     page.locator(f"li{target}").wait_for(state="visible")
-    if os.environ.get("UPDATE_SCREENSHOTS") == "1":
-        page.goto(f"{live_url}/sessions/{session.pk}/")
-        ws_ready(page)
-        README_SHOT.parent.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(README_SHOT), full_page=True)
     shot(page, "session-trace.png")
 
     # The time axis, next to seq.
@@ -200,12 +196,6 @@ def test_it_fits_a_phone(worker, alice, live_url, browser, width, height):
     assert font >= 10, font
     # No staff controls for a user, even on a phone.
     assert page.locator("#auto-toggle").count() == 0
-    if os.environ.get("UPDATE_SCREENSHOTS") == "1":
-        page.screenshot(
-            path=str(PHONE_SHOT),
-            full_page=True,
-            clip={"x": 0, "y": 0, "width": width, "height": 1700},
-        )
     shot(page, "session-trace-phone.png")
     page.context.close()
 

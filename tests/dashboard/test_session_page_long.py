@@ -162,3 +162,9 @@ def test_it_reaches_every_run_from_the_page(alice):
     everything = client.get(page(session), {"all": "1"}).content.decode()
     history = everything[everything.index('id="history"') :]
     assert history.count('<tr id="run-') == 7 and 'id="history-all"' not in history
+    # "show all" by htmx: the history alone, every run, and not the conversation.
+    part = client.get(
+        page(session), {"all": "1"}, HTTP_HX_REQUEST="true", HTTP_HX_TARGET="history"
+    ).content.decode()
+    assert part.lstrip().startswith('<section id="history"')
+    assert part.count('<tr id="run-') == 7 and 'id="timeline"' not in part

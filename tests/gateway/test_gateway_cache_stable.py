@@ -10,7 +10,8 @@ import json
 import pytest
 from django.db import connections
 
-from compaction_app.gateway import after, shape, threads
+from compaction_app.gateway import after, shape, workers
+from compaction_app.gateway.providers.anthropic_messages import shape as breakpoints
 from compaction_app.testkit.provider_standin import Received, Step
 from sessions_app.models import Session
 from sessions_app.services import session_update
@@ -170,7 +171,7 @@ def test_it_keeps_the_forwarded_prefix_stable_on_messages_with_its_shape(
         if fitted_at is not None and restarted_at is None and turn > 60:
             # A restart of the gateway's workers: everything fitting needs is in the database.
             after.wait_idle()
-            threads.restart()
+            workers.restart()
             connections.close_all()
             restarted_at = len(upstream.requests)
         history.append(
@@ -192,7 +193,7 @@ def test_it_keeps_the_forwarded_prefix_stable_on_messages_with_its_shape(
     assert last["system"][:2] == system
     assert last["system"][-1]["text"].startswith(shape.SUMMARY_HEADER)
     assert last["system"][-1]["cache_control"] == {"type": "ephemeral"}
-    assert len(shape._marked(last)) <= shape.MAX_BREAKPOINTS
+    assert len(breakpoints._marked(last)) <= breakpoints.MAX_BREAKPOINTS
 
 
 def test_it_keeps_at_most_four_breakpoints_dropping_the_oldest():
@@ -205,10 +206,10 @@ def test_it_keeps_at_most_four_breakpoints_dropping_the_oldest():
         "messages": [{"role": "user", "content": [marked("c"), marked("d")]}],
         "cache_control": {"type": "ephemeral"},
     }
-    capped = shape.cap_breakpoints(body)
+    capped = breakpoints.cap_breakpoints(body)
     assert "cache_control" not in capped["tools"][0]
     assert [b.get("cache_control") is not None for b in capped["system"]] == [True, True]
-    assert len(shape._marked(capped)) == shape.MAX_BREAKPOINTS
+    assert len(breakpoints._marked(capped)) == breakpoints.MAX_BREAKPOINTS
     # Top-level automatic caching passes through; the client's body is not touched.
     assert capped["cache_control"] == {"type": "ephemeral"}
     assert "cache_control" in body["tools"][0]

@@ -1,7 +1,8 @@
-"""Real agent CLIs through the gateway: Claude Code (`@anthropic-ai/claude-code`) and Codex
-(`@openai/codex`), the versions pinned in tests/clients/package.json (installed by `npm ci`
-there; see docs/gateway.md), each run non-interactively against daphne serving the app, with
-the provider stand-in scripting a tool call, then a final answer.
+"""Real agent CLIs through the gateway: Claude Code (`@anthropic-ai/claude-code`), Codex
+(`@openai/codex`) and Gemini CLI (`@google/gemini-cli`), the versions pinned in
+tests/clients/package.json (installed by `npm ci` there; see docs/gateway.md), each run
+non-interactively against daphne serving the app, with the provider stand-in scripting a tool
+call, then a final answer.
 
 Also the captures of what each CLI sends (tests/fixtures/clients/, taken with the stand-in as
 the upstream): the gateway accepts them as they are.
@@ -20,8 +21,8 @@ import httpx
 import pytest
 
 from compaction_app.gateway import after
-from compaction_app.testkit.provider_standin import Step
-from sessions_app.models import Event, Session
+from compaction_app.testkit.provider_standin import GEMINI_SIGNATURE, Step
+from sessions_app.models import Call, Event, Session
 from tests.support.gateway_live import token_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -30,6 +31,7 @@ CLIENTS = Path(__file__).parent.parent / "clients" / "node_modules" / ".bin"
 CAPTURES = Path(__file__).parent.parent / "fixtures" / "clients"
 CLAUDE = CLIENTS / "claude"
 CODEX = CLIENTS / "codex"
+GEMINI = CLIENTS / "gemini"
 FAKE_PROVIDER_KEY = "sk-fake-provider-key-for-tests"
 FINAL = "The notes say: remember the milk."
 
@@ -45,7 +47,7 @@ def _install_clients() -> None:
         return
     with open(folder / ".install.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if CLAUDE.exists() and CODEX.exists():
+        if CLAUDE.exists() and CODEX.exists() and GEMINI.exists():
             return
         subprocess.run(
             [npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"],
@@ -373,15 +375,132 @@ def test_it_runs_codex_through_a_tool_loop(gateway_url, upstream, alice, tmp_pat
     ].count("user")
 
 
+# Gemini CLI's router asks a small model to score the prompt (its `responseJsonSchema`); a
+# low score sends the turn to the Flash model.
+GEMINI_ROUTE = {"complexity_reasoning": "One file to read.", "complexity_score": 10}
+GEMINI_SETTINGS = {
+    # 0.61.0 reads GOOGLE_GEMINI_BASE_URL alone as its "gateway" auth type and then exits 41
+    # ("Invalid auth method selected"): the API key method must be chosen in settings.
+    "security": {"auth": {"selectedType": "gemini-api-key"}},
+    "privacy": {"usageStatisticsEnabled": False},
+    "telemetry": {"enabled": False},
+    "general": {"enableAutoUpdate": False, "enableAutoUpdateNotification": False},
+}
+
+
+def test_it_runs_gemini_cli_through_a_tool_loop(
+    gemini_gateway_url, upstream, alice, alice_api, tmp_path
+):
+    _needs(GEMINI)
+    work = tmp_path / "work"
+    work.mkdir()
+    notes = work / "notes.txt"
+    notes.write_text("remember the milk\n")
+    (tmp_path / ".gemini").mkdir()
+    (tmp_path / ".gemini" / "settings.json").write_text(json.dumps(GEMINI_SETTINGS))
+    upstream.script(
+        Step(text=json.dumps(GEMINI_ROUTE)),
+        Step(
+            text="",
+            tool_calls=(("call_01", "read_file", json.dumps({"file_path": str(notes)})),),
+            thinking="The user wants the notes; read them.",
+        ),
+        Step(text=FINAL),
+    )
+    env = {
+        **_base_env(tmp_path),
+        "GOOGLE_GEMINI_BASE_URL": gemini_gateway_url,
+        "GEMINI_API_KEY": FAKE_PROVIDER_KEY,
+        # Comma-separated `Name: value` pairs.
+        "GEMINI_CLI_CUSTOM_HEADERS": (
+            f"X-Ledger-Key: {token_for(alice)}, X-Ledger-Session: gemini-run"
+        ),
+        "GEMINI_CLI_TRUST_WORKSPACE": "true",
+    }
+    done = _run(
+        [str(GEMINI), "-p", "What is in notes.txt?", "--yolo", "--output-format", "json"],
+        cwd=work,
+        env=env,
+    )
+    assert json.loads(done.stdout)["response"] == FINAL
+
+    calls = [r for r in upstream.requests if "/models/" in r.path]
+    assert len(calls) == 3
+    routing, first, second = calls
+    # The router's side call: a small model, a JSON schema, no tools, not streamed.
+    assert routing.path.endswith(":generateContent")
+    assert "responseJsonSchema" in routing.body["generationConfig"]
+    assert "tools" not in routing.body
+    # The turn itself, streamed over SSE, forwarded with the CLI's own key and no ledger header.
+    assert first.path.startswith("/v1beta/models/") and first.query == "alt=sse"
+    assert first.path.endswith(":streamGenerateContent")
+    assert first.headers["x-goog-api-key"] == FAKE_PROVIDER_KEY
+    assert not any(name.startswith("x-ledger") for name in first.headers)
+    # The tool ran on the client; its call went back with its id and signature, its result
+    # with the same id.
+    model_turn, result_turn = second.body["contents"][-2:]
+    assert model_turn["parts"][-1] == {
+        "functionCall": {"id": "call_01", "name": "read_file", "args": {"file_path": str(notes)}},
+        "thoughtSignature": GEMINI_SIGNATURE,
+    }
+    response = result_turn["parts"][0]["functionResponse"]
+    assert response["id"] == "call_01" and "remember the milk" in json.dumps(response)
+
+    session = Session.objects.get(client_key="gemini-run")
+    after.wait_idle()
+    threads = alice_api.get(f"/api/v1/sessions/{session.pk}/threads").json()["results"]
+    assert len(threads) == 2
+    main, side = threads
+    assert main["main"] is True and side["main"] is False
+
+    def events(thread: dict) -> list[dict]:
+        url = f"/api/v1/sessions/{session.pk}/events?thread={thread['key']}&limit=200"
+        return alice_api.get(url).json()["results"]
+
+    main_events = events(main)
+    types = [e["type"] for e in main_events]
+    assert types.count("TOOL_CALL") == 1 and types.count("TOOL_RESULT") == 1
+    assert types.index("TOOL_CALL") < types.index("TOOL_RESULT")
+    assert types[-1] == "AGENT_MESSAGE" and main_events[-1]["content"] == FINAL
+    assert "What is in notes.txt?" in json.dumps([e["content"] for e in main_events])
+    assert "remember the milk" in main_events[types.index("TOOL_RESULT")]["content"]
+    call = main_events[types.index("TOOL_CALL")]
+    assert (call["name"], call["toolCallId"]) == ("read_file", "call_01")
+    assert json.loads(call["content"]) == {"file_path": str(notes)}
+    # The reply's thought summary (the CLI asks for them) is kept, with the call it came with.
+    thought = main_events[types.index("TOOL_CALL") - 1]
+    assert thought["type"] == "AGENT_MESSAGE" and thought["content"][0]["thought"] is True
+    # The second turn resent the first: the stand-in's implicit cache shows on the reply.
+    assert main_events[-1]["tokenUsage"]["cachedInputTokens"] > 0
+    side_events = events(side)
+    assert "TOOL_CALL" not in [e["type"] for e in side_events]
+    assert json.loads(side_events[-1]["content"]) == GEMINI_ROUTE
+    # Every call priced from its usageMetadata; the reply carries its usage.
+    recorded = list(Call.objects.filter(session=session))
+    assert len(recorded) == 3 and all(call.status == "ok" for call in recorded)
+    assert all(call.prompt_tokens and call.cost_nano_usd for call in recorded)
+    reply = Event.objects.filter(session=session, type="AGENT_MESSAGE").order_by("seq").last()
+    assert reply is not None and reply.content == FINAL
+    assert reply.prompt_tokens and reply.completion_tokens
+
+
 @pytest.mark.parametrize(
     ("capture", "path"),
     [
         ("claude_code_2.1.328_first_request.json", "/gateway/anthropic/v1/messages"),
         ("codex_0.169.0_first_request.json", "/gateway/openai/v1/responses"),
+        ("gemini_cli_0.61.0_routing_request.json", "/gateway/gemini"),
+        ("gemini_cli_0.61.0_first_request.json", "/gateway/gemini"),
     ],
 )
-def test_it_accepts_what_each_cli_sends_as_it_is(gateway_url, upstream, alice, capture, path):
+def test_it_accepts_what_each_cli_sends_as_it_is(
+    request, gateway_url, upstream, alice, capture, path
+):
     sent = json.loads((CAPTURES / capture).read_text())
+    if path == "/gateway/gemini":
+        # Gemini's path names the model and the method, the query `alt=sse` the framing.
+        base = request.getfixturevalue("gemini_gateway_url").removeprefix(gateway_url)
+        path = base + sent["path"] + (f"?{sent['query']}" if sent.get("query") else "")
     headers = {
         name: value
         for name, value in sent["headers"].items()
@@ -392,8 +511,10 @@ def test_it_accepts_what_each_cli_sends_as_it_is(gateway_url, upstream, alice, c
     response = httpx.post(f"{gateway_url}{path}", json=sent["body"], headers=headers, timeout=30)
     assert response.status_code == 200, response.text
     forwarded = upstream.requests[-1]
+    assert (forwarded.path, forwarded.query) == (sent["path"], sent.get("query", ""))
     assert forwarded.body == sent["body"]  # byte for byte (as JSON: the body was re-encoded)
-    for name in ("anthropic-beta", "anthropic-version", "x-codex-turn-metadata", "originator"):
+    names = ("anthropic-beta", "anthropic-version", "x-codex-turn-metadata", "originator")
+    for name in (*names, "x-goog-api-key", "x-goog-api-client"):
         if name in sent["headers"]:
             assert forwarded.headers[name] == sent["headers"][name]
     assert Event.objects.filter(session__client_key=f"capture-{capture}").exists()

@@ -12,7 +12,11 @@ import anthropic as anthropic_sdk
 import httpx
 import pytest
 
-from compaction_app.gateway import anthropic, openai, prepare, responses, views, wire
+from compaction_app.gateway import prepare, views, wire
+from compaction_app.gateway.providers import PROVIDERS, gemini
+from compaction_app.gateway.providers import anthropic_messages as anthropic
+from compaction_app.gateway.providers import openai_chat as openai
+from compaction_app.gateway.providers import openai_responses as responses
 from compaction_app.models import CompactionRun
 from sessions_app.models import Event, Session
 from sessions_app.services import session_update
@@ -21,9 +25,9 @@ from tests.support.gateway_live import CANARY, anthropic_client, openai_client, 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-@pytest.mark.parametrize("module", [openai, responses, anthropic])
+@pytest.mark.parametrize("module", [openai, responses, anthropic, gemini])
 def test_it_builds_every_wire_format_on_the_one_contract(module):
-    assert module in views.WIRES
+    assert module in PROVIDERS and views.WIRES == PROVIDERS
     members = set(wire.Wire.__annotations__) | {
         name for name in vars(wire.Wire) if not name.startswith("_")
     }

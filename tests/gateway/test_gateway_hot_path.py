@@ -15,7 +15,7 @@ from channels.testing import HttpCommunicator
 from django.db import connection
 from django.db.backends.signals import connection_created
 
-from compaction_app.gateway import after, threads
+from compaction_app.gateway import after, workers
 from compaction_app.gateway.asgi import GatewayHandler, with_gateway
 from compaction_app.testkit.provider_standin import Step
 from sessions_app.models import Session
@@ -59,7 +59,7 @@ def statements():
     recorder = Statements()
     connection_created.connect(recorder.install, dispatch_uid="test-gateway-statements")
     # New gateway threads, so their connections are new too (SQLite's stay open otherwise).
-    threads.restart()
+    workers.restart()
     yield recorder
     connection_created.disconnect(dispatch_uid="test-gateway-statements")
     recorder.uninstall()
@@ -245,7 +245,7 @@ def test_it_runs_the_orm_on_gateway_threads_and_sends_the_request_signals_once(
         if record not in connection.execute_wrappers:
             connection.execute_wrappers.append(record)
 
-    threads.restart()
+    workers.restart()
     signals.request_started.connect(started, dispatch_uid="test-hot-started")
     signals.request_finished.connect(finished, dispatch_uid="test-hot-finished")
     connection_created.connect(install, dispatch_uid="test-hot-threads")
@@ -281,9 +281,9 @@ def test_it_hands_a_hops_postgresql_connection_back_when_the_hop_ends():
         return connections["default"].connection is not None
 
     async def scenario():
-        first = await threads.run(query)
+        first = await workers.run(query)
         # The executor has one thread or more; ask each of them.
-        held = [await threads.run(holds) for _ in range(threads.MAX_THREADS * 2)]
+        held = [await workers.run(holds) for _ in range(workers.MAX_THREADS * 2)]
         return first, held
 
     (name, connected), held = async_to_sync(scenario)()

@@ -11,8 +11,8 @@ import httpx
 import openai
 import pytest
 
-from compaction_app.gateway import responses
 from compaction_app.gateway.messages import GatewayInputError
+from compaction_app.gateway.providers import openai_responses as responses
 from compaction_app.testkit.provider_standin import Step
 from sessions_app.models import Event, Session
 from sessions_app.services import session_update

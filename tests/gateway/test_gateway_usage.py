@@ -3,12 +3,13 @@
 import pytest
 
 from compaction_app.gateway import usage
+from compaction_app.gateway.providers import anthropic_messages, openai_chat, openai_responses
 
 pytestmark = pytest.mark.profile_independent
 
 
 def test_it_reads_openai_chat_cached_tokens():
-    got = usage.openai_chat(
+    got = openai_chat.usage(
         {
             "prompt_tokens": 2000,
             "completion_tokens": 10,
@@ -19,12 +20,12 @@ def test_it_reads_openai_chat_cached_tokens():
     assert got["prompt_tokens"] == 2000
     assert got["cached_input_tokens"] == 1024
     assert got["cache_write_tokens"] is None
-    assert usage.openai_chat({})["cached_input_tokens"] is None
-    assert usage.openai_chat({"prompt_tokens_details": None})["cached_input_tokens"] is None
+    assert openai_chat.usage({})["cached_input_tokens"] is None
+    assert openai_chat.usage({"prompt_tokens_details": None})["cached_input_tokens"] is None
 
 
 def test_it_reads_openai_responses_cached_tokens():
-    got = usage.openai_responses(
+    got = openai_responses.usage(
         {
             "input_tokens": 3000,
             "input_tokens_details": {"cached_tokens": 2048},
@@ -37,7 +38,7 @@ def test_it_reads_openai_responses_cached_tokens():
 
 
 def test_it_reads_anthropic_cache_reads_writes_and_the_one_hour_split():
-    got = usage.anthropic_messages(
+    got = anthropic_messages.usage(
         {
             "input_tokens": 100,
             "cache_creation_input_tokens": 1500,
@@ -51,15 +52,15 @@ def test_it_reads_anthropic_cache_reads_writes_and_the_one_hour_split():
     assert got["cache_write_1h_tokens"] == 500
     assert got["total_tokens"] == 4607
     # Only the split given: the write is its sum.
-    split_only = usage.anthropic_messages(
+    split_only = anthropic_messages.usage(
         {
             "input_tokens": 1,
             "cache_creation": {"ephemeral_5m_input_tokens": 10, "ephemeral_1h_input_tokens": 5},
         }
     )
     assert split_only["cache_write_tokens"] == 15
-    assert usage.anthropic_messages({})["prompt_tokens"] is None
-    assert usage.anthropic_messages({"input_tokens": True})["prompt_tokens"] == 0
+    assert anthropic_messages.usage({})["prompt_tokens"] is None
+    assert anthropic_messages.usage({"input_tokens": True})["prompt_tokens"] == 0
 
 
 def test_it_drops_impossible_usage_figures_per_field_and_says_why():

@@ -8,13 +8,15 @@ import json
 import pytest
 
 from compaction_app.fitting import FitPolicy, passes_through
-from compaction_app.gateway import anthropic, openai
+from compaction_app.gateway import providers, wire
 from compaction_app.gateway.messages import (
     GatewayInputError,
     chain_hash,
     event_id,
     message_hash,
 )
+from compaction_app.gateway.providers import anthropic_messages as anthropic
+from compaction_app.gateway.providers import openai_chat as openai
 
 pytestmark = pytest.mark.profile_independent
 
@@ -207,7 +209,7 @@ def test_it_renders_a_fitted_request_in_the_clients_own_shape():
     ]
     body = {"model": "m", "messages": units, "temperature": 0}
     plan = shape.Plan(kept=(0, 3, 4), summary="what happened", cleared={})
-    out = shape.render("openai", body, units, plan, "m2")
+    out = openai.render_fitted(body, units, plan, "m2")
     # The result whose call was folded is left out; the kept turn is the client's own dict.
     assert out["messages"] == [
         units[0],
@@ -216,12 +218,12 @@ def test_it_renders_a_fitted_request_in_the_clients_own_shape():
     ]
     assert out["temperature"] == 0 and out["model"] == "m2"
     cleared = shape.Plan(kept=(0, 1, 2, 3, 4), summary=None, cleared={3: {"a": "[cleared]"}})
-    out = shape.render("openai", body, units, cleared, "m")
+    out = openai.render_fitted(body, units, cleared, "m")
     assert out["messages"][2] is units[2]  # the words beside the call stay with it
     assert out["messages"][3] == {"role": "tool", "tool_call_id": "a", "content": "[cleared]"}
     # Same inputs, same bytes.
-    assert json.dumps(shape.render("openai", body, units, plan, "m")) == json.dumps(
-        shape.render("openai", body, units, plan, "m")
+    assert json.dumps(openai.render_fitted(body, units, plan, "m")) == json.dumps(
+        openai.render_fitted(body, units, plan, "m")
     )
 
 
@@ -237,7 +239,7 @@ def test_it_keeps_anthropic_system_blocks_and_opens_with_a_user_turn():
     body = {"model": "c", "system": system, "messages": messages}
     units = [{"role": "system", "content": system}, *messages]
     plan = shape.Plan(kept=(0, 2, 3), summary="earlier", cleared={})
-    out = shape.render("anthropic", body, units, plan, "c")
+    out = anthropic.render_fitted(body, units, plan, "c")
     assert out["system"][0] == system[0]
     assert out["system"][1]["cache_control"] == {"type": "ephemeral"}
     assert out["messages"] == [
@@ -246,3 +248,102 @@ def test_it_keeps_anthropic_system_blocks_and_opens_with_a_user_turn():
         messages[2],
     ]
     assert body["system"] == system  # the client's body is not touched
+
+
+def _events(*events: tuple[str | None, dict | str]) -> list[bytes]:
+    """SSE events, each `event:` (when named) and `data:` line ended by CRLF, as some
+    providers (Google's) frame them."""
+    framed = []
+    for name, data in events:
+        text = data if isinstance(data, str) else json.dumps(data)
+        head = f"event: {name}\r\n" if name else ""
+        framed.append(f"{head}data: {text}\r\n\r\n".encode())
+    return framed
+
+
+_CRLF_STREAMS = {
+    "openai": _events(
+        (None, {"model": "gpt-4o", "choices": [{"index": 0, "delta": {"content": "Hello "}}]}),
+        (None, {"choices": [{"index": 0, "delta": {"content": "there"}}]}),
+        (None, "[DONE]"),
+    ),
+    "responses": _events(
+        ("response.created", {"type": "response.created", "response": {"model": "gpt-4o"}}),
+        (
+            "response.completed",
+            {
+                "type": "response.completed",
+                "response": {
+                    "model": "gpt-4o",
+                    "output": [
+                        {
+                            "type": "message",
+                            "role": "assistant",
+                            "content": [{"type": "output_text", "text": "Hello there"}],
+                        }
+                    ],
+                    "usage": {"input_tokens": 3, "output_tokens": 2, "total_tokens": 5},
+                },
+            },
+        ),
+    ),
+    "anthropic": _events(
+        ("message_start", {"type": "message_start", "message": {"model": "claude-x"}}),
+        (
+            "content_block_start",
+            {"type": "content_block_start", "index": 0, "content_block": {"type": "text"}},
+        ),
+        (
+            "content_block_delta",
+            {
+                "type": "content_block_delta",
+                "index": 0,
+                "delta": {"type": "text_delta", "text": "Hello "},
+            },
+        ),
+        (
+            "content_block_delta",
+            {
+                "type": "content_block_delta",
+                "index": 0,
+                "delta": {"type": "text_delta", "text": "there"},
+            },
+        ),
+        ("message_stop", {"type": "message_stop"}),
+    ),
+    "gemini": _events(
+        (None, {"candidates": [{"content": {"role": "model", "parts": [{"text": "Hello "}]}}]}),
+        (
+            None,
+            {
+                "candidates": [
+                    {
+                        "content": {"role": "model", "parts": [{"text": "there"}]},
+                        "finishReason": "STOP",
+                    }
+                ]
+            },
+        ),
+    ),
+}
+
+
+@pytest.mark.parametrize("wire", providers.PROVIDERS, ids=lambda wire: wire.NAME)
+@pytest.mark.parametrize("size", [1, 3, 1 << 16])
+def test_it_reads_a_crlf_framed_stream_on_every_wire(wire, size):
+    """One SSE framer for every wire: CRLF line ends (and a CR and its LF in different
+    pieces) read as LF."""
+    data = b"".join(_CRLF_STREAMS[wire.NAME])
+    accumulator = wire.stream_accumulator("m")
+    for start in range(0, len(data), size):
+        accumulator.feed(data[start : start + size])
+    assert accumulator.done and not accumulator.errored
+    reply = accumulator.reply()
+    assert reply is not None
+    assert reply.message.hash_text == "Hello there"
+
+
+def test_the_framer_joins_data_lines_and_reads_lone_cr_line_ends():
+    framer = wire.SSEFramer()
+    assert framer.feed(b"event: x\rdata: a\rdata: b\r") == []
+    assert framer.feed(b"\r: comment\n\ndata: c\n\n") == [b"a\nb", b"c"]

@@ -25,7 +25,7 @@ def test_it_resolves_gemini_3_pro_through_the_default_override(registry):
     assert info.context_limit == 1_000_000
     assert info.encoding == "cl100k_base"
     assert info.native_encoding is False
-    assert DEFAULT_OVERRIDES == {"gemini-3-pro": 1_000_000}
+    assert DEFAULT_OVERRIDES["gemini-3-pro"] == 1_000_000
 
 
 def test_it_resolves_claude_3_5_sonnet_through_anthropic_match_clause(registry):
@@ -178,3 +178,19 @@ def test_it_resolves_every_listed_model_to_the_window_it_is_listed_with(registry
         found = registry.lookup(info.model)
         assert found is not None, info.model
         assert (found.context_limit, found.encoding) == (info.context_limit, info.encoding)
+
+
+@pytest.mark.parametrize(
+    ("model", "window"),
+    [
+        ("gemini-3-pro", 1_000_000),
+        ("gemini-3-pro-preview", 1_048_576),
+        ("gemini-3.1-pro-preview", 1_048_576),
+        ("gemini-2.5-pro", 1_048_576),
+        ("gemini-2.5-flash", 1_048_576),
+        ("gemini-2.5-flash-lite", 1_000_000),
+    ],
+)
+def test_it_knows_the_gemini_models_gemini_cli_and_the_sdk_name(registry, model, window):
+    info = registry.lookup(model)
+    assert info is not None and info.context_limit == window

@@ -12,19 +12,31 @@ How a block runs:
   `http://127.0.0.1:8000` by the live server's, and the token placeholders (`<ledger token>`,
   `<the token serve printed>`, `<token printed by serve>`, `<your API token>`) by a real API
   token. The environment also holds LEDGER (the server's address), TOKEN, and the provider
-  keys the SDK examples say to export (OPENAI_API_KEY, ANTHROPIC_API_KEY: the stand-in
-  accepts anything).
+  keys the SDK examples say to export (OPENAI_API_KEY, ANTHROPIC_API_KEY, GEMINI_API_KEY:
+  the stand-in accepts anything).
 - SNIPPETS_SHOW=1 prints every block's output (to keep the docs' "→ …" comments true).
 - A block can opt out with `<!-- snippet: skip (reason) -->` on the line before its fence;
   the reason is required.
+- A block marked `<!-- snippet: own-server (reason) -->` starts servers of its own (the
+  README's first-five-minutes block: the stand-in and `manage.py serve` in the background). It
+  runs as written from the checkout (its `.venv/bin/python`, `manage.py`), in a process group
+  of its own, with its own VAR_DIR; its ports 8000 and 9100 become free ports (other servers
+  on the machine may hold those), and nothing else is replaced. Once it returns, the session
+  it printed must compact within OWN_SERVER_COMPACTS seconds; then its process group (the
+  servers it left running, and no other process) is stopped.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import signal
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +49,10 @@ DOC_FILES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 RUNNABLE = {"bash": "shell", "sh": "shell", "shell": "shell", "python": "python"}
 FENCE = re.compile(r"^```([A-Za-z]+)[^\n]*\n(.*?)^```[ \t]*$", re.M | re.S)
 MARKER = re.compile(r"^<!--\s*snippet:\s*skip\b(.*?)-->\s*$")
+OWN_SERVER = re.compile(r"^<!--\s*snippet:\s*own-server\b(.*?)-->\s*$")
+OWN_SERVER_COMPACTS = 60
+OPEN_LINE = re.compile(r"Open (http://127\.0\.0\.1:\d+)/sessions/([0-9a-f-]+)/")
+TOKEN_LINE = re.compile(r"API token[^:]*: ([0-9a-f]{40})")
 REASON = re.compile(r"^\s*\((.*\S.*)\)\s*$")
 TOKEN_PLACEHOLDERS = (
     "<ledger token>",
@@ -65,6 +81,7 @@ class Block:
     kind: str  # shell | python
     code: str
     skip: str | None  # the reason, when marked
+    own_server: bool = False
 
     def __str__(self) -> str:
         return f"{self.path.relative_to(ROOT)}:{self.line}"
@@ -80,11 +97,23 @@ def blocks_of(path: Path) -> list[Block]:
         line = text.count("\n", 0, match.start()) + 1
         before = [ln for ln in text[: match.start()].splitlines() if ln.strip()]
         marker = MARKER.match(before[-1].strip()) if before else None
+        own = OWN_SERVER.match(before[-1].strip()) if before else None
         skip = None
         if marker is not None:
             reason = REASON.match(marker.group(1))
             skip = reason.group(1).strip() if reason else ""
-        found.append(Block(path=path, line=line, kind=kind, code=match.group(2), skip=skip))
+        if own is not None and not REASON.match(own.group(1)):
+            skip = ""  # a reason is required here too
+        found.append(
+            Block(
+                path=path,
+                line=line,
+                kind=kind,
+                code=match.group(2),
+                skip=skip,
+                own_server=own is not None,
+            )
+        )
     return found
 
 
@@ -109,6 +138,7 @@ def server():
         with live_ledger(
             LEDGER_OPENAI_UPSTREAM=upstream.openai_url,
             LEDGER_ANTHROPIC_UPSTREAM=upstream.anthropic_url,
+            LEDGER_GEMINI_UPSTREAM=upstream.gemini_url,
         ) as live:
             yield live
 
@@ -148,6 +178,79 @@ def _run(block: Block, *, env: dict[str, str], workdir: Path, state: Path) -> No
         )
 
 
+def test_it_runs_the_readmes_first_five_minutes_block_as_its_own_server():
+    own = [b for b in blocks_of(ROOT / "README.md") if b.own_server]
+    assert len(own) == 1 and own[0].kind == "shell" and own[0].skip is None
+    # It stops the "Serve the app" server by its pid file, never by a name (`pkill -f` would
+    # stop every other server of the machine).
+    assert "serve --stop" in own[0].code and "pkill" not in own[0].code
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _get(url: str, token: str) -> dict:
+    request = urllib.request.Request(url, headers={"Authorization": f"Token {token}"})
+    with urllib.request.urlopen(request, timeout=10) as response:
+        return json.load(response)
+
+
+def _run_own_server(block: Block, *, env: dict[str, str], workdir: Path) -> None:
+    code = re.sub(r"\b8000\b", str(_free_port()), block.code)
+    code = re.sub(r"\b9100\b", str(_free_port()), code)
+    log = workdir / f"block_{block.line}.log"
+    own_env = {**env, "VAR_DIR": str(workdir / f"var-{block.line}"), "API_THROTTLE_RATE": "off"}
+    for name in ("LEDGER", "TOKEN"):  # the block makes its own
+        own_env.pop(name, None)
+    # A file, not a pipe: the servers it leaves running would hold a pipe open.
+    with log.open("w") as sink:
+        process = subprocess.Popen(
+            ["bash", "-c", SHELL_PRELUDE + code],
+            cwd=ROOT,
+            env={**own_env, "SNIPPET_STATE": str(workdir / "own-server-state.sh")},
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    try:
+        try:
+            status = process.wait(timeout=BLOCK_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            pytest.fail(
+                f"{block}: still running after {BLOCK_TIMEOUT} s\n{log.read_text()[-3000:]}"
+            )
+        if status != 0:
+            pytest.fail(f"{block} exited {status}\n{log.read_text()[-3000:]}")
+        deadline = time.monotonic() + OWN_SERVER_COMPACTS
+        runs: list[dict] = []
+        while time.monotonic() < deadline:
+            opened, token = OPEN_LINE.search(log.read_text()), TOKEN_LINE.search(log.read_text())
+            if opened and token:
+                base, session = opened.groups()
+                page = _get(f"{base}/api/v1/sessions/{session}/compactions", token.group(1))
+                runs = [run for run in page["results"] if run["status"] == "completed"]
+                if runs:
+                    break
+            time.sleep(0.5)
+        assert runs, (
+            f"{block}: no compaction within {OWN_SERVER_COMPACTS} s\n{log.read_text()[-3000:]}"
+        )
+        if os.environ.get("SNIPPETS_SHOW"):
+            print(f"\n=== {block}\n{log.read_text()}")
+    finally:
+        try:
+            os.killpg(process.pid, signal.SIGTERM)
+            for _ in range(100):
+                os.killpg(process.pid, 0)
+                time.sleep(0.1)
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 @pytest.mark.parametrize("path", DOC_FILES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_it_runs_every_block_in_order(path, server, tmp_path):
     runnable = [b for b in blocks_of(path) if b.skip is None]
@@ -161,9 +264,13 @@ def test_it_runs_every_block_in_order(path, server, tmp_path):
         "TOKEN": server.tokens["alice"],
         "OPENAI_API_KEY": "sk-standin",
         "ANTHROPIC_API_KEY": "sk-ant-standin",
+        "GEMINI_API_KEY": "gemini-standin",
         "DJANGO_SETTINGS_MODULE": "config.settings",
         "VAR_DIR": str(tmp_path / "var"),
     }
     state = tmp_path / "shell-state.sh"
     for block in runnable:
-        _run(block, env=env, workdir=tmp_path, state=state)
+        if block.own_server:
+            _run_own_server(block, env=env, workdir=tmp_path)
+        else:
+            _run(block, env=env, workdir=tmp_path, state=state)

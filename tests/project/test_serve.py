@@ -64,3 +64,50 @@ def test_it_fails_on_a_busy_port_without_saying_it_serves():
             )
     assert f"127.0.0.1:{port}" in str(refused.value) and "--port" in str(refused.value)
     assert "Serving on" not in out.getvalue()
+
+
+def _child(*argv: str):
+    """A sleeping Python whose command line ends with `argv`, once the system shows it so."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", *argv])
+    cmdline = Path(f"/proc/{child.pid}/cmdline")
+    deadline = time.monotonic() + 5
+    while cmdline.exists() and argv[-1].encode() not in cmdline.read_bytes():
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    return child
+
+
+def test_it_stops_the_server_its_pid_file_names(tmp_path):
+    from compaction_app.management.commands.serve import stop_previous
+
+    server = _child("manage.py", "serve")  # a process that reads as a `serve`
+    pids = tmp_path / "serve.pid"
+    pids.write_text(f"{server.pid}\n")
+    try:
+        assert stop_previous(pids) == f"Stopped the server (pid {server.pid})."
+        assert server.wait(timeout=5) is not None
+        assert not pids.exists()
+    finally:
+        server.kill()
+        server.wait()
+
+
+def test_it_stops_nothing_without_a_server_of_its_own(tmp_path):
+    from compaction_app.management.commands.serve import stop_previous
+
+    pids = tmp_path / "serve.pid"
+    assert stop_previous(pids) == "No server of this checkout is running."
+    # A pid the system gave to another program since: left alone, the stale file removed.
+    other = _child("not-the-ledger")
+    try:
+        pids.write_text(f"{other.pid}\n")
+        assert stop_previous(pids) == "No server of this checkout is running."
+        assert other.poll() is None and not pids.exists()
+    finally:
+        other.kill()
+        other.wait()

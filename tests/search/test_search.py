@@ -445,7 +445,7 @@ def test_it_jumps_from_a_search_hit_to_its_folded_event_in_a_browser(
 ):
     from playwright.sync_api import sync_playwright
 
-    from tests.support.browser import launch_chromium
+    from compaction_app.testkit.browser import launch_chromium
 
     # Playwright's sync API keeps an asyncio loop on this thread; the ORM calls below are
     # plain synchronous test code.

@@ -56,3 +56,21 @@ def wait_until(predicate: Any, *, timeout: float = 10.0) -> Any:
             return value
         assert time.monotonic() < deadline, "condition not reached in time"
         time.sleep(0.05)
+
+
+def gemini_client(
+    gemini_base: str, *, key: str | None, session: str | None, version: str, **headers: str
+) -> Any:
+    """google-genai pointed at the gateway's Gemini wire (`{gateway}/gateway/gemini`), on
+    `version` ("v1" or "v1beta"), without retries."""
+    from google import genai
+    from google.genai import types
+
+    options = types.HttpOptions(
+        base_url=gemini_base,
+        api_version=version,
+        headers=_ledger_headers(key, session, headers),
+        timeout=30_000,  # milliseconds
+        retry_options=types.HttpRetryOptions(attempts=1),
+    )
+    return genai.Client(api_key=CANARY, http_options=options)

@@ -55,3 +55,35 @@ def summarized_session(owner, *, turns: int = 60, title: str = "") -> Session:
 
 def completed_runs(session: Session) -> int:
     return CompactionRun.objects.filter(session=session, status="completed").count()
+
+
+def runs_after_idle_gap(owner, *, runs: int = 12, title: str = "") -> Session:
+    """A session with `runs` summarize compactions, all of them after an idle day: its first
+    turns are dated a day back and the runs come seconds apart, so on a time axis the runs
+    stand almost on one x (the case whose drop labels once collapsed into one blob). The
+    window is set so the largest context sits at the compact threshold, where auto
+    compaction would have run: the drops start on the threshold line and its label."""
+    from datetime import timedelta
+
+    from compaction_app.models import RunStatus
+    from sessions_app.models import Event
+
+    session = summarized_session(owner, turns=runs + 2, title=title)
+    day_ago = session.created_at - timedelta(days=1)
+    Session.objects.filter(pk=session.pk).update(created_at=day_ago)
+    first_run = (
+        CompactionRun.objects.filter(session=session, status=RunStatus.COMPLETED)
+        .order_by("created_at")
+        .select_related("compaction_event")
+        .first()
+    )
+    assert first_run is not None and first_run.compaction_event is not None
+    for event in Event.objects.filter(session=session, seq__lt=first_run.compaction_event.seq):
+        Event.objects.filter(pk=event.pk).update(created_at=event.created_at - timedelta(days=1))
+    peak = max(
+        CompactionRun.objects.filter(session=session).values_list("tokens_before", flat=True)
+    )
+    compact_at = session.settings.get("compactThreshold", 0.8)
+    Session.objects.filter(pk=session.pk).update(context_limit=int(peak / compact_at))
+    session.refresh_from_db()
+    return session

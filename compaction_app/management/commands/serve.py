@@ -3,11 +3,18 @@
 Migrates, makes a demo staff user and prints its API token (embedded profile only, or with
 `--demo-user`: a production deployment starts with no known credentials), starts the embedded
 Celery worker thread (unless a broker is configured), then serves HTTP and websockets with daphne.
+While it serves, its process id is in VAR_DIR/serve.pid: `manage.py serve --stop` stops that
+server (the README's first-five-minutes block restarts it against the provider stand-in)
+without a broad `pkill` that would hit every other server on the machine.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
+import time
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -34,6 +41,11 @@ class Command(BaseCommand):
         parser.add_argument(
             "--check", action="store_true", help="Do the set-up, print it, and exit."
         )
+        parser.add_argument(
+            "--stop",
+            action="store_true",
+            help="Stop the server a `serve` of this VAR_DIR started, if one runs, and exit.",
+        )
 
     def handle(
         self,
@@ -43,8 +55,12 @@ class Command(BaseCommand):
         no_demo_user: bool,
         demo_user: bool = False,
         check: bool,
+        stop: bool = False,
         **options: Any,
     ) -> None:
+        if stop:
+            self.stdout.write(stop_previous(pid_file()))
+            return
         call_command("migrate", interactive=False, verbosity=0)
         self.stdout.write(self.style.SUCCESS("Database migrated."))
         # A well-known password on a reachable server is a backdoor: only the embedded
@@ -96,8 +112,55 @@ class Command(BaseCommand):
         )
         from compaction_app.http_server import run
 
-        # Daphne with deadlines on slow request bodies and idle connections (see there).
-        run(host=host, port=port)
+        pids = pid_file()
+        pids.write_text(f"{os.getpid()}\n")
+        try:
+            # Daphne with deadlines on slow request bodies and idle connections (see there).
+            run(host=host, port=port)
+        finally:
+            if pids.exists() and pids.read_text().strip() == str(os.getpid()):
+                pids.unlink()
+
+
+def pid_file() -> Path:
+    return Path(settings.VAR_DIR) / "serve.pid"
+
+
+def _running(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # A pid the system reused for another program is not ours to stop (Linux tells).
+    cmdline = Path(f"/proc/{pid}/cmdline")
+    if cmdline.exists():
+        try:
+            return b"serve" in cmdline.read_bytes()
+        except OSError:
+            return False
+    return True
+
+
+def stop_previous(pids: Path, *, wait: float = 15.0) -> str:
+    """Stop the server whose id `pids` holds (SIGTERM, then wait for it to go); a missing
+    file or a process already gone is nothing to stop."""
+    try:
+        pid = int(pids.read_text().strip())
+    except (FileNotFoundError, ValueError):
+        return "No server of this checkout is running."
+    if pid == os.getpid() or not _running(pid):
+        pids.unlink(missing_ok=True)
+        return "No server of this checkout is running."
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + wait
+    while _running(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if _running(pid):
+        raise CommandError(f"the server (pid {pid}) did not stop within {wait:g} s")
+    pids.unlink(missing_ok=True)
+    return f"Stopped the server (pid {pid})."
 
 
 def _check_port_free(host: str, port: int) -> None:

@@ -1,4 +1,5 @@
-"""Where the gateway's sync work (the ORM) runs: a few long-lived threads per process.
+"""Where the gateway's sync work (the ORM) runs: a few long-lived worker threads per process
+(OS threads; named so as not to be mistaken for a session's conversation threads).
 
 Django runs an async view's `sync_to_async` calls on a thread of the request's own (a new
 executor per request, torn down when the response is done). On the gateway's hot path that

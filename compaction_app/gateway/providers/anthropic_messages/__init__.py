@@ -16,9 +16,10 @@ them from earlier turns when they resend the history.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
-from compaction_app.gateway import usage as usage_fields
+from compaction_app.gateway import usage as usage_figures
 from compaction_app.gateway import wire
 from compaction_app.gateway.messages import (
     AGENT_MESSAGE,
@@ -34,14 +35,15 @@ from compaction_app.gateway.messages import (
     require_str,
     text_and_json,
 )
+from compaction_app.gateway.providers.anthropic_messages.shape import render_fitted as render_fitted
 from sessions_app.storable import provider_loads
 
 NAME = "anthropic"
 PREFIX = "anthropic"
 RENDER_FORMAT = "anthropic"
-SHAPE_FORMAT = "anthropic"
 UPSTREAM_SETTING = "LEDGER_ANTHROPIC_UPSTREAM"
-UPSTREAM_PATH = "/v1/messages"
+KEY_QUERY = ""
+KEY_HEADER = "x-api-key"
 MESSAGES_PARAM = "messages"
 ROUTES: tuple[wire.Route, ...] = (
     wire.Route("v1/messages", wire.CONVERSATION, "anthropic-messages"),
@@ -52,11 +54,45 @@ ROLES = ("user", "assistant")
 _REASONING = ("thinking", "redacted_thinking")
 
 
-def upstream_url(base: str) -> str:
-    return base.rstrip("/") + UPSTREAM_PATH
+def complete_url(base: str, *, model: str, stream: bool, params: Mapping[str, str]) -> str:
+    return base + "/v1/messages"
 
 
-def parse_request(body: Any) -> wire.ParsedRequest:
+def usage(raw: Any) -> dict[str, int | None]:
+    """`input_tokens` counts only what came after the last cache breakpoint, so the prompt is
+    input + cache writes + cache reads. The write's 5-minute / 1-hour split is in
+    `cache_creation` when the API gives it."""
+    number = usage_figures.number
+    if not isinstance(raw, dict) or not raw:
+        return usage_figures.fields(prompt=None, completion=None, total=None)
+    read = number(raw, "cache_read_input_tokens")
+    write = number(raw, "cache_creation_input_tokens")
+    creation = raw.get("cache_creation")
+    write_1h = number(creation, "ephemeral_1h_input_tokens")
+    if write is None and isinstance(creation, dict):
+        parts = [number(creation, key) for key in creation]
+        write = sum(part for part in parts if part is not None) or None
+    prompt = (number(raw, "input_tokens") or 0) + (write or 0) + (read or 0)
+    completion = number(raw, "output_tokens") or 0
+    return usage_figures.fields(
+        prompt=prompt,
+        completion=completion,
+        total=prompt + completion,
+        cached=read,
+        write=write,
+        write_1h=min(write_1h, write) if write_1h is not None and write is not None else None,
+    )
+
+
+def with_model(body: dict[str, Any], model: str) -> dict[str, Any]:
+    return {**body, "model": model}
+
+
+def count_tokens_body(count: int) -> dict[str, Any]:
+    return {"input_tokens": count}
+
+
+def parse_request(body: Any, params: Mapping[str, str] | None = None) -> wire.ParsedRequest:
     """Validate the fields the gateway reads: (model, units, stream), where the units are the
     system prompt (when given) followed by the messages."""
     if not isinstance(body, dict):
@@ -192,9 +228,7 @@ def reply_from_response(payload: Any, *, model: str) -> Reply | None:
         message = to_client_message({"role": "assistant", "content": payload["content"]})
     except GatewayInputError:
         return None
-    return wire.reply_of(
-        message, payload, model=model, usage_fields=usage_fields.anthropic_messages
-    )
+    return wire.reply_of(message, payload, model=model, usage_fields=usage)
 
 
 _ERROR_TYPES = {
@@ -244,19 +278,15 @@ class StreamAccumulator:
 
     def __init__(self, model: str) -> None:
         self.model = model
-        self._buffer = b""
+        self._framer = wire.SSEFramer()
         self._blocks: dict[int, dict[str, Any]] = {}
         self._usage: dict[str, Any] = {}
         self.done = False
         self.errored = False
 
     def feed(self, chunk: bytes) -> None:
-        self._buffer += chunk.replace(b"\r\n", b"\n")
-        while b"\n\n" in self._buffer:
-            event, self._buffer = self._buffer.split(b"\n\n", 1)
-            for line in event.split(b"\n"):
-                if line.startswith(b"data:"):
-                    self._data(line[5:].strip())
+        for data in self._framer.feed(chunk):
+            self._data(data)
 
     def _data(self, data: bytes) -> None:
         payload = wire.sse_json(data)

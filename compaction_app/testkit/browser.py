@@ -1,5 +1,5 @@
 """Debian's Chromium through Playwright (never a downloaded browser), headless and quiet: the
-one launch the browser tests share."""
+one launch the browser tests and bench/screenshots.py share."""
 
 from __future__ import annotations
 

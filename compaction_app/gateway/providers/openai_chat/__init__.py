@@ -1,13 +1,14 @@
 """The OpenAI Chat Completions wire format (`Wire`, wire.py): request messages <-> ledger
-events, replies, streamed chunks and error bodies, and OpenAI's own routes. Pure: no Django,
-no ORM."""
+events, replies, usage, streamed chunks and error bodies, and OpenAI's own routes. Pure: no
+Django, no ORM."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
-from compaction_app.gateway import usage as usage_fields
+from compaction_app.gateway import usage as usage_figures
 from compaction_app.gateway import wire
 from compaction_app.gateway.messages import (
     AGENT_MESSAGE,
@@ -22,13 +23,14 @@ from compaction_app.gateway.messages import (
     require_str,
     text_and_json,
 )
+from compaction_app.gateway.providers.openai_chat.shape import render_fitted as render_fitted
 
 NAME = "openai"
 PREFIX = "openai/v1"
 RENDER_FORMAT = "openai"
-SHAPE_FORMAT = "openai"
 UPSTREAM_SETTING = "LEDGER_OPENAI_UPSTREAM"
-UPSTREAM_PATH = "/chat/completions"
+KEY_QUERY = ""
+KEY_HEADER = "authorization"
 MESSAGES_PARAM = "messages"
 ROLES = ("system", "developer", "user", "assistant", "tool", "function")
 # Chat Completions' own endpoint and OpenAI's model list; the Responses API shares the
@@ -39,11 +41,33 @@ ROUTES: tuple[wire.Route, ...] = (
 )
 
 
-def upstream_url(base: str) -> str:
-    return base.rstrip("/") + UPSTREAM_PATH
+def complete_url(base: str, *, model: str, stream: bool, params: Mapping[str, str]) -> str:
+    return base + "/chat/completions"
 
 
-def parse_request(body: Any) -> wire.ParsedRequest:
+def usage(raw: Any) -> dict[str, int | None]:
+    """`prompt_tokens` includes `prompt_tokens_details.cached_tokens` (OpenAI caches prefixes
+    itself and bills no writes). Streamed, this is the final chunk's usage, present when the
+    client asked for `stream_options.include_usage`."""
+    return usage_figures.fields(
+        prompt=usage_figures.number(raw, "prompt_tokens"),
+        completion=usage_figures.number(raw, "completion_tokens"),
+        total=usage_figures.number(raw, "total_tokens"),
+        cached=usage_figures.number((raw or {}).get("prompt_tokens_details"), "cached_tokens")
+        if isinstance(raw, dict)
+        else None,
+    )
+
+
+def with_model(body: dict[str, Any], model: str) -> dict[str, Any]:
+    return {**body, "model": model}
+
+
+def count_tokens_body(count: int) -> dict[str, Any]:
+    return {"input_tokens": count}
+
+
+def parse_request(body: Any, params: Mapping[str, str] | None = None) -> wire.ParsedRequest:
     """Validate the fields the gateway reads: (model, raw messages, stream). Everything else
     in the body passes through untouched."""
     if not isinstance(body, dict):
@@ -157,13 +181,11 @@ def reply_from_response(payload: Any, *, model: str) -> Reply | None:
         client_message = to_client_message({**message, "role": "assistant"})
     except GatewayInputError:
         return None
-    return wire.reply_of(
-        client_message, payload, model=model, usage_fields=usage_fields.openai_chat
-    )
+    return wire.reply_of(client_message, payload, model=model, usage_fields=usage)
 
 
-def _reply(message: ClientMessage, model: str, usage: dict[str, Any]) -> Reply:
-    return Reply(message=message, model=model, raw_usage=usage, **usage_fields.openai_chat(usage))
+def _reply(message: ClientMessage, model: str, raw: dict[str, Any]) -> Reply:
+    return Reply(message=message, model=model, raw_usage=raw, **usage(raw))
 
 
 def error_body(
@@ -201,7 +223,7 @@ class StreamAccumulator:
 
     def __init__(self, model: str) -> None:
         self.model = model
-        self._buffer = b""
+        self._framer = wire.SSEFramer()
         self._text: list[str] = []
         self._calls: dict[int, dict[str, Any]] = {}
         self._usage: dict[str, Any] = {}
@@ -209,12 +231,8 @@ class StreamAccumulator:
         self.errored = False
 
     def feed(self, chunk: bytes) -> None:
-        self._buffer += chunk
-        while b"\n\n" in self._buffer:
-            event, self._buffer = self._buffer.split(b"\n\n", 1)
-            for line in event.split(b"\n"):
-                if line.startswith(b"data:"):
-                    self._data(line[5:].strip())
+        for data in self._framer.feed(chunk):
+            self._data(data.strip())
 
     def _data(self, data: bytes) -> None:
         if data == b"[DONE]":

@@ -19,10 +19,10 @@ the session holds, forwarded as sent (parse_request says `continues`).
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from typing import Any
 
-from compaction_app.gateway import openai as chat
-from compaction_app.gateway import usage as usage_fields
+from compaction_app.gateway import usage as usage_figures
 from compaction_app.gateway import wire
 from compaction_app.gateway.messages import (
     AGENT_MESSAGE,
@@ -37,13 +37,21 @@ from compaction_app.gateway.messages import (
     canonical_json,
     require_str,
 )
+from compaction_app.gateway.providers import openai_chat as chat
+from compaction_app.gateway.providers.openai_responses.shape import (
+    INSTRUCTIONS_UNIT,
+    TURN_UNIT,
+)
+from compaction_app.gateway.providers.openai_responses.shape import (
+    render_fitted as render_fitted,
+)
 
 NAME = "responses"
 PREFIX = "openai/v1"
 RENDER_FORMAT = "openai"
-SHAPE_FORMAT = "responses"
 UPSTREAM_SETTING = "LEDGER_OPENAI_UPSTREAM"
-UPSTREAM_PATH = "/responses"
+KEY_QUERY = ""
+KEY_HEADER = "authorization"
 MESSAGES_PARAM = "input"
 ROUTES: tuple[wire.Route, ...] = (
     wire.Route("responses", wire.CONVERSATION, "openai-responses"),
@@ -64,14 +72,33 @@ _PARTS = (*_TEXT_PARTS, "refusal", "input_image", "input_file", "input_audio", "
 _CALLS = ("function_call", "custom_tool_call")
 _OUTPUTS = ("function_call_output", "custom_tool_call_output")
 _REASONING = ("reasoning",)
-_TURN = "__assistant_turn__"
-_INSTRUCTIONS = "__instructions__"
-# Shape-keeping fitting (shape.py) reads the units these name.
-TURN_UNIT, INSTRUCTIONS_UNIT = _TURN, _INSTRUCTIONS
+# The units a model turn and the instructions become (shape.py reads them too).
+_TURN = TURN_UNIT
+_INSTRUCTIONS = INSTRUCTIONS_UNIT
 
 
-def upstream_url(base: str) -> str:
-    return base.rstrip("/") + UPSTREAM_PATH
+def complete_url(base: str, *, model: str, stream: bool, params: Mapping[str, str]) -> str:
+    return base + "/responses"
+
+
+def usage(raw: Any) -> dict[str, int | None]:
+    """`input_tokens` includes `input_tokens_details.cached_tokens`."""
+    return usage_figures.fields(
+        prompt=usage_figures.number(raw, "input_tokens"),
+        completion=usage_figures.number(raw, "output_tokens"),
+        total=usage_figures.number(raw, "total_tokens"),
+        cached=usage_figures.number((raw or {}).get("input_tokens_details"), "cached_tokens")
+        if isinstance(raw, dict)
+        else None,
+    )
+
+
+def with_model(body: dict[str, Any], model: str) -> dict[str, Any]:
+    return chat.with_model(body, model)
+
+
+def count_tokens_body(count: int) -> dict[str, Any]:
+    return chat.count_tokens_body(count)
 
 
 def _is_model_side(item: dict[str, Any]) -> bool:
@@ -87,7 +114,7 @@ def _is_model_side(item: dict[str, Any]) -> bool:
     )
 
 
-def parse_request(body: Any) -> wire.ParsedRequest:
+def parse_request(body: Any, params: Mapping[str, str] | None = None) -> wire.ParsedRequest:
     """Validate the fields the gateway reads: model, input, instructions, stream."""
     if not isinstance(body, dict):
         raise GatewayInputError("the request body must be a JSON object")
@@ -362,7 +389,7 @@ def reply_from_response(payload: Any, *, model: str) -> Reply | None:
         message = _turn(items, "output")
     except GatewayInputError:
         return None
-    return wire.reply_of(message, payload, model=model, usage_fields=usage_fields.openai_responses)
+    return wire.reply_of(message, payload, model=model, usage_fields=usage)
 
 
 def error_body(
@@ -401,7 +428,7 @@ class StreamAccumulator:
 
     def __init__(self, model: str) -> None:
         self.model = model
-        self._buffer = b""
+        self._framer = wire.SSEFramer()
         self._items: dict[int, dict[str, Any]] = {}
         self._partial: dict[int, list[str]] = {}
         self._final: dict[str, Any] | None = None
@@ -409,12 +436,8 @@ class StreamAccumulator:
         self.errored = False
 
     def feed(self, chunk: bytes) -> None:
-        self._buffer += chunk.replace(b"\r\n", b"\n")
-        while b"\n\n" in self._buffer:
-            event, self._buffer = self._buffer.split(b"\n\n", 1)
-            data = [line[5:].strip() for line in event.split(b"\n") if line.startswith(b"data:")]
-            if data:
-                self._data(b"\n".join(data))
+        for data in self._framer.feed(chunk):
+            self._data(data)
 
     def _data(self, data: bytes) -> None:
         payload = wire.sse_json(data)
