@@ -332,8 +332,8 @@ HEAVY_REQUEST_EXPIRY_SECONDS = env_int("HEAVY_REQUEST_EXPIRY_SECONDS", 300, mini
 # How long a server process's thread may hold the GIL while another waits for it (config/asgi.py
 # sets it; Python's default is 5 ms). A heavy request's thread is CPU-bound: a light request on
 # the same process waits for the GIL after each database round trip, up to this long each time.
-# 0.5 ms took another user's p99 under a heavy load from 430-520 ms to about 130 ms
-# (bench/bench_fairness.py; docs/operations.md, "Heavy requests per user").
+# 0.5 ms took another user's p99 under a heavy load from 394 to 108 ms on the production
+# profile (bench/bench_fairness.py; docs/operations.md, "Heavy requests per user").
 GIL_SWITCH_INTERVAL_MS = env_float("GIL_SWITCH_INTERVAL_MS", 0.5, minimum=0.05)
 API_PAGE_SIZE = env_int("API_PAGE_SIZE", 50, minimum=1)
 API_MAX_EVENTS_PER_REQUEST = env_int("API_MAX_EVENTS_PER_REQUEST", 5000, minimum=1)
