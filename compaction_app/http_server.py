@@ -15,7 +15,7 @@ byte and defaults to 12 hours: a client sending its body a byte at a time held a
 Responses, streams and websockets are not limited here.
 
 A request body of up to `BODY_IN_MEMORY` bytes is held in memory while it arrives and handed
-to the application in pieces of `BODY_CHUNK` bytes. Twisted writes any body over 100 kB to a
+to the application in one piece (`BODY_CHUNK`). Twisted writes any body over 100 kB to a
 temporary file and daphne hands it over in 8 kB pieces, each a message through the
 application's queue and a write into Django's buffer: a 1,600-message gateway call (0.27 MB)
 made 34 of them and a file on disk, its cost growing with the conversation (issue 31, item 5).
@@ -62,8 +62,9 @@ def redacted(uri: str) -> str:
 # past which it writes a temporary file); the gateway reads bodies up to this size with orjson
 # (gateway/body.py FAST_MAX_BYTES). Larger ones still go to a temporary file.
 BODY_IN_MEMORY = 1 << 20
-# The pieces a body is handed to the application in (daphne's default: 8 kB).
-BODY_CHUNK = 256 << 10
+# The pieces a body is handed to the application in (daphne's default: 8 kB): such a body in
+# one. Every piece is queued at once either way, so a larger body costs no more memory.
+BODY_CHUNK = BODY_IN_MEMORY
 
 
 class LedgerRequest(WebRequest):

@@ -92,6 +92,11 @@ def _walk(value: Any, limit: int) -> tuple[bool, bool]:
         if depth > limit:
             return True, wide
         if len(present) == 1 and dict in present:
+            # Objects only: their values' kinds first; a level of leaves is never built.
+            if set(map(type, chain.from_iterable(map(dict.values, level)))).isdisjoint(
+                _CONTAINERS | {float}
+            ):
+                return False, wide
             level = list(chain.from_iterable(map(dict.values, level)))
             continue
         dicts = compress(level, map(_IS_DICT, kinds))
