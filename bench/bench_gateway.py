@@ -17,6 +17,9 @@ worker, on PostgreSQL and Redis. Measured:
   largest, the gateway's beside the bare proxy's;
 - the same for the Responses API (`/responses`, input items resent in full as `store: false`
   clients do) at 20 messages;
+- the same for Gemini's wire (`/gateway/gemini/v1beta/models/{model}:generateContent`, and
+  `:streamGenerateContent?alt=sse` for the first chunk) at 20 messages, beside direct and the
+  bare proxy;
 - 8 threads, each its own conversation on ONE session: every message recorded exactly once,
   and every call's row in the calls ledger.
 
@@ -52,8 +55,18 @@ SIZES = (20, 400, 1600)
 TARGETS = {20: (5.0, 4.0), 400: (25.0, 25.0)}
 GROWTH = 1.3
 RESPONSES_TARGETS = (15.0, 15.0)  # 20 messages
+GEMINI_MODEL = "gemini-2.5-pro"
+GEMINI_PLAIN = f"/v1beta/models/{GEMINI_MODEL}:generateContent"
+GEMINI_STREAM = f"/v1beta/models/{GEMINI_MODEL}:streamGenerateContent?alt=sse"
 THREADS = 8
 CALLS_PER_THREAD = 25
+
+
+_SERVE = (
+    "import os, sys; os.environ.setdefault('DJANGO_SETTINGS_MODULE', 'config.settings'); "
+    "import django; django.setup(); from compaction_app.http_server import run; "
+    "run(host='127.0.0.1', port=int(sys.argv[1]))"
+)
 
 
 def _message(index: int) -> dict[str, str]:
@@ -113,13 +126,19 @@ def _child(profile: str, calls: int, sizes: tuple[int, ...] = SIZES) -> list[Row
 
     standin = ProviderStandIn(default=Step(text=ECHO, prompt_tokens=100)).start()
     standin.keep_requests = False
-    env = {**os.environ, "LEDGER_OPENAI_UPSTREAM": standin.openai_url}
+    env = {
+        **os.environ,
+        "LEDGER_OPENAI_UPSTREAM": standin.openai_url,
+        "LEDGER_GEMINI_UPSTREAM": standin.gemini_url,
+    }
     production = profile == "postgres"
     log = tempfile.TemporaryFile()  # noqa: SIM115 (closed below)
     processes: list[subprocess.Popen] = []
     ports = [_free_port() for _ in range(2 if production else 1)]
     for port in ports:
-        command = ["-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "config.asgi:application"]
+        # The server `manage.py serve` runs: daphne with the project's request handling
+        # (compaction_app/http_server.py).
+        command = ["-c", _SERVE, str(port)]
         processes.append(
             subprocess.Popen(
                 [sys.executable, *command], env=env, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=log
@@ -136,7 +155,7 @@ def _child(profile: str, calls: int, sizes: tuple[int, ...] = SIZES) -> list[Row
     bare_port = _free_port()
     processes.append(
         subprocess.Popen(
-            [sys.executable, __file__, "--bare-proxy", str(bare_port), standin.openai_url],
+            [sys.executable, __file__, "--bare-proxy", str(bare_port), standin.base],
             cwd=ROOT,
             stdout=subprocess.DEVNULL,
             stderr=log,
@@ -150,7 +169,7 @@ def _child(profile: str, calls: int, sizes: tuple[int, ...] = SIZES) -> list[Row
         direct = standin.openai_url + "/chat/completions"
         deadline = time.monotonic() + 30
         for probe in [f"http://127.0.0.1:{port}/gateway/openai/v1/models" for port in ports] + [
-            bare + "/models"
+            bare + "/v1/models"
         ]:
             while True:
                 try:
@@ -170,7 +189,7 @@ def _child(profile: str, calls: int, sizes: tuple[int, ...] = SIZES) -> list[Row
                     token,
                     gateways,
                     direct,
-                    bare=bare + "/chat/completions",
+                    bare=bare + "/v1/chat/completions",
                     added=added,
                 )
             except Exception as exc:
@@ -190,6 +209,20 @@ def _child(profile: str, calls: int, sizes: tuple[int, ...] = SIZES) -> list[Row
         except Exception as exc:
             traceback.print_exc()
             rows.append(_row(profile, "Responses, 20 messages", f"failed: {exc}"[:300], ok=False))
+        try:
+            rows += _latency(
+                profile,
+                20,
+                calls,
+                token,
+                [f"http://127.0.0.1:{port}/gateway/gemini" + GEMINI_PLAIN for port in ports],
+                standin.gemini_url + GEMINI_PLAIN,
+                wire="gemini",
+                bare=bare + GEMINI_PLAIN,
+            )
+        except Exception as exc:
+            traceback.print_exc()
+            rows.append(_row(profile, "Gemini, 20 messages", f"failed: {exc}"[:300], ok=False))
         try:
             rows += _concurrent(profile, token, gateways)
         except Exception as exc:
@@ -235,10 +268,26 @@ def _timed_first_chunk(client: Any, url: str, body: dict, headers: dict) -> floa
 
 
 def _body(wire: str, history: list[dict[str, str]]) -> dict[str, Any]:
-    """A request carrying `history`: Chat Completions messages, or Responses input items
-    (role + content items are messages there too)."""
+    """A request carrying `history`: Chat Completions messages, Responses input items
+    (role + content items are messages there too), or Gemini contents (the system message as
+    its systemInstruction, the assistant's turns as the model's)."""
     if wire == "responses":
         return {"model": MODEL, "input": history, "store": False}
+    if wire == "gemini":
+        system = [m["content"] for m in history if m["role"] == "system"]
+        body: dict[str, Any] = {
+            "contents": [
+                {
+                    "role": "model" if m["role"] == "assistant" else "user",
+                    "parts": [{"text": m["content"]}],
+                }
+                for m in history
+                if m["role"] != "system"
+            ]
+        }
+        if system:
+            body["systemInstruction"] = {"parts": [{"text": "\n".join(system)}]}
+        return body
     return {"model": MODEL, "messages": history}
 
 
@@ -259,7 +308,12 @@ def _latency(
     base = _conversation(size - 1)
     # Each wire's sessions apart (a Responses session is prepared anew).
     tag = "" if wire == "chat" else f"{wire}-"
-    auth = {"Authorization": "Bearer sk-bench", "X-Ledger-Key": token}
+    key = (
+        {"x-goog-api-key": "bench-key"}
+        if wire == "gemini"
+        else {"Authorization": "Bearer sk-bench"}
+    )
+    auth = {**key, "X-Ledger-Key": token}
     rows: list[Row] = []
     with httpx.Client(timeout=60) as client:
         # Prepare: one session per call holding the first N − 1 messages (not measured).
@@ -283,15 +337,21 @@ def _latency(
                 question = f"And {mode} {call}?"
                 histories[call] = histories[call] + [{"role": "user", "content": question}]
                 body = _body(wire, histories[call])
-                if mode == "stream":
+                if mode == "stream" and wire != "gemini":
                     body["stream"] = True
                 # Alternate so both see the same machine load; each session's calls go to the
                 # server processes in turn.
                 gateway = gateways[(call + (mode == "stream")) % len(gateways)]
-                plain_headers = {"Authorization": "Bearer sk-bench"}
+                plain_headers = dict(key)
                 turns = [(straight, direct, plain_headers), (through, gateway, headers)]
                 if bare is not None:
                     turns.append((proxied, bare, plain_headers))
+                if mode == "stream" and wire == "gemini":
+                    # Gemini streams from its own method (SSE with alt=sse).
+                    turns = [
+                        (times, url.replace(GEMINI_PLAIN, GEMINI_STREAM), h)
+                        for times, url, h in turns
+                    ]
                 # Each in turn goes first: whoever follows the gateway shares the machine with
                 # the work it does after answering (the calls row, the usage push).
                 shift = call % len(turns)
@@ -305,6 +365,8 @@ def _latency(
         label = "full response" if mode == "plain" else "time to first chunk"
         if wire == "responses":
             label = f"Responses, {label}"
+        elif wire == "gemini":
+            label = f"Gemini, {label}"
         p50_added = statistics.median(through) - statistics.median(straight)
         p99_added = _percentile(through, 0.99) - _percentile(straight, 0.99)
         if added is not None:
@@ -323,7 +385,9 @@ def _latency(
                 f"{statistics.median(through):.1f} / {_percentile(through, 0.99):.1f} ms",
             )
         )
-        targets = TARGETS.get(size, (None, None)) if wire == "chat" else RESPONSES_TARGETS
+        targets = {"chat": TARGETS.get(size, (None, None)), "responses": RESPONSES_TARGETS}.get(
+            wire, (None, None)
+        )
         target = targets[mode == "stream"]
         rows.append(
             _row(
@@ -465,9 +529,10 @@ def _bare_proxy(port: int, upstream: str) -> None:
         async def relay(request: web.Request) -> web.StreamResponse:
             body = await request.read()
             headers = {k: v for k, v in request.headers.items() if k.lower() not in dropped}
+            query = "?" + request.query_string if request.query_string else ""
             async with client.request(
                 request.method,
-                upstream + "/" + request.match_info["rest"],
+                upstream + "/" + request.match_info["rest"] + query,
                 data=body,
                 headers=headers,
             ) as answer:

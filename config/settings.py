@@ -335,6 +335,14 @@ HEAVY_REQUEST_EXPIRY_SECONDS = env_int("HEAVY_REQUEST_EXPIRY_SECONDS", 300, mini
 # 0.5 ms took another user's p99 under a heavy load from 394 to 108 ms on the production
 # profile (bench/bench_fairness.py; docs/operations.md, "Heavy requests per user").
 GIL_SWITCH_INTERVAL_MS = env_float("GIL_SWITCH_INTERVAL_MS", 0.5, minimum=0.05)
+# Allocations between two of the cycle collector's youngest-generation passes in a server
+# process (config/asgi.py sets it; Python's default is 700). A gateway call's parsed body is
+# thousands of objects that die with the call (1,600 objects for a 1,600-message
+# conversation): at 700 the collector ran during every such call and traversed them, on the
+# event loop and on the worker threads, more with every message (about 0.6 ms of a
+# 1,600-message call; docs/benchmarks.md, "The hot path, flat"). At 20,000 they are freed by
+# their reference counts before a pass sees them.
+GC_GEN0_THRESHOLD = env_int("GC_GEN0_THRESHOLD", 20_000, minimum=100)
 API_PAGE_SIZE = env_int("API_PAGE_SIZE", 50, minimum=1)
 API_MAX_EVENTS_PER_REQUEST = env_int("API_MAX_EVENTS_PER_REQUEST", 5000, minimum=1)
 

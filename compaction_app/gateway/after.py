@@ -46,6 +46,10 @@ class Announcements:
         self.task: asyncio.Task[None] | None = None
         # The call to store with them (a conversation call's).
         self.call = call
+        # What the call parsed and built from its request (the body, its messages): let go
+        # of on the announcements' thread. Freed when the view returned, a 1,600-message
+        # conversation's objects took 0.2 ms of the response's path (issue 31, item 5).
+        self.held: list[Any] = []
         with _idle:
             _open += 1
 
@@ -61,16 +65,20 @@ class Announcements:
         self.done = True
         batch = list(self.collected)
         self.collected.clear()
+        # Handed over in a list the thread empties: its last reference goes there.
+        held, self.held = self.held, []
         if not batch and self.call is None:
             _close()
             return
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:  # closed by a sync server: its thread is done with the response
-            _send(batch, self.call)
+            _send(batch, self.call, held)
             return
         # Not thread_sensitive: the request's own thread is about to finish the response.
-        task = loop.create_task(sync_to_async(_send, thread_sensitive=False)(batch, self.call))
+        task = loop.create_task(
+            sync_to_async(_send, thread_sensitive=False)(batch, self.call, held)
+        )
         _tasks.add(task)
         task.add_done_callback(_tasks.discard)
         self.task = task
@@ -93,7 +101,11 @@ async def wait_sent(response: Any) -> None:
         await asyncio.wait({task})
 
 
-def _send(batch: list[dict[str, Any]], call: calls.Trace | None = None) -> None:
+def _send(
+    batch: list[dict[str, Any]], call: calls.Trace | None = None, held: list[Any] | None = None
+) -> None:
+    if held:
+        held.clear()
     try:
         if batch:
             send_collected(batch)

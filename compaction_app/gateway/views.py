@@ -285,6 +285,8 @@ async def _serve(
         call = await _prepare(request, wire, sent, announced)
     except GatewayError as exc:
         return _refused(wire, trace, exc)
+    # Freed with the announcements, once the response is out (after.py).
+    announced.held += (sent, call)
     trace.session = call.session
     if call.request is not None and call.request.thread is not None:
         trace.thread = call.request.thread.key

@@ -170,6 +170,24 @@ def test_it_refuses_a_missing_or_wrong_key_in_openais_shape(gateway_url, upstrea
         ({"model": "gpt-4o", "messages": []}, "messages"),
         ({"model": 5, "messages": [{"role": "user", "content": "x"}]}, "model"),
         ({"model": "gpt-4o", "messages": [{"role": "robot", "content": "x"}]}, "messages[0].role"),
+        # The first message that fails is named, past valid ones (the check's fast path
+        # hands over to the loop that finds it).
+        ({"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}, "hi"]}, "messages[1]"),
+        (
+            {"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}, {"content": "y"}]},
+            "messages[1].role",
+        ),
+        (
+            {
+                "model": "gpt-4o",
+                "messages": [
+                    {"role": "user", "content": "x"},
+                    {"role": "assistant", "content": "y"},
+                    {"role": ["user"], "content": "z"},
+                ],
+            },
+            "messages[2].role",
+        ),
         ({"model": "gpt-4o", "messages": [{"role": "user", "content": 5}]}, "messages[0].content"),
         (
             {"model": "gpt-4o", "messages": [{"role": "user", "content": "x"}], "stream": "yes"},
