@@ -63,6 +63,25 @@ class SSEFramer:
         return payloads
 
 
+class SSEAccumulator:
+    """What every wire's stream accumulator shares: the model asked for, the one framer,
+    `done` / `errored`, and feeding each complete event's `data:` payload to `_data`, which
+    each wire writes for its own events."""
+
+    def __init__(self, model: str) -> None:
+        self.model = model
+        self._framer = SSEFramer()
+        self.done = False
+        self.errored = False
+
+    def feed(self, chunk: bytes) -> None:
+        for data in self._framer.feed(chunk):
+            self._data(data)
+
+    def _data(self, data: bytes) -> None:
+        raise NotImplementedError
+
+
 def sse_json(data: bytes) -> dict[str, Any] | None:
     """One SSE `data:` payload as a JSON object, or None for anything else (a torn or foreign
     line): a stream accumulator reads what it can and never fails the stream it follows."""

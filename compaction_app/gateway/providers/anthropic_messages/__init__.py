@@ -272,21 +272,14 @@ def stream_accumulator(model: str) -> StreamAccumulator:
     return StreamAccumulator(model)
 
 
-class StreamAccumulator:
+class StreamAccumulator(wire.SSEAccumulator):
     """Follows a Messages SSE stream and rebuilds the reply it carries, every content block
     as the non-streamed reply would have it."""
 
     def __init__(self, model: str) -> None:
-        self.model = model
-        self._framer = wire.SSEFramer()
+        super().__init__(model)
         self._blocks: dict[int, dict[str, Any]] = {}
         self._usage: dict[str, Any] = {}
-        self.done = False
-        self.errored = False
-
-    def feed(self, chunk: bytes) -> None:
-        for data in self._framer.feed(chunk):
-            self._data(data)
 
     def _data(self, data: bytes) -> None:
         payload = wire.sse_json(data)

@@ -427,23 +427,16 @@ def stream_accumulator(model: str) -> StreamAccumulator:
     return StreamAccumulator(model)
 
 
-class StreamAccumulator:
+class StreamAccumulator(wire.SSEAccumulator):
     """Follows a `streamGenerateContent?alt=sse` stream (one GenerateContentResponse per
     `data:` chunk, no `[DONE]`) and rebuilds the reply: text pieces joined, every other part
     (function calls, signatures) as it came. The stream is complete once a candidate names
     its `finishReason`."""
 
     def __init__(self, model: str) -> None:
-        self.model = model
-        self._framer = wire.SSEFramer()
+        super().__init__(model)
         self._parts: list[dict[str, Any]] = []
         self._usage: dict[str, Any] = {}
-        self.done = False
-        self.errored = False
-
-    def feed(self, chunk: bytes) -> None:
-        for data in self._framer.feed(chunk):
-            self._data(data)
 
     def _data(self, data: bytes) -> None:
         payload = wire.sse_json(data)

@@ -241,23 +241,17 @@ def stream_accumulator(model: str) -> StreamAccumulator:
     return StreamAccumulator(model)
 
 
-class StreamAccumulator:
+class StreamAccumulator(wire.SSEAccumulator):
     """Follows a chat.completion.chunk SSE stream and rebuilds the reply it carries."""
 
     def __init__(self, model: str) -> None:
-        self.model = model
-        self._framer = wire.SSEFramer()
+        super().__init__(model)
         self._text: list[str] = []
         self._calls: dict[int, dict[str, Any]] = {}
         self._usage: dict[str, Any] = {}
-        self.done = False
-        self.errored = False
-
-    def feed(self, chunk: bytes) -> None:
-        for data in self._framer.feed(chunk):
-            self._data(data.strip())
 
     def _data(self, data: bytes) -> None:
+        data = data.strip()
         if data == b"[DONE]":
             self.done = True
             return

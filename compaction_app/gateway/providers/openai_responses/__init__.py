@@ -419,7 +419,7 @@ def stream_accumulator(model: str) -> StreamAccumulator:
     return StreamAccumulator(model)
 
 
-class StreamAccumulator:
+class StreamAccumulator(wire.SSEAccumulator):
     """Follows a Responses event stream and rebuilds the reply: the final response object's
     output when `response.completed` (or `.incomplete`) arrives, else the items finished so
     far plus the text streamed into unfinished ones."""
@@ -427,17 +427,10 @@ class StreamAccumulator:
     _CLOSING = ("response.completed", "response.incomplete")
 
     def __init__(self, model: str) -> None:
-        self.model = model
-        self._framer = wire.SSEFramer()
+        super().__init__(model)
         self._items: dict[int, dict[str, Any]] = {}
         self._partial: dict[int, list[str]] = {}
         self._final: dict[str, Any] | None = None
-        self.done = False
-        self.errored = False
-
-    def feed(self, chunk: bytes) -> None:
-        for data in self._framer.feed(chunk):
-            self._data(data)
 
     def _data(self, data: bytes) -> None:
         payload = wire.sse_json(data)
