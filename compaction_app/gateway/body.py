@@ -24,24 +24,17 @@ Duplicate keys keep the last value in both readers.
 
 from __future__ import annotations
 
-from itertools import chain, compress
 from typing import Any
 
 import orjson
+
+from sessions_app.json_depth import measure
 
 # orjson's reader holds up to about 12x the body while it reads (a tree of every value,
 # sized for the worst case: measured with tracemalloc): past this size the exact reader, which
 # holds the text and the value (issue 22, row 14), reads it. A 1,600-message conversation
 # is 0.3 MB.
 FAST_MAX_BYTES = 1 << 20
-
-# orjson reads an integer outside 64 bits as a float; every such float is at least this large.
-_WIDE = float(2**63)
-
-_IS_DICT = frozenset({dict}).__contains__
-_IS_LIST = frozenset({list}).__contains__
-_IS_FLOAT = frozenset({float}).__contains__
-_CONTAINERS = frozenset({dict, list})
 
 
 class TooDeep(ValueError):
@@ -58,49 +51,8 @@ def fast_loads(raw: bytes, *, max_depth: int) -> Any | None:
         value = orjson.loads(raw)
     except orjson.JSONDecodeError:
         return None
-    deep, wide = _walk(value, max_depth)
+    deep, wide = measure(value, max_depth)
     if deep:
         raise TooDeep(max_depth)
     # A float this large may have been an integer Python would keep whole.
     return None if wide else value
-
-
-def nests_deeper(value: Any, limit: int) -> bool:
-    """Whether decoded JSON nests arrays/objects more than `limit` levels (as
-    sessions_app.api.parsers.check_depth measures it)."""
-    return _walk(value, limit)[0]
-
-
-def _walk(value: Any, limit: int) -> tuple[bool, bool]:
-    """(nests deeper than `limit`, holds a float of 2**63 or more), level by level: each
-    level's values are typed, filtered and gathered by C iterators, with no Python step per
-    value. A walk per value took 1 ms of a 1,600-message body; this takes a quarter of that,
-    and finds orjson's wide floats on the way (a scan of the bytes for long digit runs cost
-    half as much again). A level of leaves only (a conversation's texts) ends the walk once
-    its kinds are known, and a level of objects only skips the filtering."""
-    level = [value]
-    depth = 0
-    wide = False
-    while True:
-        kinds = list(map(type, level))
-        present = set(kinds)
-        if float in present and not wide:
-            wide = any(abs(number) >= _WIDE for number in compress(level, map(_IS_FLOAT, kinds)))
-        if present.isdisjoint(_CONTAINERS):
-            return False, wide
-        depth += 1
-        if depth > limit:
-            return True, wide
-        if len(present) == 1 and dict in present:
-            # Objects only: their values' kinds first; a level of leaves is never built.
-            if set(map(type, chain.from_iterable(map(dict.values, level)))).isdisjoint(
-                _CONTAINERS | {float}
-            ):
-                return False, wide
-            level = list(chain.from_iterable(map(dict.values, level)))
-            continue
-        dicts = compress(level, map(_IS_DICT, kinds))
-        lists = compress(level, map(_IS_LIST, kinds))
-        level = list(
-            chain(chain.from_iterable(map(dict.values, dicts)), chain.from_iterable(lists))
-        )

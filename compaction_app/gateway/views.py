@@ -55,6 +55,7 @@ from sessions_app.api.parsers import (
     release_freed_memory,
     strict_loads,
 )
+from sessions_app.json_depth import nests_deeper
 from sessions_app.models import ROLE_FOR_TYPE, CallStatus
 from sessions_app.pricing import saved_tokens
 from sessions_app.services import MAX_CONTEXT_LIMIT, model_registry
@@ -160,7 +161,7 @@ def _read_json(request: HttpRequest) -> tuple[forward.Body, Any]:
         # The decoder gives up on very deep input before returning anything.
         raise _too_deep() from None
     # The API's bound: nothing downstream (counting, json.dumps) may hit the recursion limit.
-    if body_reader.nests_deeper(body, MAX_JSON_DEPTH):
+    if nests_deeper(body, MAX_JSON_DEPTH):
         raise _too_deep()
     return source, body
 

@@ -8,7 +8,7 @@ import ctypes
 import ctypes.util
 import json
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
@@ -17,24 +17,12 @@ from rest_framework import renderers
 from rest_framework.exceptions import ParseError
 
 from sessions_app.errors import InvalidInput
+from sessions_app.json_depth import nests_deeper
 from sessions_app.storable import float_keeping_overflow
 
 # Deep enough for any real message structure; shallow enough that nothing downstream
 # (validation, token counting, json.dumps, the renderer) can hit Python's recursion limit.
 MAX_JSON_DEPTH = 64
-
-
-def _too_deep(value: Any, limit: int) -> bool:
-    """Whether `value` nests arrays/objects more than `limit` levels; iterative, so any depth
-    the decoder accepted is measured without recursion."""
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if depth > limit:
-            return True
-        children = item.values() if isinstance(item, Mapping) else item
-        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
-    return False
 
 
 def nesting_error() -> InvalidInput:
@@ -47,7 +35,7 @@ def nesting_error() -> InvalidInput:
 
 def check_depth(value: Any) -> None:
     """Refuse a decoded JSON value nested deeper than MAX_JSON_DEPTH."""
-    if isinstance(value, dict | list) and _too_deep(value, MAX_JSON_DEPTH):
+    if nests_deeper(value, MAX_JSON_DEPTH):
         raise nesting_error()
 
 

@@ -11,9 +11,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compaction_app.gateway.body import FAST_MAX_BYTES, TooDeep, nests_deeper
+from compaction_app.gateway.body import FAST_MAX_BYTES, TooDeep
 from compaction_app.gateway.body import fast_loads as read_fast
-from sessions_app.api.parsers import MAX_JSON_DEPTH, _too_deep, strict_loads
+from sessions_app.api.parsers import MAX_JSON_DEPTH, strict_loads
+from sessions_app.json_depth import nests_deeper
 
 pytestmark = pytest.mark.profile_independent
 
@@ -87,6 +88,21 @@ def nested(depth: int) -> Any:
     for level in range(depth):
         value = [value] if level % 2 else {"k": value, "s": "t"}
     return value
+
+
+def _too_deep(value: Any, limit: int) -> bool:
+    """The reference: a walk value by value, with the depth on each (the API's own measure
+    before the level walk of sessions_app/json_depth.py served both)."""
+    if not isinstance(value, dict | list):
+        return False
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > limit:
+            return True
+        children = item.values() if isinstance(item, dict) else item
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return False
 
 
 @pytest.mark.parametrize("depth", [0, 1, 2, 63, 64, 65, 66, 200])
