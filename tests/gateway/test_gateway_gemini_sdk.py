@@ -13,26 +13,11 @@ from compaction_app.testkit.provider_standin import GEMINI_SIGNATURE, Step, erro
 from sessions_app.models import Call, Event, Session
 from sessions_app.pricing import CallUsage, price_call
 from tests.support.gateway_live import CANARY, gemini_client, token_for, wait_until
+from tests.support.gemini import MANUAL, MODEL, WEATHER
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-MODEL = "gemini-2.5-flash"
 VERSIONS = pytest.mark.parametrize("version", ["v1", "v1beta"])
-WEATHER = types.Tool(
-    function_declarations=[
-        types.FunctionDeclaration(
-            name="get_weather",
-            description="The weather in a city.",
-            parameters_json_schema={
-                "type": "object",
-                "properties": {"city": {"type": "string"}},
-                "required": ["city"],
-            },
-        )
-    ]
-)
-# The SDK would otherwise run Python functions itself; the test plays the client's part.
-MANUAL = types.AutomaticFunctionCallingConfig(disable=True)
 
 
 def _user(text: str) -> types.Content:

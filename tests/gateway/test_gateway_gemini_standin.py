@@ -20,25 +20,9 @@ from compaction_app.testkit.provider_standin import (
     error,
     fake_gemini_token_count,
 )
+from tests.support.gemini import MANUAL, MODEL, WEATHER
 
 pytestmark = pytest.mark.profile_independent
-
-MODEL = "gemini-2.5-flash"
-WEATHER = types.Tool(
-    function_declarations=[
-        types.FunctionDeclaration(
-            name="get_weather",
-            description="The weather in a city.",
-            parameters_json_schema={
-                "type": "object",
-                "properties": {"city": {"type": "string"}},
-                "required": ["city"],
-            },
-        )
-    ]
-)
-# The SDK would otherwise call Python functions itself; the tests play the client's part.
-MANUAL = types.AutomaticFunctionCallingConfig(disable=True)
 
 
 @pytest.fixture
