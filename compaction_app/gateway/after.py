@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 
 from asgiref.sync import sync_to_async
 from django.db import connections
+from django.http import StreamingHttpResponse
 
 from compaction_app.gateway import calls
 from sessions_app.signals import collect_appended, send_collected
@@ -84,9 +85,25 @@ class Announcements:
         self.task = task
 
 
+# Seconds after a non-streamed response is returned by which its announcements are sent even
+# if the response was never closed.
+SEND_AT_THE_LATEST = 2.0
+
+
 def attach(response: Any, announced: Announcements) -> None:
-    """Mark `response` as carrying `announced`, for the gateway's handler (wait_sent)."""
+    """Mark `response` as carrying `announced`, for the gateway's handler (wait_sent), and
+    have a non-streamed one send them once the answer is out: at the response's close(),
+    which the gateway's handler (asgi.py) calls right after handing the server the last
+    byte. Started before, the announcements' thread (the calls row, the usage push) held the
+    GIL while the loop wrote the answer: 1.3 ms of a 20-message call's 4.3
+    (docs/decisions.md). A stream sends them when it ends (views._respond's on_end)."""
     response.ledger_announcements = announced
+    if isinstance(response, StreamingHttpResponse):
+        return
+    response._resource_closers.append(announced.send_later)
+    # Should the client's going away cancel the handler before it closes the response, they
+    # are sent all the same (send_later sends once).
+    asyncio.get_running_loop().call_later(SEND_AT_THE_LATEST, announced.send_later)
 
 
 async def wait_sent(response: Any) -> None:

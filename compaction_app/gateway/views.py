@@ -229,6 +229,7 @@ async def conversation(
     announced = after.Announcements(trace)
     try:
         response = await _serve(request, wire, announced, params or {})
+        # Sent once the answer is out (a stream's when it ends: its on_end in _respond).
         after.attach(response, announced)
     except asyncio.CancelledError:
         trace.end(CallStatus.CLIENT_DISCONNECTED)  # the client went away (Django cancels)
@@ -238,22 +239,7 @@ async def conversation(
         trace.end(CallStatus.REFUSED, http_status=500, code="internal_error", error=repr(exc))
         announced.send_later()
         raise
-    if not isinstance(response, StreamingHttpResponse):
-        # Once the answer is out: the response's close(), which the gateway's handler (asgi.py)
-        # calls right after handing the server the last byte. Started before, the
-        # announcements' thread (the calls row, the usage push) held the GIL while the loop
-        # wrote the answer: 1.3 ms of a 20-message call's 4.3 (docs/decisions.md).
-        response._resource_closers.append(announced.send_later)  # type: ignore[attr-defined]
-        # Should the client's going away cancel the handler before it closes the response,
-        # they are sent all the same (send_later sends once).
-        asyncio.get_running_loop().call_later(_SEND_AT_THE_LATEST, announced.send_later)
-    # A stream sends them when it ends (its on_end in _respond).
     return response
-
-
-# Seconds after a non-streamed response is returned by which its announcements are sent even
-# if the response was never closed.
-_SEND_AT_THE_LATEST = 2.0
 
 
 @dataclass
