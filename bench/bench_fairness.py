@@ -30,7 +30,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_production import PrivateRedis, _free_port, _pg_admin, _wait_port  # noqa: E402
+from bench_production import PrivateRedis, _free_port, _pg_admin, _wait_port, manage  # noqa: E402
 from child_env import child_env  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -52,18 +52,7 @@ class Servers:
         self.bases: list[str] = []
 
     def manage(self, *args: str) -> str:
-        done = subprocess.run(
-            [sys.executable, "manage.py", *args],
-            cwd=ROOT,
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
-        if done.returncode != 0:
-            raise RuntimeError(done.stderr)
-        return done.stdout
+        return manage(self.env, *args)
 
     def start(self, **extra: str) -> None:
         env = {**self.env, **extra}

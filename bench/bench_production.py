@@ -62,6 +62,21 @@ def _pg_admin(sql: str) -> None:
         conn.execute(sql)
 
 
+def manage(env: dict[str, str], *args: str) -> str:
+    """`manage.py ARGS` in a child with `env`; its output, or RuntimeError with its stderr."""
+    result = subprocess.run(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(result.stderr)
+    return result.stdout
+
+
 class PrivateRedis:
     def __init__(self) -> None:
         self.port = _free_port()
@@ -97,17 +112,7 @@ class Stack:
         self.worker_log = tempfile.TemporaryFile()  # noqa: SIM115
 
     def manage(self, *args: str) -> str:
-        result = subprocess.run(
-            [sys.executable, "manage.py", *args],
-            cwd=ROOT,
-            env=self.env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-        )
-        if result.returncode != 0:
-            raise RuntimeError(result.stderr)
-        return result.stdout
+        return manage(self.env, *args)
 
     def start(self) -> None:
         for _ in range(2):
