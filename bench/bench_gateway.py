@@ -59,6 +59,8 @@ GEMINI_MODEL = "gemini-2.5-pro"
 GEMINI_PLAIN = f"/v1beta/models/{GEMINI_MODEL}:generateContent"
 GEMINI_STREAM = f"/v1beta/models/{GEMINI_MODEL}:streamGenerateContent?alt=sse"
 THREADS = 8
+# The server's LEDGER_GATEWAY_KNOWN_BODY_BYTES in the bench (--known-body-bytes).
+KNOWN_BYTES = 2 << 30
 CALLS_PER_THREAD = 25
 
 
@@ -103,7 +105,9 @@ def _free_port() -> int:
 # --- child ------------------------------------------------------------------------------------
 
 
-def _child(profile: str, calls: int, sizes: tuple[int, ...] = SIZES) -> list[Row]:
+def _child(
+    profile: str, calls: int, sizes: tuple[int, ...] = SIZES, known_body_bytes: int = KNOWN_BYTES
+) -> list[Row]:
     sys.path.insert(0, str(ROOT))
     os.chdir(ROOT)
     if profile == "postgres" and not os.environ.get("DATABASE_URL", "").endswith(f"/{PG_DB}"):
@@ -130,6 +134,9 @@ def _child(profile: str, calls: int, sizes: tuple[int, ...] = SIZES) -> list[Row
         **os.environ,
         "LEDGER_OPENAI_UPSTREAM": standin.openai_url,
         "LEDGER_GEMINI_UPSTREAM": standin.gemini_url,
+        # Room for every conversation the bench keeps going (one per call): each call is one
+        # agent's next call. `--known-body-bytes 0` reads every body whole.
+        "LEDGER_GATEWAY_KNOWN_BODY_BYTES": str(known_body_bytes),
     }
     production = profile == "postgres"
     log = tempfile.TemporaryFile()  # noqa: SIM115 (closed below)
@@ -180,26 +187,27 @@ def _child(profile: str, calls: int, sizes: tuple[int, ...] = SIZES) -> list[Row
                         raise
                     time.sleep(0.2)
         added: dict[tuple[str, str, int], float] = {}
-        for size in sizes:
-            try:
-                rows += _latency(
-                    profile,
-                    size,
-                    calls,
-                    token,
-                    gateways,
-                    direct,
-                    bare=bare + "/v1/chat/completions",
-                    added=added,
-                )
-            except Exception as exc:
-                traceback.print_exc()
-                rows.append(_row(profile, f"{size} messages", f"failed: {exc}"[:300], ok=False))
+        try:
+            # All sizes in one pass, call by call, so a drift in the machine's load over the
+            # run weighs on each size alike (the growth compares them).
+            rows += _latency(
+                profile,
+                sizes,
+                calls,
+                token,
+                gateways,
+                direct,
+                bare=bare + "/v1/chat/completions",
+                added=added,
+            )
+        except Exception as exc:
+            traceback.print_exc()
+            rows.append(_row(profile, "conversation sizes", f"failed: {exc}"[:300], ok=False))
         rows += _growth(profile, added, sizes)
         try:
             rows += _latency(
                 profile,
-                20,
+                (20,),
                 calls,
                 token,
                 [base + "/responses" for base in bases],
@@ -212,7 +220,7 @@ def _child(profile: str, calls: int, sizes: tuple[int, ...] = SIZES) -> list[Row
         try:
             rows += _latency(
                 profile,
-                20,
+                (20,),
                 calls,
                 token,
                 [f"http://127.0.0.1:{port}/gateway/gemini" + GEMINI_PLAIN for port in ports],
@@ -293,7 +301,7 @@ def _body(wire: str, history: list[dict[str, str]]) -> dict[str, Any]:
 
 def _latency(
     profile: str,
-    size: int,
+    sizes: tuple[int, ...],
     calls: int,
     token: str,
     gateways: list[str],
@@ -303,9 +311,12 @@ def _latency(
     bare: str | None = None,
     added: dict[tuple[str, str, int], float] | None = None,
 ) -> list[Row]:
+    """Each call of each size sent direct, through the gateway and through the bare proxy,
+    each going first in turn, the sizes interleaved call by call. "Added" is the median of
+    each call's own difference (through minus the direct call sent beside it), which the
+    load of the moment weighs on alike; p99 is the p99 through minus the p99 direct."""
     import httpx
 
-    base = _conversation(size - 1)
     # Each wire's sessions apart (a Responses session is prepared anew).
     tag = "" if wire == "chat" else f"{wire}-"
     key = (
@@ -315,59 +326,61 @@ def _latency(
     )
     auth = {**key, "X-Ledger-Key": token}
     rows: list[Row] = []
+    histories: dict[tuple[int, int], list[dict[str, str]]] = {}
+    results: dict[tuple[int, str], tuple[list[float], list[float], list[float]]] = {}
     with httpx.Client(timeout=60) as client:
-        # Prepare: one session per call holding the first N − 1 messages (not measured).
-        for call in range(calls):
-            headers = {**auth, "X-Ledger-Session": f"bench-{tag}{size}-{call}"}
-            gateway = gateways[call % len(gateways)]
-            _timed_plain(client, gateway, _body(wire, base), headers)
-        results: dict[str, tuple[list[float], list[float], list[float]]] = {}
-        # Each call's conversation: the prepared N − 1 messages and the reply to them.
-        histories = {
-            call: base + [{"role": "assistant", "content": f"Re: {base[-1]['content']}"}]
-            for call in range(calls)
-        }
-        for mode in ("plain", "stream"):
-            through: list[float] = []
-            straight: list[float] = []
-            proxied: list[float] = []
-            timer = _timed_plain if mode == "plain" else _timed_first_chunk
+        for size in sizes:
+            base = _conversation(size - 1)
+            # Prepare: one session per call holding the first N − 1 messages (not measured).
             for call in range(calls):
                 headers = {**auth, "X-Ledger-Session": f"bench-{tag}{size}-{call}"}
-                question = f"And {mode} {call}?"
-                histories[call] = histories[call] + [{"role": "user", "content": question}]
-                body = _body(wire, histories[call])
-                if mode == "stream" and wire != "gemini":
-                    body["stream"] = True
-                # Alternate so both see the same machine load; each session's calls go to the
-                # server processes in turn.
-                gateway = gateways[(call + (mode == "stream")) % len(gateways)]
-                plain_headers = dict(key)
-                turns = [(straight, direct, plain_headers), (through, gateway, headers)]
-                if bare is not None:
-                    turns.append((proxied, bare, plain_headers))
-                if mode == "stream" and wire == "gemini":
-                    # Gemini streams from its own method (SSE with alt=sse).
-                    turns = [
-                        (times, url.replace(GEMINI_PLAIN, GEMINI_STREAM), h)
-                        for times, url, h in turns
-                    ]
-                # Each in turn goes first: whoever follows the gateway shares the machine with
-                # the work it does after answering (the calls row, the usage push).
-                shift = call % len(turns)
-                for times, url, sent_headers in turns[shift:] + turns[:shift]:
-                    times.append(timer(client, url, body, sent_headers))
-                histories[call] = histories[call] + [
-                    {"role": "assistant", "content": f"Re: {question}"}
+                gateway = gateways[call % len(gateways)]
+                _timed_plain(client, gateway, _body(wire, base), headers)
+                # The call's conversation: the prepared N − 1 messages and the reply to them.
+                histories[(size, call)] = base + [
+                    {"role": "assistant", "content": f"Re: {base[-1]['content']}"}
                 ]
-            results[mode] = (through, straight, proxied)
-    for mode, (through, straight, proxied) in results.items():
+        for mode in ("plain", "stream"):
+            for size in sizes:
+                results[(size, mode)] = ([], [], [])
+            timer = _timed_plain if mode == "plain" else _timed_first_chunk
+            for call in range(calls):
+                order = sizes if call % 2 else tuple(reversed(sizes))
+                for size in order:
+                    through, straight, proxied = results[(size, mode)]
+                    headers = {**auth, "X-Ledger-Session": f"bench-{tag}{size}-{call}"}
+                    question = f"And {mode} {call}?"
+                    history = histories[(size, call)] + [{"role": "user", "content": question}]
+                    body = _body(wire, history)
+                    if mode == "stream" and wire != "gemini":
+                        body["stream"] = True
+                    # Each session's calls go to the server processes in turn.
+                    gateway = gateways[(call + (mode == "stream")) % len(gateways)]
+                    plain_headers = dict(key)
+                    turns = [(straight, direct, plain_headers), (through, gateway, headers)]
+                    if bare is not None:
+                        turns.append((proxied, bare, plain_headers))
+                    if mode == "stream" and wire == "gemini":
+                        # Gemini streams from its own method (SSE with alt=sse).
+                        turns = [
+                            (times, url.replace(GEMINI_PLAIN, GEMINI_STREAM), h)
+                            for times, url, h in turns
+                        ]
+                    # Each in turn goes first: whoever follows the gateway shares the machine
+                    # with the work it does after answering (the calls row, the usage push).
+                    shift = call % len(turns)
+                    for times, url, sent_headers in turns[shift:] + turns[:shift]:
+                        times.append(timer(client, url, body, sent_headers))
+                    histories[(size, call)] = history + [
+                        {"role": "assistant", "content": f"Re: {question}"}
+                    ]
+    for (size, mode), (through, straight, proxied) in results.items():
         label = "full response" if mode == "plain" else "time to first chunk"
         if wire == "responses":
             label = f"Responses, {label}"
         elif wire == "gemini":
             label = f"Gemini, {label}"
-        p50_added = statistics.median(through) - statistics.median(straight)
+        p50_added = statistics.median(t - d for t, d in zip(through, straight, strict=True))
         p99_added = _percentile(through, 0.99) - _percentile(straight, 0.99)
         if added is not None:
             added[(wire, mode, size)] = p50_added
@@ -399,7 +412,7 @@ def _latency(
             )
         )
         if proxied:
-            bare_added = statistics.median(proxied) - statistics.median(straight)
+            bare_added = statistics.median(p - d for p, d in zip(proxied, straight, strict=True))
             if added is not None:
                 added[("bare", mode, size)] = bare_added
             rows.append(
@@ -410,7 +423,9 @@ def _latency(
                     f"{_percentile(proxied, 0.99) - _percentile(straight, 0.99):.1f} ms",
                 )
             )
-    return rows
+    # Rows by size, then mode, as before.
+    position = {size: index for index, size in enumerate(sizes)}
+    return sorted(rows, key=lambda row: position[int(str(row["figure"]).split(" ", 1)[0])])
 
 
 def _growth(
@@ -574,6 +589,13 @@ def main(argv: list[str] | None = None) -> int:
         default=",".join(map(str, SIZES)),
         help="conversation sizes in messages, comma-separated (default %(default)s)",
     )
+    parser.add_argument(
+        "--known-body-bytes",
+        type=int,
+        default=KNOWN_BYTES,
+        help="the servers' LEDGER_GATEWAY_KNOWN_BODY_BYTES (default: room for every "
+        "conversation; 0 reads every body whole)",
+    )
     parser.add_argument("--child", choices=["embedded", "postgres"], help=argparse.SUPPRESS)
     parser.add_argument("--bare-proxy", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -582,13 +604,20 @@ def main(argv: list[str] | None = None) -> int:
         _bare_proxy(int(args.bare_proxy[0]), args.bare_proxy[1].rstrip("/"))
         return 0
     if args.child:
-        emit(_child(args.child, args.calls, sizes))
+        emit(_child(args.child, args.calls, sizes, args.known_body_bytes))
         return 0
     return run_profiles(
         "Gateway benchmark",
         profile=args.profile,
         script=__file__,
-        args=["--calls", str(args.calls), "--sizes", args.sizes],
+        args=[
+            "--calls",
+            str(args.calls),
+            "--sizes",
+            args.sizes,
+            "--known-body-bytes",
+            str(args.known_body_bytes),
+        ],
         pg_db=PG_DB,
         timeout=1800,
         postgres_env={

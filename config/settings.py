@@ -426,6 +426,11 @@ LEDGER_GEMINI_UPSTREAM = env_str(
 # the sessions the gateway creates; 0: none (the call is refused with `unknown_model` unless
 # it sends X-Ledger-Context-Limit). MODEL_CONTEXT_OVERRIDES names windows model by model.
 LEDGER_GATEWAY_DEFAULT_CONTEXT_LIMIT = env_int("LEDGER_GATEWAY_DEFAULT_CONTEXT_LIMIT", 0, minimum=0)
+# The bytes of recent request bodies a server process keeps so an agent's next call reads only
+# the messages it adds (compaction_app/gateway/body.py, KnownBodies); 0 turns it off.
+LEDGER_GATEWAY_KNOWN_BODY_BYTES = env_int(
+    "LEDGER_GATEWAY_KNOWN_BODY_BYTES", 64 * 1024 * 1024, minimum=0
+)
 LEDGER_UPSTREAM_TIMEOUT_SECONDS = env_float("LEDGER_UPSTREAM_TIMEOUT_SECONDS", 600.0, minimum=0.1)
 # One streamed reply is cut (with the provider's error event; what arrived is recorded and
 # marked incomplete) past this size or duration (compaction_app/gateway/stream_limits.py).

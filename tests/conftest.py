@@ -108,6 +108,27 @@ def _fresh_cache_and_fast_hashing(request):
     cache.clear()
 
 
+@pytest.fixture(autouse=True)
+def _known_bodies_unchanged():
+    """Every test through the gateway checks what a later call would reuse (views.KNOWN_BODIES)
+    is still what its bytes read as: a caller changing a message it was handed would hand the
+    change to every later call of that conversation."""
+    views = sys.modules.get("compaction_app.gateway.views")
+    if views is not None:
+        views.KNOWN_BODIES.clear()
+    yield
+    views = sys.modules.get("compaction_app.gateway.views")
+    if views is None:
+        return
+    import orjson
+
+    for known in views.KNOWN_BODIES:
+        assert orjson.loads(bytes(known.prefix) + b"]}") == known.head, (
+            "a kept body's messages were changed after it was read"
+        )
+    views.KNOWN_BODIES.clear()
+
+
 @pytest.fixture
 def make_user(db):
     def make(username: str, *, staff: bool = False):

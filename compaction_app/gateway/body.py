@@ -24,6 +24,12 @@ Duplicate keys keep the last value in both readers.
 
 from __future__ import annotations
 
+import os
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -56,3 +62,217 @@ def fast_loads(raw: bytes, *, max_depth: int) -> Any | None:
         raise TooDeep(max_depth)
     # A float this large may have been an integer Python would keep whole.
     return None if wide else value
+
+
+# --- reading only what is new ------------------------------------------------------------------
+#
+# An agent resends its whole conversation on every call, and each call's body is the last one's
+# with a few messages added: byte for byte, up to where the message array closed. A body read
+# fast is remembered (`Known`) with the offset of its array's closing bracket; a later body that
+# starts with the same bytes up to there is in the same parser state at that offset (JSON is
+# read left to right), so only what follows is read, inside a stand-in for the open object and
+# array, and joined to the messages already read. The result is what reading it whole gives:
+# the same values, key order and last-wins duplicates (tests/gateway/test_gateway_body.py
+# compares the two on generated conversations).
+
+# Stands for the messages already read, in the tail's stand-in document. Its key is random per
+# process, so no body can hold one and be mistaken for the stand-in.
+_STAND_IN_KEY = f"ledger-{os.urandom(16).hex()}"
+_STAND_IN = {_STAND_IN_KEY: 0}
+_WS = b" \t\r\n"
+
+
+@dataclass(frozen=True)
+class Known:
+    """A body read before: its bytes up to its message array's closing bracket (`prefix`),
+    and its top-level members up to there, the array last (`head`). Never changed: a body
+    read from it shares the messages, and builds its own top-level object and array."""
+
+    prefix: memoryview
+    key: str
+    head: dict[str, Any]
+
+    @property
+    def size(self) -> int:
+        return self.prefix.nbytes
+
+    @property
+    def count(self) -> int:
+        return len(self.head[self.key])
+
+
+def _opening(key: str) -> bytes:
+    """The stand-in for the open object and array: `{"<key>":[<stand-in>`."""
+    return b"{" + orjson.dumps(key) + b":[" + orjson.dumps(_STAND_IN)
+
+
+def remember(raw: bytes, value: Any, key: str) -> Known | None:
+    """What a later body starting like `raw` can reuse, or None: `value` is `raw` read fast,
+    and `value[key]` a non-empty array of the top-level object."""
+    if not isinstance(value, dict) or len(raw) > FAST_MAX_BYTES:
+        return None
+    items = value.get(key)
+    if not isinstance(items, list) or not items:
+        return None
+    names = list(value)
+    at = names.index(key)
+    after = names[at + 1 :]
+    end = _array_end(raw, after[0] if after else None)
+    if end is None:
+        return None
+    # The end is proved by reading from it: the stand-in then the rest of the body must give
+    # back exactly the members that follow the array (and no second array under the key).
+    try:
+        rest = orjson.loads(_opening(key) + raw[end:])
+    except orjson.JSONDecodeError:
+        return None
+    if list(rest) != [key, *after] or rest[key] != [_STAND_IN]:
+        return None
+    if any(rest[name] != value[name] for name in after):
+        return None
+    head = {name: value[name] for name in names[:at]}
+    # Its own list: the caller's may change; the messages in it are never changed.
+    head[key] = list(items)
+    return Known(prefix=memoryview(raw)[:end], key=key, head=head)
+
+
+def _array_end(raw: bytes, next_name: str | None) -> int | None:
+    """The offset of the top-level array's closing bracket: before the last member's name
+    when the array is followed by `next_name`, else before the object's closing brace."""
+    if next_name is None:
+        stop = len(raw.rstrip(_WS)) - 1
+        if stop < 0 or raw[stop] != ord("}"):
+            return None
+        end = len(raw[:stop].rstrip(_WS)) - 1
+        return end if end >= 0 and raw[end] == ord("]") else None
+    name = orjson.dumps(next_name)
+    found = len(raw)
+    for _ in range(8):
+        found = raw.rfind(name, 0, found)
+        if found < 0:
+            return None
+        at = _skip_back(raw, found)
+        if at >= 0 and raw[at] == ord(","):
+            at = _skip_back(raw, at)
+            if at >= 0 and raw[at] == ord("]"):
+                return at
+    return None
+
+
+def _skip_back(raw: bytes, at: int) -> int:
+    at -= 1
+    while at >= 0 and raw[at] in _WS:
+        at -= 1
+    return at
+
+
+def read_after(raw: bytes, known: Known, *, max_depth: int) -> Any | None:
+    """`raw` read as `fast_loads` reads it, reading only what follows `known.prefix`; None
+    when `raw` does not start with it or only a whole reading can tell. TooDeep as there.
+    Its first `known.count` messages are the known body's."""
+    if len(raw) > FAST_MAX_BYTES or not raw.startswith(known.prefix):
+        return None
+    try:
+        rest = orjson.loads(_opening(known.key) + raw[known.size :])
+    except orjson.JSONDecodeError:
+        return None
+    items = rest.get(known.key)
+    # A second array under the key (a duplicate member) would hold no stand-in first.
+    if not isinstance(items, list) or not items or items[0] != _STAND_IN:
+        return None
+    deep, wide = measure(rest, max_depth)
+    if deep:
+        raise TooDeep(max_depth)
+    if wide:
+        return None
+    value = dict(known.head)
+    value[known.key] = known.head[known.key] + items[1:]
+    for name, member in rest.items():
+        if name != known.key:
+            value[name] = member
+    return value
+
+
+class KnownBodies:
+    """The last bodies read per conversation (its caller, session and thread), so the next
+    call reads only what it adds.
+
+    Bounded by the bytes of the bodies kept (what they parse to adds one to three times
+    that, shared along a conversation). A conversation is kept while it is active: one idle
+    for `idle_seconds` goes first, and a new conversation finds room only in what that frees.
+    Recency alone would evict the conversation that calls next whenever more conversations
+    are active than fit, and none would be reused; this way those that fit are. `per_key`
+    bodies per conversation: an agent's side calls (a title, a small model's routing call)
+    share its session, and an older body still serves a call that changed the last messages
+    (a client moving its cache breakpoint)."""
+
+    def __init__(
+        self,
+        *,
+        max_bytes: int,
+        per_key: int = 2,
+        idle_seconds: float = 600.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.max_bytes, self.per_key, self.idle_seconds = max_bytes, per_key, idle_seconds
+        self._clock = clock
+        # key -> (last used, newest first); least recently used first.
+        self._entries: OrderedDict[Any, tuple[float, list[Known]]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+        # Bodies read from a known one, and read whole with a known one to try (misses).
+        self.hits = self.misses = 0
+
+    @property
+    def kept_bytes(self) -> int:
+        return self._bytes
+
+    def read(self, key: Any, raw: bytes, *, max_depth: int) -> tuple[Any, int] | None:
+        """`raw` read from the conversation's known bodies (read_after), and how many of its
+        messages were a known body's; None when none of them starts it."""
+        with self._lock:
+            found = self._entries.get(key)
+            if found is None:
+                return None
+            self._entries[key] = (self._clock(), found[1])
+            self._entries.move_to_end(key)
+            candidates = list(found[1])
+        for known in candidates:
+            value = read_after(raw, known, max_depth=max_depth)
+            if value is not None:
+                self.hits += 1
+                return value, known.count
+        self.misses += 1
+        return None
+
+    def keep(self, key: Any, known: Known) -> None:
+        if known.size > self.max_bytes:
+            return
+        now = self._clock()
+        with self._lock:
+            _, entries = self._entries.pop(key, (now, []))
+            kept = [known, *entries[: self.per_key - 1]]
+            self._bytes += known.size - sum(older.size for older in entries[self.per_key - 1 :])
+            self._entries[key] = (now, kept)
+            # Idle conversations make room first (the least recently used lead).
+            while self._bytes > self.max_bytes:
+                oldest, (used, dropped) = next(iter(self._entries.items()))
+                if oldest == key or now - used < self.idle_seconds:
+                    break
+                del self._entries[oldest]
+                self._bytes -= sum(item.size for item in dropped)
+            # Still no room: this conversation's older bodies go, then its own.
+            while self._bytes > self.max_bytes and kept:
+                self._bytes -= kept.pop().size
+            if not kept:
+                del self._entries[key]
+
+    def clear(self) -> None:
+        with self._lock:
+            self._entries.clear()
+            self._bytes = 0
+            self.hits = self.misses = 0
+
+    def __iter__(self) -> Iterator[Known]:
+        with self._lock:
+            return iter([known for _, entries in self._entries.values() for known in entries])

@@ -115,8 +115,39 @@ def _method_not_allowed(wire: Wire, allowed: tuple[str, ...]) -> JsonResponse:
     return response
 
 
-def _read_json(request: HttpRequest) -> tuple[forward.Body, Any]:
-    """The body as it is forwarded when nothing is fitted (its exact bytes), and parsed once.
+# Recent bodies per conversation, so a call reads only what it adds (body.py). Read and kept
+# on the event loop: reading is the gateway's own, per call and on the answer's path.
+KNOWN_BODIES = body_reader.KnownBodies(max_bytes=settings.LEDGER_GATEWAY_KNOWN_BODY_BYTES)
+
+
+def _conversation_key(request: HttpRequest, wire: Wire) -> tuple[str, ...] | None:
+    """Whose conversation a body continues: the caller's key, session and thread. Bodies are
+    only reused within one, so no caller's latency tells anything of another's."""
+    key = request.headers.get("X-Ledger-Key")
+    if not key:
+        return None
+    return (
+        wire.NAME,
+        key,
+        request.headers.get("X-Ledger-Session") or "",
+        request.headers.get("X-Ledger-Thread") or "",
+    )
+
+
+@dataclass
+class _Read:
+    # The body as it is forwarded when nothing is fitted (its exact bytes).
+    source: forward.Body
+    value: Any
+    # Its bytes when orjson read them: what a later call of the conversation may reuse.
+    fast: bytes | None = None
+    # How many of its messages a known body of the conversation holds (body.KnownBodies).
+    checked: int = 0
+
+
+def _read_json(request: HttpRequest, conversation: tuple[str, ...] | None = None) -> _Read:
+    """The body as it is forwarded when nothing is fitted (its exact bytes), parsed once:
+    from the `conversation`'s known bodies when one starts it, else whole.
 
     orjson reads it when its answer is exactly the strict reader's (body.py); the bytes are
     kept to forward. A large body is held at most twice at any moment (issue 22, row 14):
@@ -132,12 +163,19 @@ def _read_json(request: HttpRequest) -> tuple[forward.Body, Any]:
     _release_body(request)
     release_freed_memory(len(raw))
     try:
+        known = (
+            None
+            if conversation is None
+            else KNOWN_BODIES.read(conversation, raw, max_depth=MAX_JSON_DEPTH)
+        )
+        if known is not None:
+            return _Read(forward.Body(raw), known[0], raw, checked=known[1])
         fast = body_reader.fast_loads(raw, max_depth=MAX_JSON_DEPTH)
     except body_reader.TooDeep:
         raise _too_deep() from None
     if fast is not None:
         # Forwarded as the bytes it came as; held beside the parsed value, as the text was.
-        return forward.Body(raw), fast
+        return _Read(forward.Body(raw), fast, raw)
     # What orjson refused or might read differently: the exact reader decides (body.py).
     try:
         encoding = json.detect_encoding(raw)
@@ -163,7 +201,7 @@ def _read_json(request: HttpRequest) -> tuple[forward.Body, Any]:
     # The API's bound: nothing downstream (counting, json.dumps) may hit the recursion limit.
     if nests_deeper(body, MAX_JSON_DEPTH):
         raise _too_deep()
-    return source, body
+    return _Read(source, body)
 
 
 def _release_body(request: HttpRequest) -> None:
@@ -256,6 +294,9 @@ class _Request:
     # X-Ledger-Context-Limit: the window of the client's model (a local one the registry
     # does not know); None when not sent.
     context_limit: int | None = None
+    # Whose conversation it continues, and what of its body the next call may reuse (body.py).
+    conversation: tuple[str, ...] | None = None
+    known: body_reader.Known | None = None
 
 
 async def _serve(
@@ -272,6 +313,9 @@ async def _serve(
         call = await _prepare(request, wire, sent, announced)
     except GatewayError as exc:
         return _refused(wire, trace, exc)
+    if sent.conversation is not None and sent.known is not None:
+        # Accepted (the caller is who it says): its next call reads only what it adds.
+        KNOWN_BODIES.keep(sent.conversation, sent.known)
     # Freed with the announcements, once the response is out (after.py).
     announced.held += (sent, call)
     trace.session = call.session
@@ -301,9 +345,17 @@ def _context_limit(request: HttpRequest) -> int | None:
 
 def _validate(request: HttpRequest, wire: Wire, params: dict[str, str]) -> _Request:
     context_limit = _context_limit(request)
-    raw, body = _read_json(request)
+    conversation = _conversation_key(request, wire)
+    read = _read_json(request, conversation)
+    raw, body = read.source, read.value
+    # Taken before anything downstream could touch the value; kept once the call is accepted.
+    known = (
+        body_reader.remember(read.fast, body, wire.MESSAGES_PARAM)
+        if conversation is not None and read.fast is not None
+        else None
+    )
     try:
-        parsed = wire.parse_request(body, params)
+        parsed = wire.parse_request(body, params, checked=read.checked)
     except GatewayInputError as exc:
         raise GatewayError(exc.message, param=exc.param) from None
     off = (request.headers.get("X-Ledger-Fit") or "").strip().lower() == "off"
@@ -317,6 +369,8 @@ def _validate(request: HttpRequest, wire: Wire, params: dict[str, str]) -> _Requ
         fit_enabled=fit_enabled,
         params=params,
         context_limit=context_limit,
+        conversation=conversation,
+        known=known,
     )
 
 
@@ -713,7 +767,7 @@ async def count_tokens(
         return _method_not_allowed(wire, ("POST",))
     try:
         await workers.run(authenticate, request.headers.get("X-Ledger-Key"))
-        _, body = _read_json(request)
+        body = _read_json(request).value
         count = _count_tokens(wire, body, params or {})
     except GatewayInputError as exc:
         return _error(wire, GatewayError(exc.message, param=exc.param))

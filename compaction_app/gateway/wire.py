@@ -182,8 +182,12 @@ class Wire(Protocol):
     ) -> str: ...
 
     def parse_request(
-        self, body: Any, params: Mapping[str, str] | None = None
-    ) -> ParsedRequest: ...
+        self, body: Any, params: Mapping[str, str] | None = None, *, checked: int = 0
+    ) -> ParsedRequest:
+        """`checked`: the first entries of the message array (MESSAGES_PARAM) are, byte for
+        byte, those of a body this wire accepted earlier in the conversation
+        (body.KnownBodies): their checks, which depend on nothing else, may be skipped."""
+        ...
 
     def to_client_message(self, unit: dict[str, Any], index: int = 0) -> ClientMessage: ...
 

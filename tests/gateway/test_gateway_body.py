@@ -11,7 +11,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from compaction_app.gateway.body import FAST_MAX_BYTES, TooDeep
+from compaction_app.gateway.body import (
+    FAST_MAX_BYTES,
+    KnownBodies,
+    TooDeep,
+    read_after,
+    remember,
+)
 from compaction_app.gateway.body import fast_loads as read_fast
 from sessions_app.api.parsers import MAX_JSON_DEPTH, strict_loads
 from sessions_app.json_depth import nests_deeper
@@ -136,3 +142,200 @@ def test_it_refuses_too_deep_a_body_it_read():
     with pytest.raises(TooDeep):
         fast_loads(json.dumps({"messages": [nested(65)]}).encode())
     assert fast_loads(json.dumps(nested(MAX_JSON_DEPTH)).encode()) is not None
+
+
+# --- reading only what a conversation adds (body.Known, read_after, KnownBodies) --------------
+
+messages_st = st.lists(
+    st.fixed_dictionaries(
+        {"role": st.sampled_from(["user", "assistant", "tool"]), "content": json_values}
+    ),
+    min_size=1,
+    max_size=6,
+)
+members_st = st.dictionaries(
+    st.sampled_from(["model", "stream", "tools", "stop", "system", "x]", '"', "m\\"]),
+    json_values,
+    max_size=3,
+)
+formats = st.sampled_from(
+    [
+        {"separators": (",", ":")},
+        {},  # json.dumps's default ", " and ": "
+        {"indent": 2},
+        {"separators": (" ,  ", " :\n")},
+    ]
+)
+
+
+def _encode(value: Any, style: dict[str, Any], ascii_only: bool = False) -> bytes:
+    return json.dumps(value, ensure_ascii=ascii_only, **style).encode("utf-8", "surrogatepass")
+
+
+def _later(known: Any, raw: bytes) -> Any:
+    return read_after(raw, known, max_depth=MAX_JSON_DEPTH)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    before=members_st,
+    history=messages_st,
+    added=messages_st,
+    after_first=members_st,
+    after_next=members_st,
+    style=formats,
+    ascii_only=st.booleans(),
+)
+def test_it_reads_a_conversation_s_next_body_as_reading_it_whole_does(
+    before, history, added, after_first, after_next, style, ascii_only
+):
+    # Any members before and after the array (a later one may repeat an earlier one), any
+    # formatting, any messages: what a reading of the added part gives is the whole reading.
+    first = {**before, "messages": history, **after_first}
+    raw = _encode(first, style, ascii_only)
+    value = fast_loads(raw)
+    if value is None:
+        return
+    known = remember(raw, value, "messages")
+    nxt = _encode({**before, "messages": history + added, **after_next}, style, ascii_only)
+    whole = fast_loads(nxt)
+    if known is None or whole is None:
+        return
+    assert same(known.head, fast_loads(bytes(known.prefix) + b"]}"))
+    later = _later(known, nxt)
+    assert later is None or same(later, whole)
+
+
+def _chat(count: int, **more: Any) -> dict[str, Any]:
+    return {
+        "model": "gpt-4o",
+        "messages": [
+            {"role": "user" if i % 2 else "assistant", "content": f"message {i} [see] {{x}}"}
+            for i in range(count)
+        ],
+        **more,
+    }
+
+
+def test_it_reads_only_what_follows_the_known_messages():
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"enum": [[1], [2]]}}}]
+    raw = json.dumps(_chat(40, tools=tools)).encode()
+    known = remember(raw, fast_loads(raw), "messages")
+    assert known is not None
+    nxt = json.dumps(_chat(42, tools=tools, stream=True)).encode()
+    later = _later(known, nxt)
+    assert same(later, json.loads(nxt))
+    # The messages already read are the same objects; the object and array are the call's own.
+    assert later["messages"][0] is known.head["messages"][0]
+    assert later["messages"] is not known.head["messages"]
+    later["messages"].append("changed by a caller")
+    assert len(known.head["messages"]) == 40
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        # An earlier message changed (a client editing its history): read whole.
+        json.dumps({**_chat(42), "messages": [{"role": "user", "content": "edited"}]}).encode(),
+        # A second array under the same key after the first: the last one wins, read whole.
+        json.dumps(_chat(42))[:-1].encode() + b', "messages": [{"role": "user"}]}',
+        # Bytes no reader accepts after the known part: the whole reading decides.
+        json.dumps(_chat(41))[:-2].encode() + b', {"role": NaN}]}',
+        json.dumps(_chat(41))[:-2].encode() + b', {"role": "\\ud800"}]}',
+        # A wide integer in what was added: only the exact reader keeps it whole.
+        json.dumps(_chat(41))[:-2].encode() + b', {"n": 123456789012345678901234}]}',
+        b"[]",
+    ],
+)
+def test_it_leaves_a_body_that_does_not_continue_the_known_one_to_a_whole_reading(raw):
+    first = json.dumps(_chat(40)).encode()
+    known = remember(first, fast_loads(first), "messages")
+    assert known is not None
+    assert _later(known, raw) is None
+
+
+def test_it_refuses_too_deep_a_body_from_what_was_added():
+    first = json.dumps(_chat(40)).encode()
+    known = remember(first, fast_loads(first), "messages")
+    deep = json.dumps(_chat(40))[:-2].encode() + b", " + json.dumps(nested(63)).encode() + b"]}"
+    with pytest.raises(TooDeep):
+        _later(known, deep)
+    fits = json.dumps(_chat(40))[:-2].encode() + b", " + json.dumps(nested(62)).encode() + b"]}"
+    assert same(_later(known, fits), json.loads(fits))
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {"messages": []},  # nothing to reuse
+        {"messages": "text"},  # Responses' input may be a string
+        {"model": "m"},
+        [{"messages": [1]}],
+    ],
+)
+def test_it_remembers_nothing_of_a_body_without_messages_to_reuse(value):
+    raw = json.dumps(value).encode()
+    assert remember(raw, fast_loads(raw), "messages") is None
+
+
+def test_it_remembers_nothing_when_an_earlier_member_is_repeated_after_the_messages():
+    # The first reading's "model" is the later one; a body that drops it keeps the earlier.
+    raw = b'{"model": "a", "messages": [{"role": "user"}], "model": "b"}'
+    assert remember(raw, fast_loads(raw), "messages") is None
+
+
+def _known(size: int, text: str = "x") -> Any:
+    raw = json.dumps({"messages": [{"content": text * size}]}).encode()
+    known = remember(raw, fast_loads(raw), "messages")
+    assert known is not None
+    return known
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_it_keeps_the_conversations_that_fit_and_lets_idle_ones_make_room():
+    clock = Clock()
+    size = _known(1000).size
+    kept = KnownBodies(max_bytes=3 * size, per_key=1, idle_seconds=60, clock=clock)
+    for name in "abc":
+        kept.keep(name, _known(1000, name))
+    # More conversations than fit: the newcomer waits, the active ones keep theirs (recency
+    # alone would evict, in a round of four, the one that calls next).
+    kept.keep("d", _known(1000, "d"))
+    assert kept.kept_bytes <= 3 * size
+    assert [known.head["messages"][0]["content"][0] for known in kept] == ["a", "b", "c"]
+    clock.now = 30
+    kept.keep("b", _known(1000, "B"))  # b is active
+    clock.now = 70
+    kept.keep("d", _known(1000, "d"))  # a and c idle for 70 s: the least recent (a) goes
+    assert sorted(known.head["messages"][0]["content"][0] for known in kept) == ["B", "c", "d"]
+    assert kept.kept_bytes <= 3 * size
+
+
+def test_it_keeps_a_conversation_s_last_bodies_and_reads_from_any_of_them():
+    kept = KnownBodies(max_bytes=1 << 20, per_key=2)
+    bodies = [json.dumps(_chat(count)).encode() for count in (10, 12, 14)]
+    for raw in bodies:
+        kept.keep("conversation", remember(raw, fast_loads(raw), "messages"))
+    assert len(list(kept)) == 2
+    # The client changed its last message (a moved cache breakpoint): the older body serves.
+    changed = _chat(16)
+    changed["messages"][13]["cache_control"] = {"type": "ephemeral"}
+    raw = json.dumps(changed).encode()
+    value, checked = kept.read("conversation", raw, max_depth=MAX_JSON_DEPTH)
+    assert same(value, json.loads(raw))
+    assert checked == 12  # the messages the older body held
+    assert kept.read("someone else", raw, max_depth=MAX_JSON_DEPTH) is None
+    assert kept.kept_bytes == sum(known.size for known in kept)
+
+
+def test_it_keeps_nothing_with_no_room():
+    kept = KnownBodies(max_bytes=0)
+    kept.keep("conversation", _known(10))
+    assert list(kept) == [] and kept.kept_bytes == 0

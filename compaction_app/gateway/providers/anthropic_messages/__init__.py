@@ -92,7 +92,9 @@ def count_tokens_body(count: int) -> dict[str, Any]:
     return {"input_tokens": count}
 
 
-def parse_request(body: Any, params: Mapping[str, str] | None = None) -> wire.ParsedRequest:
+def parse_request(
+    body: Any, params: Mapping[str, str] | None = None, *, checked: int = 0
+) -> wire.ParsedRequest:
     """Validate the fields the gateway reads: (model, units, stream), where the units are the
     system prompt (when given) followed by the messages."""
     if not isinstance(body, dict):
@@ -101,7 +103,7 @@ def parse_request(body: Any, params: Mapping[str, str] | None = None) -> wire.Pa
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise GatewayInputError("messages: must be a non-empty array", param="messages")
-    for index, message in enumerate(messages):
+    for index, message in enumerate(messages[checked:], start=checked):
         if not isinstance(message, dict):
             raise GatewayInputError(f"messages.{index}: must be an object", param="messages")
         role = message.get("role")

@@ -109,7 +109,9 @@ def complete_url(base: str, *, model: str, stream: bool, params: Mapping[str, st
     return f"{base}/{version}/models/{name}:{STREAM}{query}"
 
 
-def parse_request(body: Any, params: Mapping[str, str] | None = None) -> wire.ParsedRequest:
+def parse_request(
+    body: Any, params: Mapping[str, str] | None = None, *, checked: int = 0
+) -> wire.ParsedRequest:
     """Validate the fields the gateway reads: the model (from the path), `contents`,
     `systemInstruction`, `cachedContent`. A countTokens body may wrap a whole request in
     `generateContentRequest`."""
@@ -131,12 +133,11 @@ def parse_request(body: Any, params: Mapping[str, str] | None = None) -> wire.Pa
         _check_content(system, "systemInstruction", system=True)
         if _parts(system):
             units.append({"role": "system", "content": system})
+    # `checked` counts top-level contents only: a countTokens body's wrapped request is
+    # never one the gateway kept.
+    checked = checked if inner is None else 0
     for index, content in enumerate(contents):
-        where = f"contents[{index}]"
-        _check_content(content, where)
-        role = content.get("role") or "user"
-        if role not in (*ROLES, *_USER_SIDE):
-            raise GatewayInputError("role must be 'user' or 'model'", param=f"{where}.role")
+        role = (content.get("role") or "user") if index < checked else _checked(content, index)
         units.append({"role": "model" if role == "model" else "user", "content": content})
     cached = field(body, "cachedContent")
     return wire.ParsedRequest(
@@ -145,6 +146,16 @@ def parse_request(body: Any, params: Mapping[str, str] | None = None) -> wire.Pa
         params.get("action") == STREAM,
         unfitted=bool(cached),
     )
+
+
+def _checked(content: Any, index: int) -> Any:
+    """A content entry's role, once the entry is checked."""
+    where = f"contents[{index}]"
+    _check_content(content, where)
+    role = content.get("role") or "user"
+    if role not in (*ROLES, *_USER_SIDE):
+        raise GatewayInputError("role must be 'user' or 'model'", param=f"{where}.role")
+    return role
 
 
 def _check_content(content: Any, where: str, *, system: bool = False) -> None:

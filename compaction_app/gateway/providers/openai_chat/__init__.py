@@ -68,7 +68,9 @@ def count_tokens_body(count: int) -> dict[str, Any]:
     return {"input_tokens": count}
 
 
-def parse_request(body: Any, params: Mapping[str, str] | None = None) -> wire.ParsedRequest:
+def parse_request(
+    body: Any, params: Mapping[str, str] | None = None, *, checked: int = 0
+) -> wire.ParsedRequest:
     """Validate the fields the gateway reads: (model, raw messages, stream). Everything else
     in the body passes through untouched."""
     if not isinstance(body, dict):
@@ -77,7 +79,7 @@ def parse_request(body: Any, params: Mapping[str, str] | None = None) -> wire.Pa
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise GatewayInputError("messages must be a non-empty array", param="messages")
-    if not _plainly_valid(messages):
+    if not _plainly_valid(messages[checked:] if checked else messages):
         _refuse_messages(messages)
     stream = body.get("stream", False)
     if stream is not None and not isinstance(stream, bool):

@@ -114,7 +114,9 @@ def _is_model_side(item: dict[str, Any]) -> bool:
     )
 
 
-def parse_request(body: Any, params: Mapping[str, str] | None = None) -> wire.ParsedRequest:
+def parse_request(
+    body: Any, params: Mapping[str, str] | None = None, *, checked: int = 0
+) -> wire.ParsedRequest:
     """Validate the fields the gateway reads: model, input, instructions, stream."""
     if not isinstance(body, dict):
         raise GatewayInputError("the request body must be a JSON object")
@@ -123,8 +125,8 @@ def parse_request(body: Any, params: Mapping[str, str] | None = None) -> wire.Pa
     if isinstance(given, str):
         items: list[dict[str, Any]] = [{"type": "message", "role": "user", "content": given}]
     elif isinstance(given, list):
-        items = []
-        for index, item in enumerate(given):
+        items = given[:checked]
+        for index, item in enumerate(given[checked:], start=checked):
             if not isinstance(item, dict):
                 raise GatewayInputError(
                     "each input item must be an object", param=f"input[{index}]"
