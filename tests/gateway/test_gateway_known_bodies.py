@@ -39,9 +39,7 @@ def _chat(gateway_url: str, key: str, session: str, messages: list, **more) -> h
     )
 
 
-def test_it_reads_only_what_a_conversation_adds_and_records_the_same(
-    gateway_url, upstream, alice
-):
+def test_it_reads_only_what_a_conversation_adds_and_records_the_same(gateway_url, upstream, alice):
     key = token_for(alice)
     history = _history(3)
     for turn in range(3):
@@ -105,10 +103,16 @@ def test_it_never_reads_from_another_callers_bodies(gateway_url, upstream, alice
             {"model": "claude-sonnet-4-5", "max_tokens": 64, "system": "Be terse."},
             {"x-api-key": CANARY, "anthropic-version": "2023-06-01"},
         ),
-        (GEMINI, {"systemInstruction": {"parts": [{"text": "Be terse."}]}}, {"x-goog-api-key": CANARY}),
+        (
+            GEMINI,
+            {"systemInstruction": {"parts": [{"text": "Be terse."}]}},
+            {"x-goog-api-key": CANARY},
+        ),
     ],
 )
-def test_it_reads_only_what_is_added_on_every_wire(gateway_url, upstream, alice, path, body, headers):
+def test_it_reads_only_what_is_added_on_every_wire(
+    gateway_url, upstream, alice, path, body, headers
+):
     key = token_for(alice)
     param = "contents" if path == GEMINI else "messages"
 
