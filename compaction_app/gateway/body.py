@@ -140,10 +140,11 @@ def _array_end(raw: bytes, next_name: str | None) -> int | None:
     """The offset of the top-level array's closing bracket: before the last member's name
     when the array is followed by `next_name`, else before the object's closing brace."""
     if next_name is None:
-        stop = len(raw.rstrip(_WS)) - 1
+        # Walked back byte by byte: a stripped slice would copy the whole body.
+        stop = _skip_back(raw, len(raw))
         if stop < 0 or raw[stop] != ord("}"):
             return None
-        end = len(raw[:stop].rstrip(_WS)) - 1
+        end = _skip_back(raw, stop)
         return end if end >= 0 and raw[end] == ord("]") else None
     name = orjson.dumps(next_name)
     found = len(raw)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import codecs
+import hashlib
 import io
 import json
 import logging
@@ -122,13 +123,14 @@ KNOWN_BODIES = body_reader.KnownBodies(max_bytes=settings.LEDGER_GATEWAY_KNOWN_B
 
 def _conversation_key(request: HttpRequest, wire: Wire) -> tuple[str, ...] | None:
     """Whose conversation a body continues: the caller's key, session and thread. Bodies are
-    only reused within one, so no caller's latency tells anything of another's."""
+    only reused within one, so no caller's latency tells anything of another's. The key is
+    kept as its digest: no token outlives its request in the server's memory."""
     key = request.headers.get("X-Ledger-Key")
     if not key:
         return None
     return (
         wire.NAME,
-        key,
+        hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest(),
         request.headers.get("X-Ledger-Session") or "",
         request.headers.get("X-Ledger-Thread") or "",
     )
