@@ -67,48 +67,63 @@ def fast_loads(raw: bytes, *, max_depth: int) -> Any | None:
 # --- reading only what is new ------------------------------------------------------------------
 #
 # An agent resends its whole conversation on every call, and each call's body is the last one's
-# with a few messages added: byte for byte, up to where the message array closed. A body read
-# fast is remembered (`Known`) with the offset of its array's closing bracket; a later body that
-# starts with the same bytes up to there is in the same parser state at that offset (JSON is
-# read left to right), so only what follows is read, inside a stand-in for the open object and
+# with a few messages added: byte for byte, up to where the message array closed, or up to its
+# last message (a client that moves its cache breakpoint changes that one). A body read is
+# remembered (`Known`) with those offsets, each proved: the parser is there inside the
+# top-level message array, after so many messages, outside any string. A later body that
+# starts with the same bytes up to one of them is in the same parser state there (JSON is read
+# left to right), so only what follows is read, inside a stand-in for the open object and
 # array, and joined to the messages already read. The result is what reading it whole gives:
 # the same values, key order and last-wins duplicates (tests/gateway/test_gateway_body.py
-# compares the two on generated conversations).
+# compares the two on generated conversations and formattings).
 
 # Stands for the messages already read, in the tail's stand-in document. Its key is random per
 # process, so no body can hold one and be mistaken for the stand-in.
 _STAND_IN_KEY = f"ledger-{os.urandom(16).hex()}"
 _STAND_IN = {_STAND_IN_KEY: 0}
+_STAND_IN_JSON = orjson.dumps(_STAND_IN)
 _WS = b" \t\r\n"
 
 
 @dataclass(frozen=True)
 class Known:
-    """A body read before: its bytes up to its message array's closing bracket (`prefix`),
-    and its top-level members up to there, the array last (`head`). Never changed: a body
-    read from it shares the messages, and builds its own top-level object and array."""
+    """A body read before (`raw`): its top-level members before the message array
+    (`members`), the array's messages (`items`), and the offsets where the parser is inside
+    the array after so many of them (`bounds`: (offset, count), the array's end first).
+    Never changed: a body read from it shares the messages, and builds its own top-level
+    object and array."""
 
-    prefix: memoryview
+    raw: bytes
     key: str
-    head: dict[str, Any]
+    members: dict[str, Any]
+    items: list[Any]
+    bounds: tuple[tuple[int, int], ...]
 
     @property
     def size(self) -> int:
-        return self.prefix.nbytes
+        return len(self.raw)
 
-    @property
-    def count(self) -> int:
-        return len(self.head[self.key])
+
+@dataclass(frozen=True)
+class Reading:
+    """A body read from a known one: the value, how many of its messages the known body held
+    (`count`), where the part read began (`offset`) and the messages read there (`added`)."""
+
+    value: dict[str, Any]
+    count: int
+    offset: int
+    added: list[Any]
 
 
 def _opening(key: str) -> bytes:
     """The stand-in for the open object and array: `{"<key>":[<stand-in>`."""
-    return b"{" + orjson.dumps(key) + b":[" + orjson.dumps(_STAND_IN)
+    return b"{" + orjson.dumps(key) + b":[" + _STAND_IN_JSON
 
 
-def remember(raw: bytes, value: Any, key: str) -> Known | None:
-    """What a later body starting like `raw` can reuse, or None: `value` is `raw` read fast,
-    and `value[key]` a non-empty array of the top-level object."""
+def remember(raw: bytes, value: Any, key: str, *, reading: Reading | None = None) -> Known | None:
+    """What a later body starting like `raw` can reuse, or None. `value` is `raw` read fast:
+    whole (its array's end is then proved by reading up to it again), or from a known body
+    (`reading`: only what it read is read again)."""
     if not isinstance(value, dict) or len(raw) > FAST_MAX_BYTES:
         return None
     items = value.get(key)
@@ -117,47 +132,101 @@ def remember(raw: bytes, value: Any, key: str) -> Known | None:
     names = list(value)
     at = names.index(key)
     after = names[at + 1 :]
-    end = _array_end(raw, after[0] if after else None)
-    if end is None:
-        return None
-    # The end is proved by reading from it: the stand-in then the rest of the body must give
-    # back exactly the members that follow the array (and no second array under the key).
+    floor = reading.offset if reading is not None else 0
+    for end in _array_ends(raw, after[0] if after else None, floor):
+        # The members after the array are read back from its end: exactly the value's.
+        try:
+            rest = orjson.loads(_opening(key) + raw[end:])
+        except orjson.JSONDecodeError:
+            continue
+        if list(rest) != [key, *after] or rest[key] != [_STAND_IN]:
+            continue
+        if any(rest[name] != value[name] for name in after):
+            continue
+        if not _array_ends_at(raw, end, key, items, names[:at], reading):
+            continue
+        members = {name: value[name] for name in names[:at]}
+        # Its own list: the caller's may change; the messages in it are never changed.
+        bounds = [(end, len(items))]
+        before_last = _before_last(raw, end, items)
+        if before_last is not None:
+            bounds.append((before_last, len(items) - 1))
+        return Known(raw=raw, key=key, members=members, items=list(items), bounds=tuple(bounds))
+    return None
+
+
+def _array_ends_at(
+    raw: bytes,
+    end: int,
+    key: str,
+    items: list[Any],
+    member_names: list[str],
+    reading: Reading | None,
+) -> bool:
+    """Whether the array open at `end` is the top-level `key`'s, after all its `items` (a
+    bracket that closes another top-level array, repeated members around it, is not)."""
+    if reading is not None:
+        # The known part is proved: what lies between it and `end` must be the messages
+        # read there, and nothing else.
+        try:
+            between = orjson.loads(b"[0" + raw[reading.offset : end] + b"]")
+        except orjson.JSONDecodeError:
+            return False
+        return between[1:] == reading.added
+    # Read whole: read up to `end` again with the stand-in appended to the open array.
     try:
-        rest = orjson.loads(_opening(key) + raw[end:])
+        upto = orjson.loads(raw[:end] + b"," + _STAND_IN_JSON + b"]}")
+    except orjson.JSONDecodeError:
+        return False
+    found = upto.get(key) if isinstance(upto, dict) else None
+    return (
+        list(upto) == [*member_names, key]
+        and isinstance(found, list)
+        and len(found) == len(items) + 1
+        and found[-1] == _STAND_IN
+    )
+
+
+def _before_last(raw: bytes, end: int, items: list[Any]) -> int | None:
+    """The offset of the comma before the array's last message, when the body is written as
+    orjson writes it (compact, as the SDKs and CLIs send it); proved by reading it."""
+    if len(items) < 2:
+        return None
+    text = orjson.dumps(items[-1])
+    stop = _skip_back(raw, end) + 1
+    comma = _skip_back(raw, stop - len(text))
+    if comma < 0 or raw[comma] != ord(",") or raw[stop - len(text) : stop] != text:
+        return None
+    try:
+        read = orjson.loads(b"[0" + raw[comma:end] + b"]")
     except orjson.JSONDecodeError:
         return None
-    if list(rest) != [key, *after] or rest[key] != [_STAND_IN]:
-        return None
-    if any(rest[name] != value[name] for name in after):
-        return None
-    head = {name: value[name] for name in names[:at]}
-    # Its own list: the caller's may change; the messages in it are never changed.
-    head[key] = list(items)
-    return Known(prefix=memoryview(raw)[:end], key=key, head=head)
+    return comma if read == [0, items[-1]] else None
 
 
-def _array_end(raw: bytes, next_name: str | None) -> int | None:
-    """The offset of the top-level array's closing bracket: before the last member's name
-    when the array is followed by `next_name`, else before the object's closing brace."""
+def _array_ends(raw: bytes, next_name: str | None, floor: int) -> Iterator[int]:
+    """Where the top-level array may close, from the end: before the member `next_name`
+    that follows it, else before the object's closing brace; not before `floor`."""
     if next_name is None:
         # Walked back byte by byte: a stripped slice would copy the whole body.
         stop = _skip_back(raw, len(raw))
         if stop < 0 or raw[stop] != ord("}"):
-            return None
+            return
         end = _skip_back(raw, stop)
-        return end if end >= 0 and raw[end] == ord("]") else None
+        if end >= floor and raw[end] == ord("]"):
+            yield end
+        return
     name = orjson.dumps(next_name)
     found = len(raw)
     for _ in range(8):
-        found = raw.rfind(name, 0, found)
+        found = raw.rfind(name, floor, found)
         if found < 0:
-            return None
+            return
         at = _skip_back(raw, found)
         if at >= 0 and raw[at] == ord(","):
             at = _skip_back(raw, at)
-            if at >= 0 and raw[at] == ord("]"):
-                return at
-    return None
+            if at >= floor and raw[at] == ord("]"):
+                yield at
 
 
 def _skip_back(raw: bytes, at: int) -> int:
@@ -167,31 +236,37 @@ def _skip_back(raw: bytes, at: int) -> int:
     return at
 
 
-def read_after(raw: bytes, known: Known, *, max_depth: int) -> Any | None:
-    """`raw` read as `fast_loads` reads it, reading only what follows `known.prefix`; None
-    when `raw` does not start with it or only a whole reading can tell. TooDeep as there.
-    Its first `known.count` messages are the known body's."""
-    if len(raw) > FAST_MAX_BYTES or not raw.startswith(known.prefix):
+def read_after(raw: bytes, known: Known, *, max_depth: int) -> Reading | None:
+    """`raw` read as `fast_loads` reads it, reading only what follows the longest of
+    `known.bounds` it starts with; None when it starts with none or only a whole reading
+    can tell. TooDeep as there."""
+    if len(raw) > FAST_MAX_BYTES:
         return None
-    try:
-        rest = orjson.loads(_opening(known.key) + raw[known.size :])
-    except orjson.JSONDecodeError:
-        return None
-    items = rest.get(known.key)
-    # A second array under the key (a duplicate member) would hold no stand-in first.
-    if not isinstance(items, list) or not items or items[0] != _STAND_IN:
-        return None
-    deep, wide = measure(rest, max_depth)
-    if deep:
-        raise TooDeep(max_depth)
-    if wide:
-        return None
-    value = dict(known.head)
-    value[known.key] = known.head[known.key] + items[1:]
-    for name, member in rest.items():
-        if name != known.key:
-            value[name] = member
-    return value
+    whole = memoryview(known.raw)
+    for offset, count in known.bounds:
+        if len(raw) <= offset or not raw.startswith(whole[:offset]):
+            continue
+        try:
+            rest = orjson.loads(_opening(known.key) + raw[offset:])
+        except orjson.JSONDecodeError:
+            return None
+        items = rest.get(known.key)
+        # A second array under the key (a duplicate member) would hold no stand-in first.
+        if not isinstance(items, list) or not items or items[0] != _STAND_IN:
+            return None
+        deep, wide = measure(rest, max_depth)
+        if deep:
+            raise TooDeep(max_depth)
+        if wide:
+            return None
+        added = items[1:]
+        value = dict(known.members)
+        value[known.key] = known.items[:count] + added
+        for name, member in rest.items():
+            if name != known.key:
+                value[name] = member
+        return Reading(value=value, count=count, offset=offset, added=added)
+    return None
 
 
 class KnownBodies:
@@ -228,9 +303,9 @@ class KnownBodies:
     def kept_bytes(self) -> int:
         return self._bytes
 
-    def read(self, key: Any, raw: bytes, *, max_depth: int) -> tuple[Any, int] | None:
-        """`raw` read from the conversation's known bodies (read_after), and how many of its
-        messages were a known body's; None when none of them starts it."""
+    def read(self, key: Any, raw: bytes, *, max_depth: int) -> Reading | None:
+        """`raw` read from the conversation's known bodies (read_after); None when none of
+        them starts it."""
         with self._lock:
             found = self._entries.get(key)
             if found is None:
@@ -239,10 +314,10 @@ class KnownBodies:
             self._entries.move_to_end(key)
             candidates = list(found[1])
         for known in candidates:
-            value = read_after(raw, known, max_depth=max_depth)
-            if value is not None:
+            reading = read_after(raw, known, max_depth=max_depth)
+            if reading is not None:
                 self.hits += 1
-                return value, known.count
+                return reading
         self.misses += 1
         return None
 

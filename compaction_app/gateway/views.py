@@ -143,8 +143,13 @@ class _Read:
     value: Any
     # Its bytes when orjson read them: what a later call of the conversation may reuse.
     fast: bytes | None = None
-    # How many of its messages a known body of the conversation holds (body.KnownBodies).
-    checked: int = 0
+    # Read from a known body of the conversation (body.KnownBodies): what was read anew.
+    reading: body_reader.Reading | None = None
+
+    @property
+    def checked(self) -> int:
+        """How many of its messages the known body held (checked when that call was)."""
+        return self.reading.count if self.reading is not None else 0
 
 
 def _read_json(request: HttpRequest, conversation: tuple[str, ...] | None = None) -> _Read:
@@ -165,13 +170,13 @@ def _read_json(request: HttpRequest, conversation: tuple[str, ...] | None = None
     _release_body(request)
     release_freed_memory(len(raw))
     try:
-        known = (
+        reading = (
             None
             if conversation is None
             else KNOWN_BODIES.read(conversation, raw, max_depth=MAX_JSON_DEPTH)
         )
-        if known is not None:
-            return _Read(forward.Body(raw), known[0], raw, checked=known[1])
+        if reading is not None:
+            return _Read(forward.Body(raw), reading.value, raw, reading)
         fast = body_reader.fast_loads(raw, max_depth=MAX_JSON_DEPTH)
     except body_reader.TooDeep:
         raise _too_deep() from None
@@ -352,7 +357,7 @@ def _validate(request: HttpRequest, wire: Wire, params: dict[str, str]) -> _Requ
     raw, body = read.source, read.value
     # Taken before anything downstream could touch the value; kept once the call is accepted.
     known = (
-        body_reader.remember(read.fast, body, wire.MESSAGES_PARAM)
+        body_reader.remember(read.fast, body, wire.MESSAGES_PARAM, reading=read.reading)
         if conversation is not None and read.fast is not None
         else None
     )

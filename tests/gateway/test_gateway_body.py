@@ -173,7 +173,19 @@ def _encode(value: Any, style: dict[str, Any], ascii_only: bool = False) -> byte
 
 
 def _later(known: Any, raw: bytes) -> Any:
-    return read_after(raw, known, max_depth=MAX_JSON_DEPTH)
+    reading = read_after(raw, known, max_depth=MAX_JSON_DEPTH)
+    return None if reading is None else reading.value
+
+
+def _reads_back(known: Any) -> bool:
+    """Each of a known body's offsets is where its array holds that many messages."""
+    return all(
+        same(
+            fast_loads(known.raw[:offset] + b"]}"),
+            {**known.members, known.key: known.items[:count]},
+        )
+        for offset, count in known.bounds
+    )
 
 
 @settings(max_examples=300, deadline=None)
@@ -201,9 +213,21 @@ def test_it_reads_a_conversation_s_next_body_as_reading_it_whole_does(
     whole = fast_loads(nxt)
     if known is None or whole is None:
         return
-    assert same(known.head, fast_loads(bytes(known.prefix) + b"]}"))
-    later = _later(known, nxt)
-    assert later is None or same(later, whole)
+    assert _reads_back(known)
+    reading = read_after(nxt, known, max_depth=MAX_JSON_DEPTH)
+    if reading is None:
+        return
+    assert same(reading.value, whole)
+    # And the next one, from what that call read.
+    chained = remember(nxt, reading.value, "messages", reading=reading)
+    third = _encode(
+        {**before, "messages": history + added + added, **after_first}, style, ascii_only
+    )
+    if chained is None or fast_loads(third) is None:
+        return
+    assert _reads_back(chained)
+    last = _later(chained, third)
+    assert last is None or same(last, fast_loads(third))
 
 
 def _chat(count: int, **more: Any) -> dict[str, Any]:
@@ -226,10 +250,10 @@ def test_it_reads_only_what_follows_the_known_messages():
     later = _later(known, nxt)
     assert same(later, json.loads(nxt))
     # The messages already read are the same objects; the object and array are the call's own.
-    assert later["messages"][0] is known.head["messages"][0]
-    assert later["messages"] is not known.head["messages"]
+    assert later["messages"][0] is known.items[0]
+    assert later["messages"] is not known.items
     later["messages"].append("changed by a caller")
-    assert len(known.head["messages"]) == 40
+    assert len(known.items) == 40
 
 
 @pytest.mark.parametrize(
@@ -309,12 +333,12 @@ def test_it_keeps_the_conversations_that_fit_and_lets_idle_ones_make_room():
     # alone would evict, in a round of four, the one that calls next).
     kept.keep("d", _known(1000, "d"))
     assert kept.kept_bytes <= 3 * size
-    assert [known.head["messages"][0]["content"][0] for known in kept] == ["a", "b", "c"]
+    assert [known.items[0]["content"][0] for known in kept] == ["a", "b", "c"]
     clock.now = 30
     kept.keep("b", _known(1000, "B"))  # b is active
     clock.now = 70
     kept.keep("d", _known(1000, "d"))  # a and c idle for 70 s: the least recent (a) goes
-    assert sorted(known.head["messages"][0]["content"][0] for known in kept) == ["B", "c", "d"]
+    assert sorted(known.items[0]["content"][0] for known in kept) == ["B", "c", "d"]
     assert kept.kept_bytes <= 3 * size
 
 
@@ -328,9 +352,9 @@ def test_it_keeps_a_conversation_s_last_bodies_and_reads_from_any_of_them():
     changed = _chat(16)
     changed["messages"][13]["cache_control"] = {"type": "ephemeral"}
     raw = json.dumps(changed).encode()
-    value, checked = kept.read("conversation", raw, max_depth=MAX_JSON_DEPTH)
-    assert same(value, json.loads(raw))
-    assert checked == 12  # the messages the older body held
+    reading = kept.read("conversation", raw, max_depth=MAX_JSON_DEPTH)
+    assert same(reading.value, json.loads(raw))
+    assert reading.count == 12  # the messages the older body held
     assert kept.read("someone else", raw, max_depth=MAX_JSON_DEPTH) is None
     assert kept.kept_bytes == sum(known.size for known in kept)
 
@@ -339,3 +363,61 @@ def test_it_keeps_nothing_with_no_room():
     kept = KnownBodies(max_bytes=0)
     kept.keep("conversation", _known(10))
     assert list(kept) == [] and kept.kept_bytes == 0
+
+
+def _compact(value: Any) -> bytes:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+def test_it_reads_a_conversation_call_after_call_from_what_it_read_last():
+    # Each call adds two messages and moves the cache breakpoint to its last message, as
+    # Claude Code does: every call after the first reads from the one before, up to the
+    # message before the breakpoint moved.
+    kept = KnownBodies(max_bytes=1 << 20, per_key=1)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": "start [x] {y}"}]
+    counts = []
+    for turn in range(6):
+        for message in messages:
+            message.pop("cache_control", None)
+        messages = [
+            *messages,
+            {"role": "assistant", "content": f"Re: {turn}"},
+            {"role": "user", "content": f"turn {turn}", "cache_control": {"type": "ephemeral"}},
+        ]
+        raw = _compact({"model": "m", "messages": messages, "tools": [{"name": "f"}]})
+        reading = kept.read("c", raw, max_depth=MAX_JSON_DEPTH)
+        value = fast_loads(raw) if reading is None else reading.value
+        assert same(value, json.loads(raw))
+        counts.append(None if reading is None else reading.count)
+        known = remember(raw, value, "messages", reading=reading)
+        assert known is not None and _reads_back(known)
+        kept.keep("c", known)
+    # The first is read whole; each later one up to the last message of the one before.
+    assert counts == [None, 2, 4, 6, 8, 10]
+
+
+@pytest.mark.parametrize(
+    ("first", "later"),
+    [
+        # A member repeated after the array: its first array's bracket, followed by the same
+        # names, must not pass for the messages' end.
+        (
+            b'{"messages":[{"role":"user"}],"a":[1],"a":[2]}',
+            b'{"messages":[{"role":"user"}],"a":[1,5],"b":2}',
+        ),
+        (
+            b'{"a":[0],"messages":[{"m":1}],"a":[{"m":1}]}',
+            b'{"a":[0],"messages":[{"m":1}],"a":[{"m":1},7]}',
+        ),
+        (
+            b'{"a":[0],"messages":[{"m":1}],"a":[{"m":1}],"z":1}',
+            b'{"a":[0],"messages":[{"m":1}],"a":[{"m":1},7],"z":1}',
+        ),
+    ],
+)
+def test_it_reads_a_body_with_repeated_members_exactly(first, later):
+    known = remember(first, fast_loads(first), "messages")
+    if known is not None:
+        assert _reads_back(known)
+        value = _later(known, later)
+        assert value is None or same(value, json.loads(later))
