@@ -258,9 +258,9 @@ def _running_summary(session: Session) -> RunningSummary:
 
 
 def broadcast_usage(session: Session) -> None:
-    """Push the session's usage document (USAGE_UPDATED) to everyone watching it: its main
-    thread's for a session with several writers, like REST /usage."""
-    usage = thread_scope.session_usage(session=session, usage=usage_for_session(session=session))
+    """Push the session's usage document (USAGE_UPDATED) to everyone watching it: exactly
+    REST /usage's (the main thread's context, the session's bill)."""
+    usage = usage_for_session(session=session)
     broadcast.broadcast(
         session_id=session.pk,
         owner_id=session.owner_id,

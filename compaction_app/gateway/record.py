@@ -45,6 +45,7 @@ from sessions_app.services import (
     TokenUsage,
     event_append,
     model_registry,
+    session_bill_call_again,
     session_create,
     session_note_reply,
     thread_get_or_create,
@@ -519,25 +520,41 @@ def record_reply(
             **(thread_updates or {}),
         )
 
+    def bill_again() -> None:
+        # The provider answered (and billed) this call, whose reply the ledger already held:
+        # the session's bill counts every call answered, retries included (sessions_app.scope).
+        if usage is not None:
+            session_bill_call_again(
+                session_id=session_id, model=reply.model, usage=usage, saved_tokens=saved
+            )
+
     if not inputs:
         session_note_reply(session_id=session_id, updates=updates)
+        bill_again()  # a reply with nothing to store is still a call the provider billed
         _remember_alone(remembered)
         return []
     # A retried request gets its reply again at the same position, usually with other usage
     # figures: the reply recorded first stands, and a retry records nothing twice
     # (event_append would refuse the changed body as an idempotency conflict).
+
     try:
         # The thread's row commits with the reply: one commit per recorded call.
-        return event_append(
+        result = event_append(
             session=session, events=inputs, session_updates=updates, also_update=remembered
-        ).events
+        )
     except Conflict:
         # Nothing of that append was stored, the thread's update neither.
         pass
+    else:
+        if not result.created:
+            bill_again()  # an identical retry: every event was already stored
+        return result.events
     _remember_alone(remembered)
     ids = [item.id for item in inputs]
     recorded = set(Event.objects.filter(pk__in=ids).values_list("pk", flat=True))
     fresh = [item for item in inputs if item.id not in recorded]
+    if inputs[0].id in recorded:
+        bill_again()  # the reply that carries the usage was stored by an earlier answer
     if fresh:
         # A concurrent retry may record it between the look-up and the append.
         with contextlib.suppress(Conflict):

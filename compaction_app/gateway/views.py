@@ -607,7 +607,15 @@ def _provider_error(data: bytes) -> dict[str, str]:
 
 
 async def _record(*, call: Call, fitted: Fitted, reply: Reply, incomplete: bool) -> None:
-    # The provider answered: bookkeeping trouble is logged and shown, never the call's failure.
+    # The provider answered (and billed) the call: its row carries the reply's usage whatever
+    # happens next (a client that goes away cancels this coroutine while the reply is being
+    # recorded; the recording itself runs on).
+    if call.announced.call is not None:
+        chains = call.request.chains if call.request is not None else ()
+        # As record_thread_reply continues the chain (None: it computes it the long way).
+        after_chain = (chains[-1] or None) if chains else ""
+        call.announced.call.replied(reply=reply, after_chain=after_chain)
+    # Bookkeeping trouble is logged and shown, never the call's failure.
     await workers.run(
         call.announced.collecting,
         thread_fit.record_thread_reply,
@@ -620,11 +628,6 @@ async def _record(*, call: Call, fitted: Fitted, reply: Reply, incomplete: bool)
         incomplete=incomplete,
         metadata={"requestedModel": fitted.model} if fitted.model != reply.model else None,
     )
-    if call.announced.call is not None:
-        chains = call.request.chains if call.request is not None else ()
-        # As record_thread_reply continues the chain (None: it computes it the long way).
-        after_chain = (chains[-1] or None) if chains else ""
-        call.announced.call.replied(reply=reply, after_chain=after_chain)
 
 
 # --- passthrough: endpoints the gateway has no rule for --------------------------------------------
