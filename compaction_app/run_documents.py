@@ -69,6 +69,22 @@ def completion_text(run: CompactionRun) -> str:
     return f"Compaction complete! {before:,} → {after:,} tokens ({effect}), {count:,} {what}"
 
 
+def tokens_text(run: CompactionRun) -> str:
+    """A run's tokens before → after as every page writes them: "1,616 → 992 (−38.6 %)", or
+    "1,616 (nothing to fold)"; "—" before it has figures."""
+    if run.tokens_before is None:
+        return "—"
+    if run.tokens_after is None:
+        return f"{run.tokens_before:,} → —"
+    if run.status == RunStatus.COMPLETED and not run.folded_count:
+        return f"{run.tokens_before:,} (nothing to fold)"
+    text = f"{run.tokens_before:,} → {run.tokens_after:,}"
+    reduction = run.reduction_percent
+    if reduction is not None:
+        text += f" (−{reduction} %)" if reduction >= 0 else f" (+{-reduction} %)"
+    return text
+
+
 def run_snapshot(run: CompactionRun) -> dict[str, Any]:
     return {
         "id": str(run.pk),
