@@ -76,7 +76,11 @@ def tokens_text(run: CompactionRun) -> str:
         return "—"
     if run.tokens_after is None:
         return f"{run.tokens_before:,} → —"
-    if run.status == RunStatus.COMPLETED and not run.folded_count:
+    if (
+        run.status == RunStatus.COMPLETED
+        and not run.folded_count
+        and run.tokens_before == run.tokens_after
+    ):
         return f"{run.tokens_before:,} (nothing to fold)"
     text = f"{run.tokens_before:,} → {run.tokens_after:,}"
     reduction = run.reduction_percent

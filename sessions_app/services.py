@@ -36,6 +36,7 @@ from sessions_app.append import (
     append_prepared,
     bill_again,
 )
+from sessions_app.calls import calls_attach
 from sessions_app.errors import InvalidInput
 from sessions_app.model_registry import ModelRegistry
 from sessions_app.models import Event, EventType, Session, Thread
@@ -162,6 +163,9 @@ def session_create(
             settings=resolved,
             client_key=client_key,
         )
+        if client_key:
+            # Calls refused before this key had a session (a typo'd model, bad JSON) join it.
+            calls_attach(owner_id=owner.pk, session_key=client_key, session_id=session.pk)
         if system_prompt:
             event_append(
                 session=session,

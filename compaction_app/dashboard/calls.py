@@ -91,7 +91,7 @@ def calls_page(
     page_filters = PageFilters.from_query(params)
     queryset = calls_visible_to(user=user, session=session, filters=page_filters.filters)
     if session is None:
-        queryset = queryset.select_related("session", "session__owner")
+        queryset = queryset.select_related("session", "owner")
     paginator = Paginator(queryset, PAGE_SIZE)
     page = paginator.get_page(page_filters.page)
     rows = [

@@ -26,6 +26,7 @@ from rest_framework.authtoken.models import Token
 
 from compaction_app import thread_scope
 from compaction_app.gateway import usage as usage_figures
+from compaction_app.gateway.fitted import limit_phrase
 from compaction_app.gateway.messages import (
     ClientMessage,
     GatewayError,
@@ -310,8 +311,8 @@ def record_request(
             cost = sum(parts) + tokens.REPLY_PRIMER
             if cost > window:
                 raise GatewayError(
-                    f"message {index} alone is {cost} tokens; the context window of "
-                    f"{session.model} is {window}",
+                    f"message {index} alone is {cost:,} tokens; the room for messages is "
+                    f"{room_phrase(session=session, window=window)}",
                     code="context_length_exceeded",
                     param="messages",
                     tokenCount=cost,
@@ -356,6 +357,16 @@ def record_request(
         chains=tuple(chains),
         threads_seen=len(recent) + (0 if any(t.pk == thread.pk for t in recent) else 1),
     )
+
+
+def room_phrase(*, session: Session, window: int) -> str:
+    """The room a request's messages have, said as what limits it: the session's limit (its
+    own, or the model's window) less what tool definitions take."""
+    limit = session.context_limit
+    said = limit_phrase(limit=limit, model=session.model)
+    if window >= limit:
+        return said
+    return f"{window:,} tokens: {said}, less {limit - window:,} for tool definitions"
 
 
 def _storable_input(item: EventInput) -> EventInput:
