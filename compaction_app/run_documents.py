@@ -1,33 +1,14 @@
-"""What a run tells the outside when it ends: the `COMPACTION_COMPLETE` message (websocket and
-dashboard) and the snapshot the session keeps of its latest run. Shared by the services and
-the sweeper, which fails stale runs with the same words."""
+"""What a run tells the outside when it ends: its outcome and the words for it (the
+`COMPACTION_COMPLETE` message is built from them in compaction_app.realtime.messages), and the
+snapshot the session keeps of its latest run. Shared by the services and the sweeper, which
+fails stale runs with the same words."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from compaction_app.models import CompactionRun, RunStatus
-
-
-def complete_message(run: CompactionRun) -> dict[str, Any]:
-    success = run.status == RunStatus.COMPLETED
-    text = completion_text(run) if success else f"Compaction failed: {run.error}"
-    return {
-        "type": "COMPACTION_COMPLETE",
-        "sessionId": str(run.session_id),
-        "compactionId": str(run.pk),
-        "success": success,
-        "tokensBefore": run.tokens_before,
-        "tokensAfter": run.tokens_after,
-        "eventsBefore": run.events_before,
-        "eventsAfter": run.events_after,
-        "reductionPercent": run.reduction_percent,
-        "error": run.error or None,
-        "keptPercent": (run.loss_report or {}).get("keptPercent") if success else None,
-        "outcome": outcome(run)[0],
-        "message": text,
-    }
-
+from sessions_app.session_settings import SessionSettings
 
 NOTHING_TO_FOLD = "nothing_to_fold"
 
@@ -42,14 +23,30 @@ def outcome(run: CompactionRun) -> tuple[str | None, str | None]:
         return None, None
     if run.folded_count:
         return "compacted", None
-    if run.strategy == "clear_tool_results":
-        reason = "no tool result is old enough to clear; the context is unchanged"
-    else:
-        reason = (
-            "no event may be folded now (the system prompt, the last user message, pinned "
-            "events and the newest events are kept); the context is unchanged"
+    target = None
+    if run.strategy == "trim" and run.tokens_before is not None:
+        ratio = run.target_ratio or SessionSettings.of(run.session.settings).compact_threshold
+        target = int(run.session.context_limit * ratio)
+    return NOTHING_TO_FOLD, nothing_to_fold_reason(
+        strategy=run.strategy, tokens=run.tokens_before, target=target
+    )
+
+
+def nothing_to_fold_reason(
+    *, strategy: str, tokens: int | None = None, target: int | None = None
+) -> str:
+    """Why a strategy folds nothing now (a run's `reason`, the dashboard's dry run)."""
+    if strategy == "clear_tool_results":
+        return "no tool result is old enough to clear; the context is unchanged"
+    if strategy == "trim" and tokens is not None and target is not None and tokens <= target:
+        return (
+            f"the context ({tokens:,} tokens) is already within trim's target ({target:,} "
+            "tokens, the compact threshold of the limit); the context is unchanged"
         )
-    return NOTHING_TO_FOLD, reason
+    return (
+        "no event may be folded now (the system prompt, the last user message, pinned "
+        "events and the newest events are kept); the context is unchanged"
+    )
 
 
 def completion_text(run: CompactionRun) -> str:
@@ -60,7 +57,9 @@ def completion_text(run: CompactionRun) -> str:
     effect = f"{change}% reduction" if change >= 0 else f"{-change}% increase"
     count = run.folded_count
     if not count:
-        return f"Compaction complete! Nothing to fold: {before:,} tokens unchanged"
+        # Not a success to celebrate: what happened and why, in the words the run's JSON uses.
+        reason = outcome(run)[1] or ""
+        return f"Nothing to fold: {before:,} tokens unchanged — {reason.split(';')[0]}."
     # clear_tool_results folds nothing: what it counts are the results it cleared.
     if run.strategy == "clear_tool_results":
         what = "tool result cleared" if count == 1 else "tool results cleared"

@@ -43,7 +43,11 @@ from compaction_app.dashboard.chart import (
 )
 from compaction_app.dashboard.trace import EXPANDED_TAIL, Item, build_trace
 from compaction_app.models import ACTIVE_STATUSES, CompactionRun, RunningSummary, RunStatus
-from compaction_app.selectors import latest_revertible_run, runs_for_session
+from compaction_app.selectors import (
+    latest_revertible_run,
+    runs_for_session,
+    summary_message_tokens,
+)
 from sessions_app import pricing, scope
 from sessions_app.models import MODEL_INVISIBLE_TYPES, Event, EventType, Session, Thread
 from sessions_app.scope import BillFigures, ContextFigures
@@ -532,17 +536,6 @@ def session_view(*, session: Session, all_runs: bool = False) -> SessionView:
     active = next((run for run in runs if run.status in ACTIVE_STATUSES), None)
     latest = latest_revertible_run(session=session)
     summary = RunningSummary.objects.filter(session=session).exclude(summary="").first()
-    summarized = next(
-        (
-            run
-            for run in runs
-            if run.status == RunStatus.COMPLETED
-            and not run.reverted_at
-            and run.compaction_event is not None
-            and run.compaction_event.content
-        ),
-        None,
-    )
     threads = session_threads(session=session)
     row = session_row(session=session, active_run=active, threads=threads)
     return SessionView(
@@ -561,13 +554,9 @@ def session_view(*, session: Session, all_runs: bool = False) -> SessionView:
             if all_runs or len(runs) < HISTORY_ROWS
             else runs_for_session(session=session).count()
         ),
-        # The summary's own size, as its run's summaryTokens and GET /summary's tokenCount
-        # state it (the COMPACTION event's count adds the message framing).
-        summary_tokens=(
-            summarized.summary_tokens
-            if summarized is not None and summarized.summary_tokens is not None
-            else (summary.token_count if summary is not None else None)
-        ),
+        # What the summary costs in the context (its COMPACTION event's count), the number the
+        # timeline's summary entry shows; GET /summary gives it as messageTokenCount.
+        summary_tokens=summary_message_tokens(session=session) if summary is not None else None,
     )
 
 
