@@ -8,6 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from compaction_app.models import CompactionRun, RunStatus
+from compaction_app.policy import Policy
+from sessions_app.models import Session
 from sessions_app.session_settings import SessionSettings
 
 NOTHING_TO_FOLD = "nothing_to_fold"
@@ -25,11 +27,18 @@ def outcome(run: CompactionRun) -> tuple[str | None, str | None]:
         return "compacted", None
     target = None
     if run.strategy == "trim" and run.tokens_before is not None:
-        ratio = run.target_ratio or SessionSettings.of(run.session.settings).compact_threshold
-        target = int(run.session.context_limit * ratio)
+        target = trim_target(run.session, target_ratio=run.target_ratio)
     return NOTHING_TO_FOLD, nothing_to_fold_reason(
         strategy=run.strategy, tokens=run.tokens_before, target=target
     )
+
+
+def trim_target(session: Session, *, target_ratio: float | None = None) -> int:
+    """The tokens a trim run reaches (the compaction policy's target for it)."""
+    policy = Policy.of(SessionSettings.of(session.settings))
+    return policy.budget(
+        context_limit=session.context_limit, target_ratio=target_ratio
+    ).target_tokens
 
 
 def nothing_to_fold_reason(

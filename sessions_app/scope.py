@@ -29,6 +29,7 @@ from django.core.cache import cache
 from django.db.models import Count, Q
 
 from sessions_app import pricing
+from sessions_app.context_window import WindowLevel
 from sessions_app.errors import NotFound
 from sessions_app.models import ERROR_STATUSES, Call, Session, Thread
 from sessions_app.session_settings import SessionSettings
@@ -44,71 +45,42 @@ BILL_SCOPE = "session"
 # --- context figures (per thread) ----------------------------------------------------------------
 
 
-def window_level(
-    *, tokens: int, limit: int, compact_threshold: float, hard_threshold: float
-) -> tuple[float, bool, bool]:
-    """(percentUsed, nearLimit, atLimit) of `tokens` in a window of `limit`: 100 × tokens /
-    limit with one decimal; near from the compact threshold, at from the hard limit."""
-    ratio = tokens / limit if limit else 0.0
-    return round(100 * ratio, 1), ratio >= compact_threshold, ratio >= hard_threshold
-
-
 @dataclass(frozen=True)
 class ContextFigures:
-    """What one thread's model sees, against the session's context limit."""
+    """What one thread's model sees, against the session's context limit: the thread's key
+    ("" when the session has no gateway threads: the whole ledger) and its window level
+    (context_window.window_level, the one window computation)."""
 
-    # The thread's key; "" when the session has no gateway threads (the whole ledger).
     thread: str
-    context_tokens: int
-    context_limit: int
-    compact_threshold: float
-    hard_threshold: float
+    level: WindowLevel
 
     @property
-    def level(self) -> tuple[float, bool, bool]:
-        return window_level(
-            tokens=self.context_tokens,
-            limit=self.context_limit,
-            compact_threshold=self.compact_threshold,
-            hard_threshold=self.hard_threshold,
-        )
+    def context_tokens(self) -> int:
+        return self.level.tokens
+
+    @property
+    def context_limit(self) -> int:
+        return self.level.window
 
     @property
     def percent_used(self) -> float:
-        return self.level[0]
+        return self.level.percent_used
 
     @property
     def near_limit(self) -> bool:
-        return self.level[1]
+        return self.level.near_limit
 
     @property
     def at_limit(self) -> bool:
-        return self.level[2]
-
-    @property
-    def compact_at(self) -> int:
-        return int(self.context_limit * self.compact_threshold)
-
-    @property
-    def hard_at(self) -> int:
-        return int(self.context_limit * self.hard_threshold)
-
-    @property
-    def tokens_to_compact(self) -> int:
-        return max(self.compact_at - self.context_tokens, 0)
-
-    @property
-    def tokens_to_hard(self) -> int:
-        return max(self.hard_at - self.context_tokens, 0)
+        return self.level.at_limit
 
     def document(self) -> dict[str, Any]:
-        percent, near, at = self.level
         out: dict[str, Any] = {
-            "contextTokens": self.context_tokens,
-            "contextLimit": self.context_limit,
-            "percentUsed": percent,
-            "nearLimit": near,
-            "atLimit": at,
+            "contextTokens": self.level.tokens,
+            "contextLimit": self.level.window,
+            "percentUsed": self.level.percent_used,
+            "nearLimit": self.level.near_limit,
+            "atLimit": self.level.at_limit,
         }
         if self.thread:
             out["thread"] = self.thread
@@ -148,16 +120,9 @@ def context_figures(
 ) -> ContextFigures:
     """The context figures of `thread` (its key; None: the main thread). `threads`: the
     session's threads when the caller has them (main first). An unknown key is NotFound."""
-    settings = SessionSettings.of(session.settings)
 
     def figures(key: str, tokens: int) -> ContextFigures:
-        return ContextFigures(
-            thread=key,
-            context_tokens=tokens,
-            context_limit=session.context_limit,
-            compact_threshold=settings.compact_threshold,
-            hard_threshold=settings.hard_limit_threshold,
-        )
+        return ContextFigures(thread=key, level=session.window_level(tokens))
 
     if threads is None and thread is None:
         hint = _threads_hint(session)

@@ -581,13 +581,8 @@ class Schedule:
     refresh_at: int
     tokens_to_refresh: int
 
-    @property
-    def compact_percent(self) -> int:
-        return round(100 * self.compact_ratio)
-
-    @property
-    def hard_percent(self) -> int:
-        return round(100 * self.hard_ratio)
+    compact_percent: int
+    hard_percent: int
 
     @property
     def gauge_ticks(self) -> list[tuple[float, float, float, float, str]]:
@@ -618,6 +613,7 @@ def schedule_for(
     if context is None:
         context = scope.context_figures(session=session)
     cooldown = settings.cooldown_seconds
+    level = context.level
     last_auto = (
         CompactionRun.objects.filter(session=session, trigger="auto")
         .order_by("-created_at")
@@ -631,12 +627,14 @@ def schedule_for(
     refresh_at = settings.refresh_threshold_tokens
     return Schedule(
         auto_compact=settings.auto_compact,
-        compact_ratio=context.compact_threshold,
-        hard_ratio=context.hard_threshold,
-        compact_at=context.compact_at,
-        hard_at=context.hard_at,
-        tokens_to_compact=context.tokens_to_compact,
-        tokens_to_hard=context.tokens_to_hard,
+        compact_ratio=settings.compact_threshold,
+        hard_ratio=settings.hard_limit_threshold,
+        compact_at=level.compact_at,
+        hard_at=level.hard_at,
+        compact_percent=level.compact_percent,
+        hard_percent=level.hard_percent,
+        tokens_to_compact=level.tokens_to_compact,
+        tokens_to_hard=level.tokens_to_hard,
         cooldown_seconds=cooldown,
         cooldown_left=left,
         refresh_at=refresh_at,

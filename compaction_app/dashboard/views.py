@@ -30,14 +30,14 @@ from compaction_app.dashboard.render import (
     session_context,
 )
 from compaction_app.models import CompactionRun
-from compaction_app.run_documents import nothing_to_fold_reason
+from compaction_app.run_documents import nothing_to_fold_reason, trim_target
 from compaction_app.selectors import run_get
 from sessions_app import search as session_search_module
 from sessions_app import services as session_services
 from sessions_app.errors import LedgerError, NotFound
 from sessions_app.models import Session
 from sessions_app.selectors import event_get, session_get
-from sessions_app.session_settings import STRATEGY_NAMES, SessionSettings
+from sessions_app.session_settings import STRATEGY_NAMES
 from sessions_app.threads import session_threads
 
 
@@ -295,11 +295,8 @@ def compaction_preview(request: HtmxHttpRequest, session_id: Any) -> HttpRespons
     preview: dict[str, Any] = {"plan": dry_run.plan, "strategy": strategy}
     if dry_run.plan.is_empty:
         # Say why, rather than offer a run that would change nothing.
-        settings = SessionSettings.of(session.settings)
         preview["why"] = nothing_to_fold_reason(
-            strategy=strategy,
-            tokens=dry_run.plan.tokens_before,
-            target=int(session.context_limit * settings.compact_threshold),
+            strategy=strategy, tokens=dry_run.plan.tokens_before, target=trim_target(session)
         )
     if request.htmx:
         return _part(request, session, "controls", preview=preview)
