@@ -90,6 +90,10 @@ class Session(models.Model):
     saved_nano_usd = models.PositiveBigIntegerField(default=0)
     unpriced_calls = models.PositiveIntegerField(default=0)
     unpriced_model = models.CharField(max_length=200, blank=True, default="")
+    # Gateway calls (sessions_app.calls.call_record): those the provider answered (the bill
+    # counts each, retries included) and those it did not (refused, failed: billed nothing).
+    answered_calls = models.PositiveIntegerField(default=0)
+    failed_calls = models.PositiveIntegerField(default=0)
     # Snapshot of the latest compaction run, written by compaction_app through a service
     # (sessions_app never imports compaction_app).
     last_compaction = models.JSONField(null=True, blank=True)

@@ -26,12 +26,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.core.cache import cache
-from django.db.models import Count, Q
 
 from sessions_app import pricing
 from sessions_app.context_window import WindowLevel
 from sessions_app.errors import NotFound
-from sessions_app.models import ERROR_STATUSES, Call, Session, Thread
+from sessions_app.models import Session, Thread
 from sessions_app.session_settings import SessionSettings
 from sessions_app.threads import session_threads
 
@@ -218,19 +217,8 @@ def unpriced_text(count: int) -> str:
     return f"{count:,} call{'s' if count != 1 else ''} with no price"
 
 
-def call_counts(*, session: Session) -> tuple[int, int]:
-    """(calls the provider answered, calls it did not) of the session's gateway calls."""
-    counts = Call.objects.filter(session=session).aggregate(
-        calls=Count("id"), failed=Count("id", filter=Q(status__in=ERROR_STATUSES))
-    )
-    failed = counts["failed"] or 0
-    return (counts["calls"] or 0) - failed, failed
-
-
-def bill_figures(*, session: Session, with_calls: bool = True) -> BillFigures:
-    """The session's bill from its counters (O(1)); `with_calls` adds the gateway's call
-    counts (one indexed aggregate)."""
-    calls, failed = call_counts(session=session) if with_calls else (0, 0)
+def bill_figures(*, session: Session) -> BillFigures:
+    """The session's bill from its counters (O(1), no query)."""
     return BillFigures(
         prompt_tokens=session.reported_prompt_tokens,
         completion_tokens=session.reported_completion_tokens,
@@ -243,8 +231,8 @@ def bill_figures(*, session: Session, with_calls: bool = True) -> BillFigures:
         unpriced_model=session.unpriced_model,
         saved_tokens=session.saved_tokens,
         saved_nano_usd=session.saved_nano_usd,
-        calls=calls,
-        failed_calls=failed,
+        calls=session.answered_calls,
+        failed_calls=session.failed_calls,
     )
 
 

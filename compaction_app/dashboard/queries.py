@@ -215,7 +215,7 @@ def session_row(
     return SessionRow(
         session=session,
         context=scope.context_figures(session=session, threads=threads),
-        bill=bill if bill is not None else scope.bill_figures(session=session, with_calls=False),
+        bill=bill if bill is not None else scope.bill_figures(session=session),
         active_run=active_run,
         last_compaction=session.last_compaction,
         title=display_title(session=session),
