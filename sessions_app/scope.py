@@ -4,9 +4,9 @@ every surface reads (REST `/usage`, `USAGE_UPDATED`, the dashboard, MCP, the adm
 * **Context figures** (what the model sees: `contextTokens`, `contextLimit`, `percentUsed`,
   `nearLimit`, `atLimit`, and the schedule derived from them) are per *thread*, the main
   thread by default (`?thread=` picks another). A session with one writer (no gateway
-  threads, or one) has one conversation: its context is the ledger's active context. With
-  several writers the ledger interleaves them, so a thread's context is what its last call
-  forwarded (its compactions update it too).
+  threads, or one, or none answered yet) has one conversation: its context is the ledger's
+  active context. With several writers the ledger interleaves them, so a thread's context is
+  what its last call forwarded (a compaction of it shows from its next call).
 * **Bill figures** (provider-reported tokens, cost, cache reads and writes, calls) are per
   *session*, across every thread, and count every call the provider answered, retries
   included (a provider bills each one, even when the ledger already held the reply). Calls the
@@ -123,6 +123,10 @@ def context_figures(
     def figures(key: str, tokens: int) -> ContextFigures:
         return ContextFigures(thread=key, level=session.window_level(tokens))
 
+    if thread is None and not session.last_serving_model:
+        # No gateway call was ever answered: no writer's conversation to pick, the ledger is
+        # the context (and the many REST sessions' usage costs no look-up).
+        return figures("", session.context_tokens)
     if threads is None and thread is None:
         hint = _threads_hint(session)
         if hint == "":

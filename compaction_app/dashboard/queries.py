@@ -287,7 +287,7 @@ def _with_usage(queryset: QuerySet[Session]) -> QuerySet[Session]:
         .values("context_tokens")[:1]
     )
     context = Case(
-        When(thread_count__gte=2, then=main_context),
+        When(Q(thread_count__gte=2) & ~Q(last_serving_model=""), then=main_context),
         When(active_event_count=0, then=Value(0)),
         default=F("active_tokens") + REPLY_PRIMER,
     )
