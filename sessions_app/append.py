@@ -49,6 +49,8 @@ class TokenUsage:
     cached_input_tokens: int | None = None
     cache_write_tokens: int | None = None
     cache_write_1h_tokens: int | None = None
+    # Part of completion_tokens spent reasoning (kept for pricing, not stored as a column).
+    reasoning_tokens: int | None = None
 
 
 @dataclass(frozen=True)
@@ -196,6 +198,7 @@ class _Added:
                 cached_input_tokens=usage.cached_input_tokens or 0,
                 cache_write_tokens=usage.cache_write_tokens or 0,
                 cache_write_1h_tokens=usage.cache_write_1h_tokens or 0,
+                reasoning_tokens=usage.reasoning_tokens or 0,
             ),
         )
         saved = max(item.saved_tokens, 0)

@@ -15,7 +15,7 @@ from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db.models import Count, OuterRef, Q, QuerySet, Subquery, Sum
 
 from sessions_app import pricing
-from sessions_app.models import ERROR_STATUSES, Call, CallStatus, Event, Session
+from sessions_app.models import ERROR_STATUSES, Call, CallPrefix, CallStatus, Event, Session
 
 # Percentiles are computed over at most this many of the range's most recent calls (the
 # database engines share no percentile function); the totals cover the whole range.
@@ -47,18 +47,25 @@ def call_record(
     cache_write_tokens: int | None = None,
     cache_write_1h_tokens: int | None = None,
     completion_tokens: int | None = None,
+    reasoning_tokens: int | None = None,
+    usage_status: str = "",
+    cache: dict[str, Any] | None = None,
     fitted: bool = False,
     forwarded_tokens: int | None = None,
     saved_tokens: int = 0,
     attempts: Sequence[dict[str, Any]] = (),
     reply_event_id: uuid.UUID | None = None,
 ) -> Call:
-    """Store one gateway call. Its cost is priced here, as the session's bill prices it."""
+    """Store one gateway call. Its cost is priced here, as the session's bill prices it, and
+    split by token kind. `usage_status` "absent": the provider sent no usage and the figures
+    are the gateway's own count (the cost is then marked as an estimate). `cache`: the
+    call's cache outcome document (compaction_app.gateway.cache_outcome)."""
     if status not in CallStatus.values:
         raise ValueError(f"unknown call status {status!r}")
     cost = None
+    kinds: dict[str, Any] = {}
     if prompt_tokens is not None or completion_tokens is not None:
-        cost = pricing.price_call(
+        breakdown = pricing.price_breakdown(
             model_served or model_requested,
             pricing.CallUsage(
                 input_tokens=prompt_tokens or 0,
@@ -66,8 +73,13 @@ def call_record(
                 cached_input_tokens=cached_input_tokens or 0,
                 cache_write_tokens=cache_write_tokens or 0,
                 cache_write_1h_tokens=cache_write_1h_tokens or 0,
+                reasoning_tokens=reasoning_tokens or 0,
             ),
-        ).nano_usd
+        )
+        cost = breakdown.nano_usd
+        if cost is not None:
+            kinds = breakdown.document()
+        usage_status = usage_status or "reported"
     # One INSERT, atomic by itself (on SQLite a transaction around it would take the write
     # lock one statement earlier).
     return Call.objects.create(
@@ -88,7 +100,15 @@ def call_record(
         cached_input_tokens=cached_input_tokens,
         cache_write_tokens=cache_write_tokens,
         completion_tokens=completion_tokens,
+        cache_write_1h_tokens=cache_write_1h_tokens,
+        reasoning_tokens=reasoning_tokens,
+        usage_status=usage_status,
         cost_nano_usd=cost,
+        cost_estimated=usage_status == "absent" and cost is not None,
+        cost_by_kind=kinds,
+        cache_outcome=str((cache or {}).get("outcome") or ""),
+        cache_reason=str((cache or {}).get("reason") or "")[:32],
+        cache=cache,
         fitted=fitted,
         forwarded_tokens=forwarded_tokens,
         saved_tokens=max(saved_tokens, 0),
@@ -97,7 +117,30 @@ def call_record(
     )
 
 
+def call_prefix_record(*, call: Call, thread: str, fingerprint: dict[str, Any]) -> None:
+    """Keep what `call` forwarded, as the next call of its thread compares with it (digests
+    only; see CallPrefix)."""
+    CallPrefix.objects.create(
+        call=call,
+        session_id=call.session_id,
+        thread=_bounded(thread, 200),
+        started_at=call.started_at,
+        fingerprint=fingerprint,
+    )
+
+
 # --- reads ---------------------------------------------------------------------------------------
+
+
+def previous_prefix(
+    *, session_id: uuid.UUID, thread: str, before: datetime.datetime
+) -> CallPrefix | None:
+    """The latest call of `thread` before `before` that the provider answered (its prefix);
+    with `thread` "" the session's latest in any thread."""
+    queryset = CallPrefix.objects.filter(session_id=session_id, started_at__lt=before)
+    if thread:
+        queryset = queryset.filter(thread=thread)
+    return queryset.order_by("-started_at").first()
 
 
 @dataclass(frozen=True)
@@ -239,11 +282,17 @@ def call_document(call: Call) -> dict[str, Any]:
         "promptTokens": call.prompt_tokens,
         "cachedInputTokens": call.cached_input_tokens,
         "cacheWriteTokens": call.cache_write_tokens,
+        "cacheWrite1hTokens": call.cache_write_1h_tokens,
         "completionTokens": call.completion_tokens,
+        "reasoningTokens": call.reasoning_tokens,
         "totalTokens": (call.prompt_tokens or 0) + (call.completion_tokens or 0)
         if call.prompt_tokens is not None or call.completion_tokens is not None
         else None,
+        "usage": call.usage_status or None,
         "costUsd": pricing.usd(call.cost_nano_usd) if call.cost_nano_usd is not None else None,
+        "costEstimated": call.cost_estimated,
+        "costByKind": call.cost_by_kind or None,
+        "cache": call.cache,
         "fitted": call.fitted,
         "forwardedTokens": call.forwarded_tokens,
         "savedTokens": call.saved_tokens,

@@ -290,8 +290,24 @@ class Call(models.Model):
     cached_input_tokens = models.PositiveBigIntegerField(null=True, blank=True)
     cache_write_tokens = models.PositiveBigIntegerField(null=True, blank=True)
     completion_tokens = models.PositiveBigIntegerField(null=True, blank=True)
-    # The call's price (None: no usage, or the model has no price).
+    cache_write_1h_tokens = models.PositiveBigIntegerField(null=True, blank=True)
+    # Part of completion_tokens the model spent reasoning (None: not reported).
+    reasoning_tokens = models.PositiveBigIntegerField(null=True, blank=True)
+    # "reported": the figures above are the provider's; "absent": the provider answered but
+    # sent no usage (a stream without it), and the figures are the gateway's own count of
+    # what was forwarded and replied (`cost_estimated`); "": no reply.
+    usage_status = models.CharField(max_length=16, blank=True, default="")
+    # The call's price (None: no usage, or the model has no price), and by token kind
+    # (sessions_app.pricing.Breakdown.document()).
     cost_nano_usd = models.PositiveBigIntegerField(null=True, blank=True)
+    cost_estimated = models.BooleanField(default=False)
+    cost_by_kind = models.JSONField(default=dict, blank=True)
+    # Why this call hit or missed the provider's prompt cache (compaction_app.gateway.
+    # cache_outcome): hit | partial | miss | not_cacheable ("": not predicted), the reason,
+    # and the whole document (first changed message, the provider's figures, disagreement).
+    cache_outcome = models.CharField(max_length=16, blank=True, default="")
+    cache_reason = models.CharField(max_length=32, blank=True, default="")
+    cache = models.JSONField(null=True, blank=True)
     # Fitting: whether what was forwarded differs from what the client sent, our count of
     # what was forwarded, and what fitting kept from being sent (client's request − forwarded).
     fitted = models.BooleanField(default=False)
@@ -317,3 +333,25 @@ class Call(models.Model):
     @property
     def failovers(self) -> int:
         return max(len(self.attempts or []) - 1, 0)
+
+
+class CallPrefix(models.Model):
+    """What a call forwarded, as far as the provider's prompt cache cares: the next call of
+    its thread is compared with it (compaction_app.gateway.cache_outcome). Digests, not
+    bodies: 16 hex characters per message, their roles, the cache breakpoints, the model and
+    the tools' digest. Kept apart from Call so that reading calls never loads it."""
+
+    call = models.OneToOneField(Call, primary_key=True, on_delete=models.CASCADE, related_name="+")
+    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="+")
+    thread = models.CharField(max_length=200, blank=True, default="")
+    started_at = models.DateTimeField()
+    fingerprint = models.JSONField(default=dict)
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["session", "thread", "-started_at"], name="callprefix_thread_idx"),
+            models.Index(fields=["session", "-started_at"], name="callprefix_session_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"prefix of {self.call_id}"

@@ -227,6 +227,7 @@ def _check_token_usage(usage: TokenUsage | None, index: int) -> TokenUsage | Non
         "cachedInputTokens": usage.cached_input_tokens,
         "cacheWriteTokens": usage.cache_write_tokens,
         "cacheWrite1hTokens": usage.cache_write_1h_tokens,
+        "reasoningTokens": usage.reasoning_tokens,
     }
     for key, value in values.items():
         if value is not None and (

@@ -98,6 +98,8 @@ class Reply:
     cached_input_tokens: int | None = None
     cache_write_tokens: int | None = None
     cache_write_1h_tokens: int | None = None
+    # Part of completion_tokens spent reasoning (None: not reported).
+    reasoning_tokens: int | None = None
 
 
 def message_hash(role: str, text: str, tool_ids: Sequence[str]) -> str:

@@ -317,6 +317,9 @@ async def _serve(
     try:
         sent = _validate(request, wire, params)
         trace.model_requested, trace.stream = sent.parsed.model, bool(sent.parsed.stream)
+        # A request that continues a conversation the provider keeps shows only what is new:
+        # its cache outcome cannot be predicted from it.
+        trace.continues = bool(sent.parsed.continues)
         call = await _prepare(request, wire, sent, announced)
     except GatewayError as exc:
         return _refused(wire, trace, exc)
@@ -328,10 +331,11 @@ async def _serve(
     trace.session = call.session
     if call.request is not None and call.request.thread is not None:
         trace.thread = call.request.thread.key
+    calls.track(trace)
     forwarded = await _forward(request, wire, sent, call)
     if isinstance(forwarded, HttpResponseBase):
         return forwarded
-    return await _respond(wire, call, forwarded, stream=sent.parsed.stream)
+    return await _respond(wire, call, forwarded, stream=sent.parsed.stream, body=sent.body)
 
 
 def _context_limit(request: HttpRequest) -> int | None:
@@ -485,7 +489,7 @@ async def _forward(
 
 
 async def _respond(
-    wire: Wire, call: Call, forwarded: _Forwarded, *, stream: bool
+    wire: Wire, call: Call, forwarded: _Forwarded, *, stream: bool, body: dict[str, Any]
 ) -> HttpResponseBase:
     """Relay the upstream's answer (streamed as it arrives) and record the reply."""
     response, fitted = forwarded.response, forwarded.fitted
@@ -493,6 +497,14 @@ async def _respond(
     assert trace is not None
     trace.model_served = fitted.model
     trace.fitted = fitted.body is not None
+    # What went upstream, for the call's cache outcome (computed once the answer is out).
+    trace.forwarded(
+        wire=wire,
+        body=body if fitted.body is None else fitted.body,
+        how=(call.request.notes.get("last_fit") if call.request is not None else None)
+        or ("compacted" if fitted.compression else ""),
+        compacted=fitted.compression is not None,
+    )
     trace.forwarded_tokens = fitted.token_count
     trace.saved_tokens = saved_tokens(
         client_tokens=call.client_tokens, forwarded_tokens=fitted.token_count

@@ -19,6 +19,8 @@ format it serves; it calls the contract, in the spirit of LiteLLM's per-provider
 - `reply_from_response` (transform_response), `usage` and `stream_accumulator` read the
   reply, plain or streamed; `error_body` / `stream_error` are the provider's error shapes,
   `count_tokens_body` its count_tokens answer.
+- `cache_rules` is the provider's prompt cache (minimum, lifetime, explicit breakpoints or
+  automatic), from its documentation: what a call's cache outcome is predicted with.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
+from compaction_app.gateway.cache_outcome import CacheRules
 from compaction_app.gateway.messages import ClientMessage, Reply
 from compaction_app.gateway.shape import Plan
 from sessions_app.storable import provider_loads
@@ -225,3 +228,8 @@ class Wire(Protocol):
     def stream_error(self, message: str) -> bytes: ...
 
     def count_tokens_body(self, count: int) -> dict[str, Any]: ...
+
+    def cache_rules(self, model: str) -> CacheRules:
+        """The provider's prompt cache for `model` (its package's cache.py): minimum,
+        lifetime, explicit or automatic (cache_outcome.py predicts with them)."""
+        ...

@@ -41,6 +41,7 @@ from compaction_app.gateway.messages import (
     Reply,
     canonical_json,
 )
+from compaction_app.gateway.providers.gemini.cache import cache_rules as cache_rules
 from compaction_app.gateway.providers.gemini.shape import (
     SIGNATURE,
     call_ids,
@@ -338,6 +339,7 @@ def usage(raw: Any) -> dict[str, int | None]:
         completion=completion,
         total=total,
         cached=number(raw, "cachedContentTokenCount"),
+        reasoning=thoughts,
     )
 
 
