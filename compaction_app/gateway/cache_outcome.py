@@ -88,15 +88,44 @@ class CacheRules:
     best_effort: bool = False
 
 
+# A cut through a request: (u, n) is every unit before unit u and the first n parts (content
+# blocks) of unit u; (-1, 0) is the tools alone. A breakpoint on a block ends the prefix it
+# caches at the cut after that block.
+Cut = tuple[int, int]
+TOOLS_CUT: Cut = (-1, 0)
+
+
+def within(cut: Cut, shared: Cut) -> bool:
+    """Whether the prefix up to `cut` lies inside the prefix up to `shared` (both requests
+    agree on it)."""
+    return cut[0] < shared[0] or (cut[0] == shared[0] and cut[1] <= shared[1])
+
+
+PART_CHARS = 8
+
+
+@dataclass(frozen=True)
+class Part:
+    """One content block of a message: its digest, its tokens (the message's tokens shared
+    by the blocks' sizes) and the lifetime its breakpoint asks for (None: none)."""
+
+    digest: str
+    tokens: int
+    mark: int | None = None
+
+
 @dataclass(frozen=True)
 class Unit:
     """One message of a forwarded request: its identity digest, its role, its tokens (our
-    count) and the lifetime its cache breakpoint asks for (None: no breakpoint on it)."""
+    count), its content blocks when it has several (Anthropic caches at block boundaries:
+    a system prompt of two blocks can keep its first one cached), and the lifetime of its
+    breakpoint when it has one on the message as a whole."""
 
     digest: str
     role: str
     tokens: int
     mark: int | None = None
+    parts: tuple[Part, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -124,23 +153,53 @@ class Fingerprint:
         """Tokens of the tools and the first `count` units."""
         return self.tools_tokens + sum(unit.tokens for unit in self.units[:count])
 
-    def marks(self) -> list[tuple[int, int]]:
-        """(number of units the breakpoint's prefix holds, lifetime) of each breakpoint; the
-        tools' breakpoint holds 0 units."""
-        found = [(0, self.tools_mark)] if self.tools_mark else []
-        found += [(i + 1, unit.mark) for i, unit in enumerate(self.units) if unit.mark]
+    def at(self, cut: Cut) -> int:
+        """Tokens of the prefix up to `cut`."""
+        unit, count = cut
+        if unit < 0:
+            return self.tools_tokens
+        tokens = self.upto(unit)
+        if count and unit < len(self.units):
+            tokens += sum(part.tokens for part in self.units[unit].parts[:count])
+        return tokens
+
+    def sizes(self) -> list[int]:
+        return [len(unit.parts) or 1 for unit in self.units]
+
+    def marks(self) -> list[tuple[Cut, int]]:
+        """(cut, lifetime) of each breakpoint: where the prefix it caches ends."""
+        found: list[tuple[Cut, int]] = [(TOOLS_CUT, self.tools_mark)] if self.tools_mark else []
+        sizes = self.sizes()
+        for index, unit in enumerate(self.units):
+            for number, part in enumerate(unit.parts):
+                if part.mark:
+                    found.append(((index, number + 1), part.mark))
+            if unit.mark and not unit.parts:
+                found.append(((index, sizes[index]), unit.mark))
         if self.auto and self.units:
-            found.append((len(self.units), self.auto))
+            found.append(((len(self.units) - 1, sizes[-1]), self.auto))
         return sorted(found)
 
     def stored(self) -> dict[str, Any]:
-        """What the ledger keeps of it (CallPrefix)."""
+        """What the ledger keeps of it (CallPrefix): digests, roles, block digests of the
+        messages that have several blocks, breakpoints as [unit, block, lifetime]."""
+        marks: list[list[int]] = []
+        for index, unit in enumerate(self.units):
+            if unit.parts:
+                marks += [[index, n, part.mark] for n, part in enumerate(unit.parts) if part.mark]
+            elif unit.mark:
+                marks.append([index, 0, unit.mark])
         return {
             "model": self.model,
             "tools": self.tools,
             "digests": "".join(unit.digest for unit in self.units),
             "roles": [unit.role for unit in self.units],
-            "marks": [[i, unit.mark] for i, unit in enumerate(self.units) if unit.mark],
+            "parts": {
+                str(index): "".join(part.digest for part in unit.parts)
+                for index, unit in enumerate(self.units)
+                if unit.parts
+            },
+            "marks": marks,
             "auto": self.auto,
             "ttl": self.ttl,
             "toolsMark": self.tools_mark,
@@ -156,7 +215,7 @@ class Previous:
     tools: str
     digests: tuple[str, ...]
     roles: tuple[str, ...]
-    marks: tuple[tuple[int, int], ...]
+    marks: tuple[tuple[int, int, int], ...]
     tokens: int
     at: float  # seconds since the epoch
     call_id: str = ""
@@ -164,6 +223,7 @@ class Previous:
     auto: int | None = None
     ttl: int | None = None
     tools_mark: int | None = None
+    parts: dict[int, tuple[str, ...]] = field(default_factory=dict)
 
     @classmethod
     def of(
@@ -172,10 +232,23 @@ class Previous:
         text = str(stored.get("digests") or "")
         digests = tuple(text[i : i + DIGEST_CHARS] for i in range(0, len(text), DIGEST_CHARS))
         marks = tuple(
-            (int(index), int(ttl))
-            for index, ttl in stored.get("marks") or ()
-            if isinstance(index, int) and isinstance(ttl, int)
+            (int(mark[0]), int(mark[1]), int(mark[2]))
+            for mark in stored.get("marks") or ()
+            if isinstance(mark, list)
+            and len(mark) == 3
+            and all(isinstance(value, int) for value in mark)
         )
+        parts: dict[int, tuple[str, ...]] = {}
+        for key, value in (stored.get("parts") or {}).items():
+            if str(key).isdigit() and isinstance(value, str):
+                parts[int(key)] = tuple(
+                    value[i : i + PART_CHARS] for i in range(0, len(value), PART_CHARS)
+                )
+
+        def number(name: str) -> int | None:
+            value = stored.get(name)
+            return value if isinstance(value, int) else None
+
         return cls(
             model=str(stored.get("model") or ""),
             tools=str(stored.get("tools") or ""),
@@ -186,19 +259,22 @@ class Previous:
             at=at,
             call_id=call_id,
             thread=thread,
-            auto=stored.get("auto") if isinstance(stored.get("auto"), int) else None,
-            ttl=stored.get("ttl") if isinstance(stored.get("ttl"), int) else None,
-            tools_mark=stored.get("toolsMark")
-            if isinstance(stored.get("toolsMark"), int)
-            else None,
+            auto=number("auto"),
+            ttl=number("ttl"),
+            tools_mark=number("toolsMark"),
+            parts=parts,
         )
 
-    def mark_positions(self) -> list[tuple[int, int]]:
-        """(units held, lifetime) of each breakpoint the previous call had."""
-        found = [(0, self.tools_mark)] if self.tools_mark else []
-        found += [(index + 1, ttl) for index, ttl in self.marks]
+    def sizes(self) -> list[int]:
+        return [len(self.parts.get(index, ())) or 1 for index in range(len(self.digests))]
+
+    def mark_positions(self) -> list[tuple[Cut, int]]:
+        """(cut, lifetime) of each breakpoint the previous call had."""
+        sizes = self.sizes()
+        found: list[tuple[Cut, int]] = [(TOOLS_CUT, self.tools_mark)] if self.tools_mark else []
+        found += [((unit, part + 1), ttl) for unit, part, ttl in self.marks]
         if self.auto and self.digests:
-            found.append((len(self.digests), self.auto))
+            found.append(((len(self.digests) - 1, sizes[-1]), self.auto))
         return sorted(found)
 
 
@@ -277,13 +353,29 @@ def _readable(rules: CacheRules, tokens: int) -> int:
     return tokens
 
 
-def _first_difference(current: Fingerprint, previous: Previous) -> int:
+def first_difference(current: Fingerprint, previous: Previous) -> int:
     """The index of the first unit that differs (len of the shorter when one is a prefix)."""
     count = min(len(current.units), len(previous.digests))
     for index in range(count):
         if current.units[index].digest != previous.digests[index]:
             return index
     return count
+
+
+def _shared_cut(current: Fingerprint, previous: Previous, first: int) -> Cut:
+    """How far the two requests agree: up to unit `first`, and as many of its leading blocks
+    as are the same in both."""
+    if first >= len(current.units) or first >= len(previous.digests):
+        return (first, 0)
+    mine = [part.digest[:PART_CHARS] for part in current.units[first].parts]
+    theirs = previous.parts.get(first, ())
+    same = 0
+    for a, b in zip(mine, theirs, strict=False):
+        if a != b:
+            break
+        same += 1
+    # A block that is the same but not the last of its unit: the unit itself differs after it.
+    return (first, min(same, max(len(mine) - 1, 0)))
 
 
 def predict(
@@ -293,10 +385,13 @@ def predict(
     now: float,
     rules: CacheRules,
     compacted_by_gateway: str | None = None,
+    client_marked: bool = False,
 ) -> Outcome:
     """The cache outcome of a call that forwarded `current`, `previous` being the last call
     of its thread (None: its first). `compacted_by_gateway`: how the gateway changed the
-    thread's history since `previous` ("compacted" or "pruned"; None if it did not)."""
+    thread's history since `previous` ("compacted" or "pruned"; None if it did not).
+    `client_marked`: the client's own request had cache breakpoints that what the gateway
+    forwarded has not (a request rebuilt from the ledger)."""
     prompt = current.tokens
     base: dict[str, Any] = {"prompt_tokens": prompt, "min_tokens": rules.min_tokens}
     if previous is not None:
@@ -304,10 +399,14 @@ def predict(
         base["previous_thread"] = previous.thread
     marks = current.marks()
     if rules.explicit and not marks:
+        if client_marked:
+            # The gateway forwarded a request rebuilt from the ledger, without the client's
+            # breakpoints: its fitting, not the client, made the call uncacheable.
+            return Outcome(
+                NOT_CACHEABLE, COMPACTION, change="breakpoints_dropped", by="gateway", **base
+            )
         return Outcome(NOT_CACHEABLE, NO_CACHE_MARKER, **base)
-    cacheable = max((current.upto(units) for units, _ in marks), default=prompt)
-    if not rules.explicit:
-        cacheable = prompt
+    cacheable = max((current.at(cut) for cut, _ in marks), default=0) if rules.explicit else prompt
     if cacheable < rules.min_tokens:
         return Outcome(NOT_CACHEABLE, BELOW_MINIMUM, **base)
     if previous is None:
@@ -319,17 +418,18 @@ def predict(
         return Outcome(MISS, MODEL_CHANGED, change="model", **base)
     if current.tools != previous.tools:
         return Outcome(MISS, TOOLS_CHANGED, change="tools", **base)
-    first = _first_difference(current, previous)
+    first = first_difference(current, previous)
     if first < len(previous.digests):
         return _changed(current, previous, first, rules, compacted_by_gateway, gap, ttl, base)
     # The request starts with everything the previous one forwarded.
+    shared = current.upto(first)
     if gap > ttl:
-        return Outcome(MISS, TTL_EXPIRED, change="ttl", **base)
-    read = _read(current, previous, len(previous.digests), rules)
+        return Outcome(MISS, TTL_EXPIRED, change="ttl", shared_tokens=shared, **base)
+    read = _read(current, previous, (first, 0), rules)
     if read <= 0:
         # Nothing the previous call wrote is long enough (or marked) to be read.
-        return Outcome(MISS, BELOW_MINIMUM, shared_tokens=current.upto(first), **base)
-    return Outcome(HIT, None, shared_tokens=current.upto(first), predicted_read=read, **base)
+        return Outcome(MISS, BELOW_MINIMUM, shared_tokens=shared, **base)
+    return Outcome(HIT, None, shared_tokens=shared, predicted_read=read, **base)
 
 
 def _lifetime(rules: CacheRules, previous: Previous) -> int:
@@ -342,20 +442,20 @@ def _lifetime(rules: CacheRules, previous: Previous) -> int:
     return max(asked) if asked else rules.ttl_seconds
 
 
-def _read(current: Fingerprint, previous: Previous, shared_units: int, rules: CacheRules) -> int:
+def _read(current: Fingerprint, previous: Previous, shared: Cut, rules: CacheRules) -> int:
     """Tokens the provider can read: an automatic cache reads the shared prefix (from its
     minimum, in its increments); an explicit one reads up to the furthest breakpoint of the
     previous call that lies within the shared prefix (if that prefix reaches the minimum and
     the current request has a breakpoint at or after it)."""
     if not rules.explicit:
-        limit = min(current.upto(shared_units), previous.tokens or current.upto(shared_units))
-        return _readable(rules, limit)
-    furthest = max((units for units, _ in current.marks()), default=-1)
+        tokens = current.at(shared)
+        return _readable(rules, min(tokens, previous.tokens or tokens))
+    furthest = max((current.at(cut) for cut, _ in current.marks()), default=-1)
     best = 0
-    for units, _ in previous.mark_positions():
-        if units <= shared_units and units <= furthest:
-            tokens = current.upto(units)
-            if tokens >= rules.min_tokens:
+    for cut, _ in previous.mark_positions():
+        if within(cut, shared):
+            tokens = current.at(cut)
+            if rules.min_tokens <= tokens <= furthest:
                 best = max(best, tokens)
     return best
 
@@ -381,29 +481,27 @@ def _changed(
         how = "role"
     else:
         how = "content"
-    where = {"index": first, "role": role, "change": how}
-    shared = current.upto(first)
-    if role == "system" and all(unit.role == "system" for unit in current.units[:first]):
-        reason, change, by = SYSTEM_CHANGED, "system", None
-    elif compacted_by_gateway:
+    cut = _shared_cut(current, previous, first)
+    where: dict[str, Any] = {"index": first, "role": role, "change": how}
+    if first < len(current.units) and current.units[first].parts:
+        where["block"] = cut[1]
+    shared = current.at(cut)
+    system = role == "system" and all(unit.role == "system" for unit in current.units[:first])
+    if compacted_by_gateway:
         reason, change, by = COMPACTION, compacted_by_gateway, "gateway"
+    elif system:
+        reason, change, by = SYSTEM_CHANGED, "system", None
     elif _client_compacted(current, previous, first):
         reason, change, by = COMPACTION, "compacted", "client"
     else:
         reason, change, by = HISTORY_EDITED, how, None
     if gap > ttl:
         return Outcome(
-            MISS,
-            TTL_EXPIRED,
-            shared_tokens=shared,
-            first_changed=where,
-            change="ttl",
-            **base,
+            MISS, TTL_EXPIRED, shared_tokens=shared, first_changed=where, change="ttl", **base
         )
-    read = _read(current, previous, first, rules)
-    outcome = PARTIAL if read > 0 else MISS
+    read = _read(current, previous, cut, rules)
     return Outcome(
-        outcome,
+        PARTIAL if read > 0 else MISS,
         reason,
         shared_tokens=shared,
         predicted_read=read,
@@ -430,7 +528,7 @@ def _client_compacted(current: Fingerprint, previous: Previous, first: int) -> b
 # A unit's identity and cost by the digest of its exact JSON: an agent resends its history on
 # every call, so after the first call only its new messages are converted and counted.
 _MEMO_MAX = 131_072
-_memo: OrderedDict[tuple[str, bytes], tuple[str, str, int]] = OrderedDict()
+_memo: OrderedDict[tuple[str, bytes], Unit] = OrderedDict()
 _memo_lock = threading.Lock()
 
 
@@ -446,7 +544,7 @@ def _raw_digest(value: Any) -> bytes:
     return hashlib.blake2b(data, digest_size=16).digest()
 
 
-def _marks_in(value: Any, depth: int = 0) -> int | None:
+def marks_in(value: Any, depth: int = 0) -> int | None:
     """The lifetime (seconds) of the longest `cache_control` breakpoint inside `value`."""
     if depth > 8:
         return None
@@ -457,12 +555,12 @@ def _marks_in(value: Any, depth: int = 0) -> int | None:
             found = 3600 if control.get("ttl") == "1h" else 300
         for key, item in value.items():
             if key != "cache_control" and isinstance(item, dict | list):
-                inner = _marks_in(item, depth + 1)
+                inner = marks_in(item, depth + 1)
                 if inner is not None:
                     found = max(found or 0, inner)
     elif isinstance(value, list):
         for item in value:
-            inner = _marks_in(item, depth + 1)
+            inner = marks_in(item, depth + 1)
             if inner is not None:
                 found = max(found or 0, inner)
     return found
@@ -474,6 +572,35 @@ def _has_compaction_block(unit: Any) -> bool:
     content = unit.get("content") if isinstance(unit, dict) else None
     return isinstance(content, list) and any(
         isinstance(block, dict) and block.get("type") in COMPACTION_BLOCKS for block in content
+    )
+
+
+def _blocks(unit: Any) -> list[Any]:
+    """A unit's content blocks (Anthropic's blocks, OpenAI's content parts, Gemini's parts);
+    text content is one text block, as the providers render it (a system prompt sent as a
+    string and later as blocks keeps its first block's cache)."""
+    content = unit.get("content") if isinstance(unit, dict) else None
+    if isinstance(content, dict) and isinstance(content.get("parts"), list):
+        content = content["parts"]
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    if isinstance(content, list):
+        return content
+    return []
+
+
+def _parts(unit: Any, tokens: int) -> tuple[Part, ...]:
+    blocks = _blocks(unit)
+    if not blocks:
+        return ()
+    keys = [_raw_digest(_plain_block(block)) for block in blocks]
+    sizes = [len(repr(block)) for block in blocks]
+    whole = sum(sizes) or 1
+    shares = [tokens * size // whole for size in sizes]
+    shares[-1] += tokens - sum(shares)
+    return tuple(
+        Part(digest=key.hex()[:PART_CHARS], tokens=share, mark=marks_in(block))
+        for key, share, block in zip(keys, shares, blocks, strict=True)
     )
 
 
@@ -502,13 +629,20 @@ def fingerprint(
                 _memo.move_to_end(key)
         if found is None:
             identity, role = identify(unit, index)
-            found = (identity[:DIGEST_CHARS].ljust(DIGEST_CHARS, "0"), role, count(unit, index))
+            tokens = count(unit, index)
+            made_unit = Unit(
+                digest=identity[:DIGEST_CHARS].ljust(DIGEST_CHARS, "0"),
+                role=role,
+                tokens=tokens,
+                mark=marks_in(unit),
+                parts=_parts(unit, tokens),
+            )
+            found = made_unit
             with _memo_lock:
                 _memo[key] = found
                 while len(_memo) > _MEMO_MAX:
                     _memo.popitem(last=False)
-        digest, role, tokens = found
-        made.append(Unit(digest=digest, role=role, tokens=tokens, mark=_marks_in(unit)))
+        made.append(found)
         if _has_compaction_block(unit):
             blocks.add(index)
     tools_digest = _raw_digest(_without_marks(tools)).hex()[:DIGEST_CHARS] if tools else ""
@@ -519,9 +653,18 @@ def fingerprint(
         units=tuple(made),
         auto=auto,
         ttl=ttl,
-        tools_mark=_marks_in(tools) if tools else None,
+        tools_mark=marks_in(tools) if tools else None,
         compaction_blocks=frozenset(blocks),
     )
+
+
+def _plain_block(block: Any) -> Any:
+    """A block as its cache key: without breakpoints; a text part is its text whatever the
+    wire calls it (`text`, `input_text`, Gemini's `{"text"}`)."""
+    block = _without_marks(block)
+    if isinstance(block, dict) and isinstance(block.get("text"), str) and len(block) <= 2:
+        return {"type": "text", "text": block["text"]}
+    return block
 
 
 def _without_marks(value: Any) -> Any:

@@ -107,6 +107,7 @@ def cache_record(
     started_at: datetime.datetime,
     fit_how: str,
     compacted_now: bool,
+    client_body: dict[str, Any] | None = None,
     provider_read: int | None,
     provider_write: int | None,
 ) -> CacheRecord | None:
@@ -127,8 +128,13 @@ def cache_record(
         previous is not None and same_thread and _compacted_since(session, thread, previous.at, now)
     ):
         by_gateway = "compacted"
-    if previous is not None and not same_thread:
-        outcome = _first_of_thread(current, previous, now, rules)
+    client_marked = (
+        client_body is not None
+        and not current.marks()
+        and (cache_outcome.marks_in(client_body) is not None)
+    )
+    if previous is not None and not same_thread and not _continues(current, previous):
+        outcome = _first_of_thread(current, previous, now, rules, client_marked)
     else:
         outcome = cache_outcome.predict(
             current=current,
@@ -136,6 +142,7 @@ def cache_record(
             now=now,
             rules=rules,
             compacted_by_gateway=by_gateway,
+            client_marked=client_marked,
         )
     document = outcome.document(
         provider_read=provider_read, provider_write=provider_write, rules=rules
@@ -143,12 +150,29 @@ def cache_record(
     return CacheRecord(document=document, fingerprint=current.stored())
 
 
+def _continues(current: Fingerprint, previous: Previous) -> bool:
+    """Whether a request the ledger put in a thread of its own still continues `previous`'s
+    conversation past its system prompt: the client edited an early message (the ledger's
+    threads follow the edited history), rather than a new writer starting."""
+    leading = 0
+    while leading < len(current.units) and current.units[leading].role == "system":
+        leading += 1
+    first = cache_outcome.first_difference(current, previous)
+    return first > leading
+
+
 def _first_of_thread(
-    current: Fingerprint, previous: Previous, now: float, rules: cache_outcome.CacheRules
+    current: Fingerprint,
+    previous: Previous,
+    now: float,
+    rules: cache_outcome.CacheRules,
+    client_marked: bool,
 ) -> Outcome:
     """A thread's first call, against the session's latest call in another thread: what it
     shares with it (the tools and system prompt, typically) may be read."""
-    plain = cache_outcome.predict(current=current, previous=None, now=now, rules=rules)
+    plain = cache_outcome.predict(
+        current=current, previous=None, now=now, rules=rules, client_marked=client_marked
+    )
     if plain.outcome == cache_outcome.NOT_CACHEABLE:
         return plain
     shared = cache_outcome.predict(current=current, previous=previous, now=now, rules=rules)

@@ -56,15 +56,26 @@ class Trace:
     # fit ran a compaction. Read once the answer is out (cache_outcome.py).
     wire_module: Any = None
     forwarded_body: dict[str, Any] | None = None
+    # The client's own body, when the gateway forwarded another (fitted or rebuilt).
+    client_body: dict[str, Any] | None = None
     fit_how: str = ""
     compacted_now: bool = False
     continues: bool = False
     # (session id, thread) once the call is known to be stored in its thread's order.
     tracked: tuple[Any, str] | None = None
 
-    def forwarded(self, *, wire: Any, body: dict[str, Any], how: str, compacted: bool) -> None:
+    def forwarded(
+        self,
+        *,
+        wire: Any,
+        body: dict[str, Any],
+        how: str,
+        compacted: bool,
+        client_body: dict[str, Any] | None = None,
+    ) -> None:
         self.wire_module = wire
         self.forwarded_body = body
+        self.client_body = client_body
         self.fit_how = how or ""
         self.compacted_now = compacted
 
@@ -213,6 +224,7 @@ def _cache(trace: Trace, session: Session, usage: _Usage) -> cache_record.CacheR
             started_at=trace.started_at,
             fit_how=trace.fit_how,
             compacted_now=trace.compacted_now,
+            client_body=trace.client_body,
             provider_read=(usage.cached or 0) if reported else None,
             provider_write=usage.write if reported else None,
         )
@@ -236,7 +248,7 @@ def _save(trace: Trace) -> None:
     usage = _usage(trace, session)
     cache = _cache(trace, session, usage)
     # Let go of the forwarded body: the fingerprint is all that is kept of it.
-    trace.forwarded_body = None
+    trace.forwarded_body = trace.client_body = None
     call = call_record(
         session_id=session.pk,
         started_at=trace.started_at,

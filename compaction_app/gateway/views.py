@@ -504,6 +504,7 @@ async def _respond(
         how=(call.request.notes.get("last_fit") if call.request is not None else None)
         or ("compacted" if fitted.compression else ""),
         compacted=fitted.compression is not None,
+        client_body=body if fitted.body is not None else None,
     )
     trace.forwarded_tokens = fitted.token_count
     trace.saved_tokens = saved_tokens(
