@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from compaction_app import economics
 from compaction_app.models import CompactionRun, RunStatus
 
 
@@ -25,6 +26,8 @@ def complete_message(run: CompactionRun) -> dict[str, Any]:
         "error": run.error or None,
         "keptPercent": (run.loss_report or {}).get("keptPercent") if success else None,
         "outcome": outcome(run)[0],
+        # Predicted now; measured on the calls that follow (the run's API document).
+        "economics": economics.document(run, closed=False) if success else None,
         "message": text,
     }
 

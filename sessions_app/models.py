@@ -90,6 +90,9 @@ class Session(models.Model):
     saved_nano_usd = models.PositiveBigIntegerField(default=0)
     unpriced_calls = models.PositiveIntegerField(default=0)
     unpriced_model = models.CharField(max_length=200, blank=True, default="")
+    # What the session's compactions saved (or cost, when negative), measured on the gateway
+    # calls after each of them (compaction_app.economics), in nanodollars.
+    compaction_net_nano_usd = models.BigIntegerField(default=0)
     # Snapshot of the latest compaction run, written by compaction_app through a service
     # (sessions_app never imports compaction_app).
     last_compaction = models.JSONField(null=True, blank=True)

@@ -208,6 +208,41 @@ def _split(model_price: Any, usage: Any) -> dict[str, tuple[int, int]]:
     return kinds
 
 
+@dataclass(frozen=True)
+class Rates:
+    """A model's per-token prices in USD (its base tier): uncached input, cache read, cache
+    write (the 5-minute rate; the input rate where the provider bills no writes) and output."""
+
+    input: Decimal
+    cache_read: Decimal
+    cache_write: Decimal
+    output: Decimal
+
+
+_RATE_TOKENS = 1000  # within every model's base tier
+
+
+@functools.lru_cache(maxsize=256)
+def rates(model: str) -> Rates | None:
+    """`model`'s per-token prices, from genai-prices (None: no price)."""
+
+    def rate(**usage: int) -> Decimal | None:
+        found = price_breakdown(model, CallUsage(**usage)).nano_usd
+        return None if found is None else Decimal(found) / NANO_PER_USD / _RATE_TOKENS
+
+    n = _RATE_TOKENS
+    found = (
+        rate(input_tokens=n),
+        rate(input_tokens=n, cached_input_tokens=n),
+        rate(input_tokens=n, cache_write_tokens=n),
+        rate(output_tokens=n),
+    )
+    if any(value is None for value in found):
+        return None
+    fresh, read, write, output = (value or Decimal(0) for value in found)
+    return Rates(input=fresh, cache_read=read, cache_write=write, output=output)
+
+
 def price_input(model: str, tokens: int) -> Price:
     """What `tokens` uncached input tokens cost on `model` (the rate savings are priced at)."""
     return price_call(model, CallUsage(input_tokens=tokens))

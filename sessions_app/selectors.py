@@ -89,6 +89,7 @@ def bill_for_session(*, session: Session) -> dict[str, Any]:
         "costUnknownReason": unknown,
         "savedTokens": session.saved_tokens,
         "savedUsd": None if unknown else pricing.usd(session.saved_nano_usd),
+        "compactionNetUsd": pricing.usd(session.compaction_net_nano_usd),
     }
 
 

@@ -473,6 +473,14 @@ def thread_note_error(*, session: Session, thread: Thread | None, text: str, mai
     return created
 
 
+def session_add_compaction_net(*, session_id: uuid.UUID, nano_usd: int) -> None:
+    """Add what a gateway call saved (or cost) because of a compaction before it to the
+    session's total (compaction_app.economics measures it)."""
+    Session.objects.filter(pk=session_id).update(
+        compaction_net_nano_usd=F("compaction_net_nano_usd") + nano_usd
+    )
+
+
 def session_note_reply(*, session_id: uuid.UUID, updates: Mapping[str, Any]) -> None:
     """What a recorded reply leaves on its session when it appends nothing (the serving
     model, the forwarded and provider-counted prompt tokens)."""

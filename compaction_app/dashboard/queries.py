@@ -31,6 +31,7 @@ from django.db.models.fields.json import KT
 from django.db.models.functions import Cast, Coalesce, Substr
 from django.utils import timezone
 
+from compaction_app import economics
 from compaction_app.dashboard.chart import (
     CallInput,
     ChartCompaction,
@@ -157,6 +158,9 @@ class SessionRow:
     hit_rate: float | None = None
     saved_tokens: int = 0
     saved_usd: Decimal | None = None
+    # What the session's compactions saved (negative: cost), measured after each; None
+    # before any gateway call was measured against one.
+    compaction_net_usd: Decimal | None = None
 
     @property
     def hit_percent(self) -> float | None:
@@ -197,6 +201,9 @@ def session_row(*, session: Session, active_run: CompactionRun | None = None) ->
         saved_usd=None
         if session.unpriced_calls
         else Decimal(session.saved_nano_usd) / pricing.NANO_PER_USD,
+        compaction_net_usd=Decimal(session.compaction_net_nano_usd) / pricing.NANO_PER_USD
+        if session.compaction_net_nano_usd
+        else None,
         title=display_title(session=session),
     )
 
@@ -485,6 +492,7 @@ def session_view(*, session: Session, all_runs: bool = False) -> SessionView:
     """`all_runs`: every run in the history (the page's "show all"), else the latest few."""
     listed = runs_for_session(session=session).select_related("compaction_event")
     runs = list(listed if all_runs else listed[:HISTORY_ROWS])
+    later: set[str] = set()
     for run in runs:
         # Read by the history table; a plain attribute keeps the model free of view code.
         run.duration_seconds = (  # type: ignore[attr-defined]
@@ -492,6 +500,12 @@ def session_view(*, session: Session, all_runs: bool = False) -> SessionView:
             if run.started_at and run.finished_at
             else None
         )
+        # Newest first: a run is closed when a later completed one of its thread is listed.
+        run.economics = economics.document(  # type: ignore[attr-defined]
+            run, session=session, closed=run.thread in later
+        )
+        if run.status == RunStatus.COMPLETED:
+            later.add(run.thread)
     active = next((run for run in runs if run.status in ACTIVE_STATUSES), None)
     latest = latest_revertible_run(session=session)
     summary = RunningSummary.objects.filter(session=session).exclude(summary="").first()

@@ -293,6 +293,9 @@ class Outcome:
     min_tokens: int = 0
     previous_call: str = ""
     previous_thread: str = ""
+    # Tokens of the request's newest messages (after the last one the previous call also
+    # sent): what is written or read fresh whatever happened before them.
+    new_tokens: int = 0
 
     def document(
         self, *, provider_read: int | None, provider_write: int | None, rules: CacheRules
@@ -313,6 +316,7 @@ class Outcome:
             "ttlSeconds": self.ttl_seconds,
             "minimumTokens": self.min_tokens,
             "previousCallId": self.previous_call or None,
+            "newTokens": self.new_tokens,
             "providerCachedTokens": provider_read,
             "providerCacheWriteTokens": provider_write,
             "agrees": None if provider_read is None else contradiction is None,
@@ -413,7 +417,7 @@ def predict(
         return Outcome(MISS, FIRST_CALL, **base)
     gap = max(now - previous.at, 0.0)
     ttl = _lifetime(rules, previous)
-    base.update(gap_seconds=gap, ttl_seconds=ttl)
+    base.update(gap_seconds=gap, ttl_seconds=ttl, new_tokens=_new_tokens(current, previous))
     if current.model != previous.model:
         return Outcome(MISS, MODEL_CHANGED, change="model", **base)
     if current.tools != previous.tools:
@@ -430,6 +434,16 @@ def predict(
         # Nothing the previous call wrote is long enough (or marked) to be read.
         return Outcome(MISS, BELOW_MINIMUM, shared_tokens=shared, **base)
     return Outcome(HIT, None, shared_tokens=shared, predicted_read=read, **base)
+
+
+def _new_tokens(current: Fingerprint, previous: Previous) -> int:
+    """Tokens of the units after the last one the previous call also sent."""
+    known = set(previous.digests)
+    last = -1
+    for index, unit in enumerate(current.units):
+        if unit.digest in known:
+            last = index
+    return sum(unit.tokens for unit in current.units[last + 1 :])
 
 
 def _lifetime(rules: CacheRules, previous: Previous) -> int:

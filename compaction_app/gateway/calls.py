@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from compaction_app import economics
 from compaction_app.gateway import cache_record, clock
 from compaction_app.gateway.messages import Reply, chain_hash, event_id
 from sessions_app import sql, tokens
@@ -280,3 +281,5 @@ def _save(trace: Trace) -> None:
     )
     if cache is not None:
         call_prefix_record(call=call, thread=trace.thread, fingerprint=cache.fingerprint)
+    # What the compaction before this call saved or cost on it (compaction_app.economics).
+    economics.record_call(call=call, cache=cache.document if cache is not None else None)

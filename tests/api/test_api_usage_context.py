@@ -39,6 +39,7 @@ USAGE_KEYS = {
     "costUnknownReason",
     "savedTokens",
     "savedUsd",
+    "compactionNetUsd",
 }
 
 CONVERSATION = [
@@ -138,6 +139,7 @@ def test_it_returns_exactly_the_design_fields(alice_api):
         "costUnknownReason": None,
         "savedTokens": 0,
         "savedUsd": 0.0,
+        "compactionNetUsd": 0.0,
     }
 
 
