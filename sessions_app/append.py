@@ -51,6 +51,8 @@ class TokenUsage:
     cache_write_1h_tokens: int | None = None
     # Part of completion_tokens spent reasoning (kept for pricing, not stored as a column).
     reasoning_tokens: int | None = None
+    # Parts of these figures the provider bills as requests of their own (priced alone).
+    priced_apart: tuple[pricing.CallUsage, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -200,6 +202,7 @@ class _Added:
                 cache_write_1h_tokens=usage.cache_write_1h_tokens or 0,
                 reasoning_tokens=usage.reasoning_tokens or 0,
             ),
+            usage.priced_apart,
         )
         saved = max(item.saved_tokens, 0)
         self.saved += saved

@@ -49,6 +49,7 @@ def call_record(
     completion_tokens: int | None = None,
     reasoning_tokens: int | None = None,
     usage_status: str = "",
+    priced_apart: Sequence[pricing.CallUsage] = (),
     cache: dict[str, Any] | None = None,
     fitted: bool = False,
     forwarded_tokens: int | None = None,
@@ -75,6 +76,7 @@ def call_record(
                 cache_write_1h_tokens=cache_write_1h_tokens or 0,
                 reasoning_tokens=reasoning_tokens or 0,
             ),
+            priced_apart,
         )
         cost = breakdown.nano_usd
         if cost is not None:

@@ -13,6 +13,7 @@ bigint's range; a session's total is bounded by MAX_TOTAL_NANO_USD.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import ROUND_HALF_EVEN, Decimal
 from typing import Any
@@ -96,11 +97,11 @@ def _clean(value: int) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
-def price_call(model: str, usage: CallUsage) -> Price:
+def price_call(model: str, usage: CallUsage, apart: Sequence[CallUsage] = ()) -> Price:
     """The price of one call to `model`: uncached input, cache reads, cache writes (5-minute
     and one-hour) and output each at the model's own rate. A model genai-prices has no price
     for gives `Price(None, reason)`: a guess would be a wrong number on someone's bill."""
-    found = price_breakdown(model, usage)
+    found = price_breakdown(model, usage, apart)
     return Price(found.nano_usd, found.reason)
 
 
@@ -124,10 +125,16 @@ def _figures(usage: CallUsage) -> dict[str, int]:
     return fields
 
 
-def price_breakdown(model: str, usage: CallUsage) -> Breakdown:
+def price_breakdown(model: str, usage: CallUsage, apart: Sequence[CallUsage] = ()) -> Breakdown:
     """The price of one call to `model`, by token kind (Breakdown). The total is genai-prices'
     own; each kind is that kind's share as genai-prices computes it (its unit price applied to
-    the kind's tokens, tiers chosen on the call's whole input, as the provider bills)."""
+    the kind's tokens, tiers chosen on the call's whole input, as the provider bills).
+
+    `apart`: parts of `usage` the provider sampled as requests of their own (Anthropic's
+    server-side compaction iterations): each is priced alone (a long-context tier applies per
+    request, not to their sum), the rest of `usage` as one request."""
+    if apart:
+        return _price_apart(model, usage, apart)
     key = (model or "").strip().lower()
     if not key:
         return Breakdown(None, {}, "the call's model is unknown")
@@ -141,6 +148,36 @@ def price_breakdown(model: str, usage: CallUsage) -> Breakdown:
     except Exception:  # a data quirk must never fail a request; unknown is not wrong
         return Breakdown(None, {}, f"no price could be computed for model {model!r}")
     return Breakdown(to_nano(total), kinds)
+
+
+def _minus(usage: CallUsage, parts: Sequence[CallUsage]) -> CallUsage:
+    def rest(name: str) -> int:
+        return max(_clean(getattr(usage, name)) - sum(_clean(getattr(p, name)) for p in parts), 0)
+
+    return CallUsage(
+        input_tokens=rest("input_tokens"),
+        output_tokens=rest("output_tokens"),
+        cached_input_tokens=rest("cached_input_tokens"),
+        cache_write_tokens=rest("cache_write_tokens"),
+        cache_write_1h_tokens=rest("cache_write_1h_tokens"),
+        reasoning_tokens=rest("reasoning_tokens"),
+    )
+
+
+def _price_apart(model: str, usage: CallUsage, apart: Sequence[CallUsage]) -> Breakdown:
+    pieces = [
+        price_breakdown(model, _minus(usage, apart)),
+        *(price_breakdown(model, p) for p in apart),
+    ]
+    for piece in pieces:
+        if piece.nano_usd is None:
+            return piece
+    kinds: dict[str, tuple[int, int]] = {}
+    for piece in pieces:
+        for kind, (tokens, nano) in piece.kinds.items():
+            had = kinds.get(kind, (0, 0))
+            kinds[kind] = (had[0] + tokens, had[1] + nano)
+    return Breakdown(sum(piece.nano_usd or 0 for piece in pieces), kinds)
 
 
 # genai-prices' units (their dimensions) → the kinds a price is shown in.

@@ -19,6 +19,7 @@ from typing import Any
 
 from compaction_app import economics
 from compaction_app.gateway import cache_record, clock
+from compaction_app.gateway import usage as usage_figures
 from compaction_app.gateway.messages import Reply, chain_hash, event_id
 from sessions_app import sql, tokens
 from sessions_app.calls import call_prefix_record, call_record
@@ -180,6 +181,7 @@ class _Usage:
     completion: int | None = None
     reasoning: int | None = None
     status: str = ""
+    apart: tuple[Any, ...] = ()
 
 
 def _usage(trace: Trace, session: Session) -> _Usage:
@@ -198,6 +200,7 @@ def _usage(trace: Trace, session: Session) -> _Usage:
             completion=reply.completion_tokens,
             reasoning=reply.reasoning_tokens,
             status="reported",
+            apart=usage_figures.call_usages(reply.priced_apart),
         )
     counter = tokens.counter_for_model(trace.model_served or session.model)
     rows = [(ROLE_FOR_TYPE[d.type], d.content, d.name) for d in reply.message.drafts]
@@ -271,6 +274,7 @@ def _save(trace: Trace) -> None:
         completion_tokens=usage.completion,
         reasoning_tokens=usage.reasoning,
         usage_status=usage.status,
+        priced_apart=usage.apart,
         cache=cache.document if cache is not None else None,
         fitted=trace.fitted,
         forwarded_tokens=trace.forwarded_tokens,

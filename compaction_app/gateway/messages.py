@@ -100,6 +100,9 @@ class Reply:
     cache_write_1h_tokens: int | None = None
     # Part of completion_tokens spent reasoning (None: not reported).
     reasoning_tokens: int | None = None
+    # Parts of the figures above the provider sampled as requests of their own and bills
+    # apart (Anthropic's compaction iterations), in the same neutral figures.
+    priced_apart: tuple[dict[str, int | None], ...] = ()
 
 
 def message_hash(role: str, text: str, tool_ids: Sequence[str]) -> str:

@@ -91,3 +91,19 @@ def bounded(figures: dict[str, int | None]) -> tuple[dict[str, int | None], dict
     if (kept.get("reasoning_tokens") or 0) > (kept["completion_tokens"] or 0):
         drop("reasoning_tokens", "exceeds completionTokens")
     return kept, dropped
+
+
+def call_usages(parts: tuple[dict[str, int | None], ...]) -> tuple[Any, ...]:
+    """Neutral figures (a reply's `priced_apart`) as pricing's CallUsage."""
+    from sessions_app.pricing import CallUsage
+
+    return tuple(
+        CallUsage(
+            input_tokens=part.get("prompt_tokens") or 0,
+            output_tokens=part.get("completion_tokens") or 0,
+            cached_input_tokens=part.get("cached_input_tokens") or 0,
+            cache_write_tokens=part.get("cache_write_tokens") or 0,
+            cache_write_1h_tokens=part.get("cache_write_1h_tokens") or 0,
+        )
+        for part in parts
+    )

@@ -101,6 +101,7 @@ def reply_of(
     *,
     model: str,
     usage_fields: Callable[[Any], dict[str, int | None]],
+    usage_parts: Callable[[Any], tuple[dict[str, int | None], ...]] | None = None,
 ) -> Reply:
     """A non-streamed reply: `message`, the model the provider names (else the request's) and
     the payload's usage, raw and read by the format's `usage_fields`."""
@@ -109,6 +110,7 @@ def reply_of(
         message=message,
         model=str(payload.get("model") or model),
         raw_usage=usage or {},
+        priced_apart=usage_parts(usage or {}) if usage_parts is not None else (),
         **usage_fields(usage or {}),
     )
 

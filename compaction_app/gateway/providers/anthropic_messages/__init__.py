@@ -96,6 +96,29 @@ def usage(raw: Any) -> dict[str, int | None]:
     )
 
 
+def usage_parts(raw: Any) -> tuple[dict[str, int | None], ...]:
+    """The compaction iterations `usage` adds (see `usage`), each as its own figures: the
+    provider samples them as requests of their own, so each is priced alone."""
+    iterations = raw.get("iterations") if isinstance(raw, dict) else None
+    if not isinstance(iterations, list):
+        return ()
+    parts = []
+    for entry in iterations:
+        if isinstance(entry, dict) and entry.get("type") == "compaction":
+            prompt, completion, read, write, write_1h = _figures(entry)
+            parts.append(
+                usage_figures.fields(
+                    prompt=prompt,
+                    completion=completion,
+                    total=prompt + completion,
+                    cached=read,
+                    write=write,
+                    write_1h=write_1h,
+                )
+            )
+    return tuple(parts)
+
+
 def _plus(total: int | None, more: int | None) -> int | None:
     return total if more is None else (total or 0) + more
 
@@ -260,7 +283,7 @@ def reply_from_response(payload: Any, *, model: str) -> Reply | None:
         message = to_client_message({"role": "assistant", "content": payload["content"]})
     except GatewayInputError:
         return None
-    return wire.reply_of(message, payload, model=model, usage_fields=usage)
+    return wire.reply_of(message, payload, model=model, usage_fields=usage, usage_parts=usage_parts)
 
 
 _ERROR_TYPES = {

@@ -216,7 +216,7 @@ def reply_from_response(payload: Any, *, model: str) -> Reply | None:
 
 
 def _reply(message: ClientMessage, model: str, raw: dict[str, Any]) -> Reply:
-    return Reply(message=message, model=model, raw_usage=raw, **usage(raw))
+    return Reply(message=message, model=model, raw_usage=raw, priced_apart=(), **usage(raw))
 
 
 def error_body(
