@@ -367,3 +367,54 @@ class CallPrefix(models.Model):
 
     def __str__(self) -> str:
         return f"prefix of {self.call_id}"
+
+
+class BudgetPeriod(models.TextChoices):
+    """The calendar period a budget's spend is counted over (UTC)."""
+
+    DAY = "day"
+    WEEK = "week"  # from Monday 00:00 UTC
+    MONTH = "month"
+
+
+class Budget(models.Model):
+    """A spend limit on a user's gateway calls over a period: all of them (`client_key` ""),
+    or those of one gateway client key (`X-Ledger-Session`: one agent of several). Counted
+    in the database, so every server process sees the same spend (sessions_app.budgets):
+    what the current period's settled calls cost, and what the calls in flight reserved."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="ledger_budgets"
+    )
+    client_key = models.CharField(max_length=200, blank=True, default="")
+    period = models.CharField(max_length=8, choices=BudgetPeriod.choices)
+    limit_nano_usd = models.PositiveBigIntegerField()
+    # The period the counters are for; a call in a later period starts them again.
+    period_start = models.DateTimeField()
+    spent_nano_usd = models.BigIntegerField(default=0)
+    reserved_nano_usd = models.BigIntegerField(default=0)
+    in_flight = models.IntegerField(default=0)
+    # When a call last reserved: a process that died with calls in flight leaves reservations
+    # no call will settle; they lapse after sessions_app.budgets.RESERVATION_LAPSE.
+    reserved_at = models.DateTimeField(null=True, blank=True)
+    # The period's alerts, sent once each (80 % and 100 % of the limit).
+    alerted_80 = models.BooleanField(default=False)
+    alerted_100 = models.BooleanField(default=False)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["user_id", "client_key"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["user", "client_key"], name="budget_unique_per_user_and_key"
+            )
+        ]
+
+    def __str__(self) -> str:
+        scope = f" / {self.client_key}" if self.client_key else ""
+        return f"budget of user {self.user_id}{scope} ({self.period})"

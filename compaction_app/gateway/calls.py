@@ -21,7 +21,7 @@ from compaction_app import economics
 from compaction_app.gateway import cache_record, clock
 from compaction_app.gateway import usage as usage_figures
 from compaction_app.gateway.messages import Reply, chain_hash, event_id
-from sessions_app import sql, tokens
+from sessions_app import budgets, sql, tokens
 from sessions_app.calls import call_prefix_record, call_record
 from sessions_app.models import ROLE_FOR_TYPE, CallStatus, Session
 
@@ -65,6 +65,10 @@ class Trace:
     continues: bool = False
     # (session id, thread) once the call is known to be stored in its thread's order.
     tracked: tuple[Any, str] | None = None
+    # What the call reserved on its budgets (gateway/budget.py), settled when it is stored.
+    reservation: Any = None
+    # The call's price once stored (its reservation is settled with it).
+    cost_nano_usd: int | None = None
 
     def forwarded(
         self,
@@ -170,6 +174,18 @@ def save(trace: Trace) -> None:
         logger.exception("gateway: recording a call failed")
     finally:
         _done(trace)
+        _settle(trace)
+
+
+def _settle(trace: Trace) -> None:
+    """Swap the call's budget reservation for its price (0 when it cost nothing or could not
+    be stored: a reservation never outlives its call)."""
+    if trace.reservation is None:
+        return
+    try:
+        budgets.budget_settle(reservation=trace.reservation, actual=trace.cost_nano_usd or 0)
+    except Exception:
+        logger.exception("gateway: settling a call's budget reservation failed")
 
 
 @dataclass(frozen=True)
@@ -283,6 +299,7 @@ def _save(trace: Trace) -> None:
         # None when the reply's append failed: then no event has this id (readers check).
         reply_event_id=trace.reply_event,
     )
+    trace.cost_nano_usd = call.cost_nano_usd
     if cache is not None:
         call_prefix_record(call=call, thread=trace.thread, fingerprint=cache.fingerprint)
     # What the compaction before this call saved or cost on it (compaction_app.economics).

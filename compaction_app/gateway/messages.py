@@ -48,6 +48,7 @@ class GatewayError(Exception):
         status: int = 400,
         code: str | None = None,
         param: str | None = None,
+        headers: dict[str, str] | None = None,
         **extra: Any,
     ) -> None:
         super().__init__(message)
@@ -56,6 +57,8 @@ class GatewayError(Exception):
         self.code = code
         self.param = param
         self.extra = extra
+        # Response headers the answer carries (a refusal's Retry-After).
+        self.headers = headers or {}
 
 
 @dataclass(frozen=True)

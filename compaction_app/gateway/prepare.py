@@ -10,11 +10,11 @@ otherwise it leaves `fitted` unset and the view runs `fit_call` on the long-work
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from compaction_app import fitting
-from compaction_app.gateway import after, bill, thread_fit
+from compaction_app.gateway import after, bill, budget, thread_fit
 from compaction_app.gateway.fit import Fitted, fit, model_window, room
 from compaction_app.gateway.messages import ClientMessage, GatewayError, GatewayInputError
 from compaction_app.gateway.record import caller_and_session
@@ -116,6 +116,8 @@ class Call:
     # Our count of the client's request as it arrived, taken only when fitting changed what
     # is forwarded (see gateway/bill.py); None otherwise.
     client_tokens: int | None = None
+    # The spend limits the call counts against (gateway/budget.py); usually none.
+    budgets: list[Any] = field(default_factory=list)
 
 
 def may_compact(*, session: Session, body: dict[str, Any], model: str, enabled: bool) -> bool:
@@ -159,6 +161,11 @@ def prepare(
         context_limit=context_limit,
         default_context_limit=default_context_limit,
     )
+    # A spent budget refuses the call before anything of it is recorded.
+    found = budget.check(
+        user_id=session.owner_id,
+        client_key=session.client_key or (session_header or "").strip() or None,
+    )
     if context_limit is not None and session.context_limit != context_limit:
         session = session_update(session=session, context_limit=context_limit)
     convert = Converter(wire, units)
@@ -197,6 +204,7 @@ def prepare(
         request=request,
         announced=announced,
         convert=convert,
+        budgets=found,
     )
     if not may_compact(session=call.session, body=body, model=model, enabled=fit_enabled):
         call.fitted = fit_call(call=call, wire=wire, body=body, model=model, enabled=fit_enabled)

@@ -32,6 +32,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from compaction_app.gateway import (
     after,
+    budget,
     calls,
     forward,
     stream_limits,
@@ -82,7 +83,7 @@ def _error(wire: Wire, exc: GatewayError, headers: dict[str, str] | None = None)
         exc.message, status=exc.status, code=exc.code, param=exc.param, **exc.extra
     )
     response = JsonResponse(body, status=exc.status)
-    for name, value in (headers or {}).items():
+    for name, value in {**exc.headers, **(headers or {})}.items():
         response[name] = value
     return response
 
@@ -332,6 +333,18 @@ async def _serve(
     if call.request is not None and call.request.thread is not None:
         trace.thread = call.request.thread.key
     calls.track(trace)
+    if call.budgets:
+        assert call.fitted is not None
+        try:
+            trace.reservation = await workers.run(
+                budget.reserve,
+                found=call.budgets,
+                model=call.fitted.model,
+                tokens=call.fitted.token_count,
+                body=sent.body,
+            )
+        except GatewayError as exc:
+            return _refused(wire, trace, exc)
     forwarded = await _forward(request, wire, sent, call)
     if isinstance(forwarded, HttpResponseBase):
         return forwarded

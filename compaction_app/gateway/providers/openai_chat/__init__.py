@@ -227,7 +227,13 @@ def error_body(
     param: str | None = None,
     **extra: Any,
 ) -> dict[str, Any]:
-    kind = {401: "authentication_error", 404: "not_found_error", 413: "invalid_request_error"}
+    # 429: the gateway's own is a spent budget, OpenAI's `insufficient_quota`.
+    kind = {
+        401: "authentication_error",
+        404: "not_found_error",
+        413: "invalid_request_error",
+        429: "insufficient_quota",
+    }
     return {
         "error": {
             "message": message,
