@@ -11,6 +11,7 @@ from __future__ import annotations
 from decimal import Decimal
 
 import pytest
+from django.test import Client
 
 from compaction_app.gateway import after, clock
 from compaction_app.testkit.prompt_cache import PromptCache
@@ -193,6 +194,11 @@ def test_it_explains_each_anthropic_calls_cache_outcome_and_prices_the_bill_by_h
     listed = alice_api.get(f"/api/v1/sessions/{calls[0].session_id}/calls?limit=100").json()
     shown = {row["id"]: row["cache"] for row in listed["results"]}
     assert shown[str(calls[2].id)]["reason"] == "tools_changed"
+    # And the dashboard's calls table.
+    browser = Client()
+    browser.force_login(alice)
+    table = browser.get(f"/sessions/{calls[0].session_id}/calls/").content.decode()
+    assert "tools_changed" in table and "ttl_expired" in table and "compaction (gateway)" in table
 
 
 def test_it_names_the_message_an_anthropic_client_edited(
