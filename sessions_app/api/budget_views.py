@@ -91,7 +91,7 @@ class BudgetListView(APIView):
     @extend_schema(
         operation_id="budgets_list",
         parameters=PAGE_PARAMETERS,
-        responses={200: BUDGET_PAGE, **errors(400)},
+        responses={200: BUDGET_PAGE, **errors(400, 404)},
     )
     def get(self, request: Request) -> Response:
         paginator = SessionPagination()
