@@ -15,7 +15,7 @@ from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db.models import Count, OuterRef, Q, QuerySet, Subquery, Sum
 
 from sessions_app import pricing
-from sessions_app.models import ERROR_STATUSES, Call, CallPrefix, CallStatus, Event, Session
+from sessions_app.models import ERROR_STATUSES, Call, CallStatus, Event, Session
 
 # Percentiles are computed over at most this many of the range's most recent calls (the
 # database engines share no percentile function); the totals cover the whole range.
@@ -51,6 +51,7 @@ def call_record(
     usage_status: str = "",
     priced_apart: Sequence[pricing.CallUsage] = (),
     cache: dict[str, Any] | None = None,
+    prefix: dict[str, Any] | None = None,
     fitted: bool = False,
     forwarded_tokens: int | None = None,
     saved_tokens: int = 0,
@@ -60,7 +61,8 @@ def call_record(
     """Store one gateway call. Its cost is priced here, as the session's bill prices it, and
     split by token kind. `usage_status` "absent": the provider sent no usage and the figures
     are the gateway's own count (the cost is then marked as an estimate). `cache`: the
-    call's cache outcome document (compaction_app.gateway.cache_outcome)."""
+    call's cache outcome document (compaction_app.gateway.cache_outcome), `prefix` the
+    fingerprint of what it forwarded, which the next call of its thread is compared with."""
     if status not in CallStatus.values:
         raise ValueError(f"unknown call status {status!r}")
     cost = None
@@ -111,6 +113,7 @@ def call_record(
         cache_outcome=str((cache or {}).get("outcome") or ""),
         cache_reason=str((cache or {}).get("reason") or "")[:32],
         cache=cache,
+        prefix=prefix,
         fitted=fitted,
         forwarded_tokens=forwarded_tokens,
         saved_tokens=max(saved_tokens, 0),
@@ -119,30 +122,35 @@ def call_record(
     )
 
 
-def call_prefix_record(*, call: Call, thread: str, fingerprint: dict[str, Any]) -> None:
-    """Keep what `call` forwarded, as the next call of its thread compares with it (digests
-    only; see CallPrefix)."""
-    CallPrefix.objects.create(
-        call=call,
-        session_id=call.session_id,
-        thread=_bounded(thread, 200),
-        started_at=call.started_at,
-        fingerprint=fingerprint,
-    )
-
-
 # --- reads ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Prefix:
+    """A stored call's prefix (Call.prefix) and where it belongs."""
+
+    call_id: uuid.UUID
+    thread: str
+    started_at: datetime.datetime
+    fingerprint: dict[str, Any]
 
 
 def previous_prefix(
     *, session_id: uuid.UUID, thread: str, before: datetime.datetime
-) -> CallPrefix | None:
-    """The latest call of `thread` before `before` that the provider answered (its prefix);
-    with `thread` "" the session's latest in any thread."""
-    queryset = CallPrefix.objects.filter(session_id=session_id, started_at__lt=before)
+) -> Prefix | None:
+    """The latest call of `thread` before `before` whose prefix was kept (the provider
+    answered it); with `thread` "" the session's latest in any thread."""
+    queryset = Call.objects.filter(
+        session_id=session_id, started_at__lt=before, prefix__isnull=False
+    )
     if thread:
         queryset = queryset.filter(thread=thread)
-    return queryset.order_by("-started_at").first()
+    found = (
+        queryset.order_by("-started_at").values_list("id", "thread", "started_at", "prefix").first()
+    )
+    if found is None or found[3] is None:
+        return None
+    return Prefix(call_id=found[0], thread=found[1], started_at=found[2], fingerprint=found[3])
 
 
 @dataclass(frozen=True)
@@ -189,7 +197,8 @@ def calls_visible_to(
         queryset = Call.objects.filter(session__owner_id=user.pk)
     if filters is not None:
         queryset = filters.apply(queryset)
-    return with_reply_seq(queryset).order_by("-started_at", "id")
+    # The prefix is the cache outcome's working data, not the call's story.
+    return with_reply_seq(queryset.defer("prefix")).order_by("-started_at", "id")
 
 
 def with_reply_seq(queryset: QuerySet[Call]) -> QuerySet[Call]:

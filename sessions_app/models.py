@@ -320,6 +320,11 @@ class Call(models.Model):
     cache_outcome = models.CharField(max_length=16, blank=True, default="")
     cache_reason = models.CharField(max_length=32, blank=True, default="")
     cache = models.JSONField(null=True, blank=True)
+    # What the call forwarded, as far as the provider's prompt cache cares: the next call of
+    # its thread is compared with it (compaction_app.gateway.cache_outcome). Digests, not
+    # bodies: 16 hex characters per message and 8 per content block, the roles, the cache
+    # breakpoints, the model and the tools' digest. Not for display: lists defer it.
+    prefix = models.JSONField(null=True, blank=True)
     # Fitting: whether what was forwarded differs from what the client sent, our count of
     # what was forwarded, and what fitting kept from being sent (client's request − forwarded).
     fitted = models.BooleanField(default=False)
@@ -337,6 +342,8 @@ class Call(models.Model):
         indexes = [
             models.Index(fields=["session", "-started_at"], name="call_session_time_idx"),
             models.Index(fields=["-started_at"], name="call_time_idx"),
+            # A call's predecessor in its thread (the cache outcome's comparison).
+            models.Index(fields=["session", "thread", "-started_at"], name="call_thread_time_idx"),
         ]
 
     def __str__(self) -> str:
@@ -345,28 +352,6 @@ class Call(models.Model):
     @property
     def failovers(self) -> int:
         return max(len(self.attempts or []) - 1, 0)
-
-
-class CallPrefix(models.Model):
-    """What a call forwarded, as far as the provider's prompt cache cares: the next call of
-    its thread is compared with it (compaction_app.gateway.cache_outcome). Digests, not
-    bodies: 16 hex characters per message, their roles, the cache breakpoints, the model and
-    the tools' digest. Kept apart from Call so that reading calls never loads it."""
-
-    call = models.OneToOneField(Call, primary_key=True, on_delete=models.CASCADE, related_name="+")
-    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="+")
-    thread = models.CharField(max_length=200, blank=True, default="")
-    started_at = models.DateTimeField()
-    fingerprint = models.JSONField(default=dict)
-
-    class Meta:
-        indexes = [
-            models.Index(fields=["session", "thread", "-started_at"], name="callprefix_thread_idx"),
-            models.Index(fields=["session", "-started_at"], name="callprefix_session_idx"),
-        ]
-
-    def __str__(self) -> str:
-        return f"prefix of {self.call_id}"
 
 
 class BudgetPeriod(models.TextChoices):

@@ -181,7 +181,7 @@ class Fingerprint:
         return sorted(found)
 
     def stored(self) -> dict[str, Any]:
-        """What the ledger keeps of it (CallPrefix): digests, roles, block digests of the
+        """What the ledger keeps of it (Call.prefix): digests, roles, block digests of the
         messages that have several blocks, breakpoints as [unit, block, lifetime]."""
         marks: list[list[int]] = []
         for index, unit in enumerate(self.units):

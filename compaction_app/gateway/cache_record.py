@@ -1,6 +1,6 @@
 """A call's cache outcome, from the ledger (sync, ORM; run on after.py's worker thread once the
 answer is out, never on the call's path): the fingerprint of what the call forwarded, the
-previous call of its thread as the ledger kept it (CallPrefix), whether a compaction of ours
+previous call of its thread as the ledger kept it (Call.prefix), whether a compaction of ours
 changed the thread's history between them, and the prediction (cache_outcome.py) set beside
 the provider's figures.
 
@@ -125,8 +125,13 @@ def cache_record(
     if fit_how in ("compacted", "pruned") or compacted_now:
         by_gateway = "pruned" if fit_how == "pruned" else "compacted"
     elif (
-        previous is not None and same_thread and _compacted_since(session, thread, previous.at, now)
+        previous is not None
+        and same_thread
+        and session.last_compaction
+        and cache_outcome.first_difference(current, previous) < len(previous.digests)
+        and _compacted_since(session, thread, previous.at, now)
     ):
+        # The history changed, and a compaction of ours (manual, auto, REST) ran since.
         by_gateway = "compacted"
     client_marked = (
         client_body is not None

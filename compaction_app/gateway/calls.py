@@ -22,7 +22,7 @@ from compaction_app.gateway import cache_record, clock
 from compaction_app.gateway import usage as usage_figures
 from compaction_app.gateway.messages import Reply, chain_hash, event_id
 from sessions_app import budgets, sql, tokens
-from sessions_app.calls import call_prefix_record, call_record
+from sessions_app.calls import call_record
 from sessions_app.models import ROLE_FOR_TYPE, CallStatus, Session
 
 logger = logging.getLogger("compaction_app.gateway")
@@ -292,6 +292,7 @@ def _save(trace: Trace) -> None:
         usage_status=usage.status,
         priced_apart=usage.apart,
         cache=cache.document if cache is not None else None,
+        prefix=cache.fingerprint if cache is not None else None,
         fitted=trace.fitted,
         forwarded_tokens=trace.forwarded_tokens,
         saved_tokens=trace.saved_tokens,
@@ -300,7 +301,7 @@ def _save(trace: Trace) -> None:
         reply_event_id=trace.reply_event,
     )
     trace.cost_nano_usd = call.cost_nano_usd
-    if cache is not None:
-        call_prefix_record(call=call, thread=trace.thread, fingerprint=cache.fingerprint)
-    # What the compaction before this call saved or cost on it (compaction_app.economics).
-    economics.record_call(call=call, cache=cache.document if cache is not None else None)
+    # What the compaction before this call saved or cost on it (compaction_app.economics);
+    # a session never compacted has none to measure.
+    if trace.compacted_now or session.last_compaction:
+        economics.record_call(call=call, cache=cache.document if cache is not None else None)

@@ -161,10 +161,15 @@ def prepare(
         context_limit=context_limit,
         default_context_limit=default_context_limit,
     )
-    # A spent budget refuses the call before anything of it is recorded.
-    found = budget.check(
-        user_id=session.owner_id,
-        client_key=session.client_key or (session_header or "").strip() or None,
+    # A spent budget refuses the call before anything of it is recorded. The session's
+    # look-up said whether any applies (sql.owned_session); a new session's asks.
+    found = (
+        budget.check(
+            user_id=session.owner_id,
+            client_key=session.client_key or (session_header or "").strip() or None,
+        )
+        if getattr(session, "budgeted", True)
+        else []
     )
     if context_limit is not None and session.context_limit != context_limit:
         session = session_update(session=session, context_limit=context_limit)
