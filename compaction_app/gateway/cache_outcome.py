@@ -59,9 +59,10 @@ REASONS = (
     FIRST_CALL,
 )
 
-# A digest is this many hex characters of a message's identity hash (64 bits: two different
-# messages of one conversation share one with a probability of 2^-64).
-DIGEST_CHARS = 16
+# A digest is this many hex characters of a message's identity hash (48 bits: compared
+# position by position within one conversation, two different messages share one with a
+# probability of 2^-48).
+DIGEST_CHARS = 12
 # A client's own compaction rewrites its history shorter: what follows the first change is
 # at most this share of what followed it in the previous call.
 CLIENT_COMPACTION_SHARE = 0.5
@@ -102,6 +103,17 @@ def within(cut: Cut, shared: Cut) -> bool:
 
 
 PART_CHARS = 8
+# A role in a stored prefix: one character each.
+ROLE_CODES = {
+    "system": "s",
+    "developer": "d",
+    "user": "u",
+    "assistant": "a",
+    "model": "m",
+    "tool": "t",
+    "function": "f",
+}
+ROLE_NAMES = {code: role for role, code in ROLE_CODES.items()}
 
 
 @dataclass(frozen=True)
@@ -193,7 +205,7 @@ class Fingerprint:
             "model": self.model,
             "tools": self.tools,
             "digests": "".join(unit.digest for unit in self.units),
-            "roles": [unit.role for unit in self.units],
+            "roles": "".join(ROLE_CODES.get(unit.role, "o") for unit in self.units),
             "parts": {
                 str(index): "".join(part.digest for part in unit.parts)
                 for index, unit in enumerate(self.units)
@@ -253,7 +265,7 @@ class Previous:
             model=str(stored.get("model") or ""),
             tools=str(stored.get("tools") or ""),
             digests=digests,
-            roles=tuple(str(role) for role in stored.get("roles") or ()),
+            roles=tuple(ROLE_NAMES.get(code, "other") for code in str(stored.get("roles") or "")),
             marks=marks,
             tokens=int(stored.get("tokens") or 0),
             at=at,
@@ -603,9 +615,13 @@ def _blocks(unit: Any) -> list[Any]:
     return []
 
 
-def _parts(unit: Any, tokens: int) -> tuple[Part, ...]:
+def _parts(unit: Any, tokens: int, role: str) -> tuple[Part, ...]:
+    """The unit's blocks, kept for a system prompt or a message of several blocks: where a
+    change inside a message can leave its first blocks cached (a summary block after the
+    client's system blocks, a tool result added beside others). A one-block message changes
+    whole, and its own digest says so."""
     blocks = _blocks(unit)
-    if not blocks:
+    if not blocks or (len(blocks) == 1 and role != "system"):
         return ()
     keys = [_raw_digest(_plain_block(block)) for block in blocks]
     sizes = [len(repr(block)) for block in blocks]
@@ -623,48 +639,58 @@ def fingerprint(
     model: str,
     units: Sequence[dict[str, Any]],
     tools: Any,
-    identify: Callable[[dict[str, Any], int], tuple[str, str]],
-    count: Callable[[dict[str, Any], int], int],
+    describe: Callable[[dict[str, Any], int], tuple[str, str, Any]],
+    count: Callable[[list[Any]], list[int]],
     count_tools: Callable[[Any], int],
     encoding: str,
     auto: int | None = None,
     ttl: int | None = None,
 ) -> Fingerprint:
-    """A forwarded request's fingerprint. `identify(unit, index)` gives a unit's (identity
-    hash, role) as the wire reads it (thinking blocks and cache markers are not part of it);
-    `count(unit, index)` its tokens. Both are memoized on the unit's exact JSON."""
-    made: list[Unit] = []
+    """A forwarded request's fingerprint. `describe(unit, index)` gives a unit's (identity
+    hash, role, what to count) as the wire reads it (thinking blocks and cache markers are not
+    part of its identity); `count` the tokens of a list of those, in one batch. Both are
+    memoized on the unit's exact JSON: a conversation's next call converts and counts only
+    its new messages."""
+    made: list[Unit | None] = []
+    keys: list[tuple[str, bytes]] = []
+    missing: list[tuple[int, str, str, Any]] = []
     blocks: set[int] = set()
     for index, unit in enumerate(units):
         key = (encoding, _raw_digest(unit))
+        keys.append(key)
         with _memo_lock:
             found = _memo.get(key)
             if found is not None:
                 _memo.move_to_end(key)
         if found is None:
-            identity, role = identify(unit, index)
-            tokens = count(unit, index)
-            made_unit = Unit(
+            identity, role, rows = describe(unit, index)
+            missing.append((index, identity, role, rows))
+        made.append(found)
+        if _has_compaction_block(unit):
+            blocks.add(index)
+    if missing:
+        counted = count([rows for _, _, _, rows in missing])
+        for (index, identity, role, _), tokens in zip(missing, counted, strict=True):
+            unit = units[index]
+            fresh = Unit(
                 digest=identity[:DIGEST_CHARS].ljust(DIGEST_CHARS, "0"),
                 role=role,
                 tokens=tokens,
                 mark=marks_in(unit),
-                parts=_parts(unit, tokens),
+                parts=_parts(unit, tokens, role),
             )
-            found = made_unit
+            made[index] = fresh
             with _memo_lock:
-                _memo[key] = found
-                while len(_memo) > _MEMO_MAX:
-                    _memo.popitem(last=False)
-        made.append(found)
-        if _has_compaction_block(unit):
-            blocks.add(index)
+                _memo[keys[index]] = fresh
+        with _memo_lock:
+            while len(_memo) > _MEMO_MAX:
+                _memo.popitem(last=False)
     tools_digest = _raw_digest(_without_marks(tools)).hex()[:DIGEST_CHARS] if tools else ""
     return Fingerprint(
         model=model,
         tools=tools_digest,
         tools_tokens=count_tools(tools) if tools else 0,
-        units=tuple(made),
+        units=tuple(unit for unit in made if unit is not None),
         auto=auto,
         ttl=ttl,
         tools_mark=marks_in(tools) if tools else None,

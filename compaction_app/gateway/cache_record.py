@@ -38,14 +38,16 @@ class CacheRecord:
 def _fingerprint(*, wire: Any, body: dict[str, Any], model: str) -> Fingerprint:
     counter = tokens.counter_for_model(model)
 
-    def identify(unit: dict[str, Any], index: int) -> tuple[str, str]:
-        message = wire.to_client_message(unit, index)
-        return message.hash, message.role
-
-    def count(unit: dict[str, Any], index: int) -> int:
+    def describe(unit: dict[str, Any], index: int) -> tuple[str, str, Any]:
         message = wire.to_client_message(unit, index)
         rows = [(ROLE_FOR_TYPE[d.type], d.content, d.name) for d in message.drafts]
-        return sum(tokens.messages_batch_tokens(counter, rows)) if rows else 0
+        return message.hash, message.role, rows
+
+    def count(batches: list[Any]) -> list[int]:
+        # One batch for every new message (tiktoken encodes a batch at once).
+        flat = [row for rows in batches for row in rows]
+        costs = iter(tokens.messages_batch_tokens(counter, flat) if flat else [])
+        return [sum(next(costs) for _ in rows) for rows in batches]
 
     parsed = wire.parse_request(body, {"model": model})
     tools = [body[name] for name in ("tools", "functions", "toolConfig") if body.get(name)]
@@ -55,7 +57,7 @@ def _fingerprint(*, wire: Any, body: dict[str, Any], model: str) -> Fingerprint:
         model=model,
         units=parsed.units,
         tools=tools or None,
-        identify=identify,
+        describe=describe,
         count=count,
         count_tools=tokens.non_text_tokens,
         encoding=model,

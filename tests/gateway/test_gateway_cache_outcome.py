@@ -228,7 +228,6 @@ def test_it_names_the_message_an_anthropic_client_edited(
         "index": 3,
         "role": "user",
         "change": "content",
-        "block": 0,
     }
     # With an edited message the ledger's thread no longer holds every message the client
     # sends, so the compacted request is rebuilt from the ledger, without the client's
@@ -346,7 +345,6 @@ def test_it_explains_each_openai_calls_cache_outcome_and_prices_the_bill_by_hand
         "index": 3,
         "role": "user",
         "change": "content",
-        "block": 0,
     }
     for row in calls:
         assert row.cache["agrees"] is True, (row.cache_outcome, row.cache)
