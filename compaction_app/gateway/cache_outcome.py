@@ -172,7 +172,11 @@ class Fingerprint:
             return self.tools_tokens
         tokens = self.upto(unit)
         if count and unit < len(self.units):
-            tokens += sum(part.tokens for part in self.units[unit].parts[:count])
+            whole = self.units[unit]
+            # A message kept without its blocks is one block: the cut after it is all of it.
+            tokens += (
+                sum(part.tokens for part in whole.parts[:count]) if whole.parts else whole.tokens
+            )
         return tokens
 
     def sizes(self) -> list[int]:
@@ -441,7 +445,7 @@ def predict(
     shared = current.upto(first)
     if gap > ttl:
         return Outcome(MISS, TTL_EXPIRED, change="ttl", shared_tokens=shared, **base)
-    read = _read(current, previous, (first, 0), rules)
+    read = _read(current, previous, (first, 0), rules, gap)
     if read <= 0:
         # Nothing the previous call wrote is long enough (or marked) to be read.
         return Outcome(MISS, BELOW_MINIMUM, shared_tokens=shared, **base)
@@ -468,7 +472,13 @@ def _lifetime(rules: CacheRules, previous: Previous) -> int:
     return max(asked) if asked else rules.ttl_seconds
 
 
-def _read(current: Fingerprint, previous: Previous, shared: Cut, rules: CacheRules) -> int:
+def _read(
+    current: Fingerprint,
+    previous: Previous,
+    shared: Cut,
+    rules: CacheRules,
+    gap: float = 0.0,
+) -> int:
     """Tokens the provider can read: an automatic cache reads the shared prefix (from its
     minimum, in its increments); an explicit one reads up to the furthest breakpoint of the
     previous call that lies within the shared prefix (if that prefix reaches the minimum and
@@ -478,8 +488,10 @@ def _read(current: Fingerprint, previous: Previous, shared: Cut, rules: CacheRul
         return _readable(rules, min(tokens, previous.tokens or tokens))
     furthest = max((current.at(cut) for cut, _ in current.marks()), default=-1)
     best = 0
-    for cut, _ in previous.mark_positions():
-        if within(cut, shared):
+    for cut, lifetime in previous.mark_positions():
+        # Each breakpoint's entry lives its own lifetime (a 1-hour system block outlives a
+        # 5-minute tail).
+        if within(cut, shared) and gap <= lifetime:
             tokens = current.at(cut)
             if rules.min_tokens <= tokens <= furthest:
                 best = max(best, tokens)
@@ -525,7 +537,7 @@ def _changed(
         return Outcome(
             MISS, TTL_EXPIRED, shared_tokens=shared, first_changed=where, change="ttl", **base
         )
-    read = _read(current, previous, cut, rules)
+    read = _read(current, previous, cut, rules, gap)
     return Outcome(
         PARTIAL if read > 0 else MISS,
         reason,
@@ -546,7 +558,8 @@ def _client_compacted(current: Fingerprint, previous: Previous, first: int) -> b
         return True
     before = max(previous.tokens - current.upto(first), 0)
     after = current.tokens - current.upto(first)
-    return before > 0 and after <= before * CLIENT_COMPACTION_SHARE
+    # Something must stand in for what was dropped: a history merely cut short is an edit.
+    return before > 0 and 0 < after <= before * CLIENT_COMPACTION_SHARE
 
 
 # --- fingerprints ---------------------------------------------------------------------------------
