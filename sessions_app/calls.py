@@ -7,14 +7,14 @@ from __future__ import annotations
 import datetime
 import math
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db.models import Count, OuterRef, Q, QuerySet, Subquery, Sum
 
-from sessions_app import pricing
+from sessions_app import call_rollup, pricing
 from sessions_app.models import ERROR_STATUSES, Call, CallStatus, Event, Session
 
 # Percentiles are computed over at most this many of the range's most recent calls (the
@@ -25,6 +25,89 @@ PERCENTILE_SAMPLE = 20_000
 def _bounded(text: str, size: int) -> str:
     # Stored strings hold no NUL (PostgreSQL cannot store it).
     return text.replace("\x00", "\ufffd")[:size]
+
+
+# Headers the call page shows (lower case); any other is not stored. Credentials among them are
+# masked whole: no part of a key is kept.
+REQUEST_HEADERS = frozenset(
+    {
+        "accept",
+        "anthropic-beta",
+        "anthropic-version",
+        "authorization",
+        "content-length",
+        "content-type",
+        "openai-beta",
+        "openai-organization",
+        "openai-project",
+        "traceparent",
+        "user-agent",
+        "x-api-key",
+        "x-goog-api-client",
+        "x-goog-api-key",
+        "x-ledger-context-limit",
+        "x-ledger-fallback-models",
+        "x-ledger-fit",
+        "x-ledger-key",
+        "x-ledger-session",
+        "x-ledger-thread",
+        "x-stainless-arch",
+        "x-stainless-lang",
+        "x-stainless-os",
+        "x-stainless-package-version",
+        "x-stainless-retry-count",
+        "x-stainless-runtime",
+        "x-stainless-runtime-version",
+    }
+)
+RESPONSE_HEADERS_PREFIXES = ("anthropic-ratelimit-", "x-ratelimit-", "x-ledger-")
+RESPONSE_HEADERS = frozenset(
+    {
+        "content-type",
+        "openai-processing-ms",
+        "openai-version",
+        "request-id",
+        "retry-after",
+        "x-request-id",
+    }
+)
+SECRET_HEADERS = frozenset(
+    {
+        "api-key",
+        "authorization",
+        "cookie",
+        "proxy-authorization",
+        "set-cookie",
+        "x-api-key",
+        "x-goog-api-key",
+        "x-ledger-key",
+    }
+)
+MASK = "••••••"
+# Authorization schemes kept before the mask (the scheme names no secret).
+_SCHEMES = frozenset({"bearer", "basic", "token"})
+MAX_HEADER_VALUE = 200
+MAX_HEADERS = 60
+
+
+def masked_headers(headers: Mapping[str, str], allowed: frozenset[str]) -> dict[str, str]:
+    """The allowed `headers` (lower-cased names, in order), each credential masked: an
+    `Authorization` keeps its scheme ("Bearer ••••••"), any other secret is the mask alone."""
+    out: dict[str, str] = {}
+    for name, value in headers.items():
+        key = str(name).lower()
+        if key not in allowed and not (
+            allowed is RESPONSE_HEADERS and key.startswith(RESPONSE_HEADERS_PREFIXES)
+        ):
+            continue
+        text = str(value)
+        if key in SECRET_HEADERS:
+            scheme = text.strip().split(" ", 1)[0]
+            text = f"{scheme} {MASK}" if scheme.lower() in _SCHEMES and " " in text else MASK
+        out[key] = _bounded(text, MAX_HEADER_VALUE)
+        if len(out) >= MAX_HEADERS:
+            break
+    return out
 
 
 def call_record(
@@ -52,8 +135,14 @@ def call_record(
     saved_tokens: int = 0,
     attempts: Sequence[dict[str, Any]] = (),
     reply_event_id: uuid.UUID | None = None,
+    gateway_ms: int | None = None,
+    request_headers: Mapping[str, str] | None = None,
+    response_headers: Mapping[str, str] | None = None,
+    fit: dict[str, Any] | None = None,
+    request_map: dict[str, Any] | None = None,
 ) -> Call:
-    """Store one gateway call. Its cost is priced here, as the session's bill prices it."""
+    """Store one gateway call. Its cost is priced here, as the session's bill prices it; its
+    headers are kept masked (masked_headers), never as they came."""
     if status not in CallStatus.values:
         raise ValueError(f"unknown call status {status!r}")
     cost = None
@@ -70,7 +159,7 @@ def call_record(
         ).nano_usd
     # One INSERT, atomic by itself (on SQLite a transaction around it would take the write
     # lock one statement earlier).
-    return Call.objects.create(
+    call = Call.objects.create(
         session_id=session_id,
         started_at=started_at,
         wire=_bounded(wire, 32),
@@ -94,7 +183,18 @@ def call_record(
         saved_tokens=max(saved_tokens, 0),
         attempts=list(attempts),
         reply_event_id=reply_event_id,
+        gateway_ms=gateway_ms,
+        headers={
+            "request": masked_headers(request_headers or {}, REQUEST_HEADERS),
+            "response": masked_headers(response_headers or {}, RESPONSE_HEADERS),
+        },
+        fit=fit or {},
+        request_map=request_map or {},
     )
+    # A call saved after its 15-minute window was rolled up (a long stream): that window is
+    # computed again on its next read.
+    call_rollup.invalidate_late(started_at=started_at)
+    return call
 
 
 # --- reads ---------------------------------------------------------------------------------------
