@@ -19,6 +19,7 @@ from django.views.decorators.http import require_GET, require_POST
 from django_htmx.middleware import HtmxDetails
 
 from compaction_app import services as compaction_services
+from compaction_app.call_story import call_story_document
 from compaction_app.dashboard import calls as dashboard_calls
 from compaction_app.dashboard import queries
 from compaction_app.dashboard.render import (
@@ -205,6 +206,18 @@ def _calls(request: HtmxHttpRequest, session: Session | None) -> HttpResponse:
 def calls_list(request: HtmxHttpRequest) -> HttpResponse:
     """Every gateway call of the sessions the user may see (staff: every user's)."""
     return _calls(request, None)
+
+
+@login_required
+@require_GET
+def call_detail(request: HtmxHttpRequest, call_id: Any) -> HttpResponse:
+    """One call's story: the request as sent and as forwarded, side by side, each message's
+    fate, the reply, headers, usage and cost by kind, latency, links."""
+    try:
+        call, story = call_story_document(user=request.user, call_id=call_id)
+    except NotFound:
+        raise Http404("call not found") from None
+    return render(request, "dashboard/call.html", queries.call_page(call=call, story=story))
 
 
 @login_required
