@@ -105,14 +105,17 @@ class Trace:
 
 
 def save(trace: Trace) -> None:
-    """Store the call (sync; after.py's worker thread). Never raises."""
+    """Store the call (sync; after.py's worker thread), then hand its span to the
+    OpenTelemetry exporter when export is on. Never raises."""
+    call = None
     try:
-        _save(trace)
+        call = _save(trace)
     except Exception:
         logger.exception("gateway: recording a call failed")
+    telemetry.call_span(trace, call)
 
 
-def _save(trace: Trace) -> None:
+def _save(trace: Trace) -> Any:
     if not trace.status:
         # Ended without a word from the views: the client went away (the view was cancelled).
         trace.end(CallStatus.CLIENT_DISCONNECTED)
@@ -120,12 +123,12 @@ def _save(trace: Trace) -> None:
     if session is None:
         name = (trace.session_header or "").strip()
         if not trace.key or not name:
-            return
+            return None
         session = sql.owned_session(key=trace.key, name=name)
         if session is None:
-            return
+            return None
     reply = trace.reply
-    call_record(
+    return call_record(
         session_id=session.pk,
         started_at=trace.started_at,
         wire=trace.wire,
@@ -156,4 +159,3 @@ def _save(trace: Trace) -> None:
         fit=trace.fit,
         request_map=trace.request_map,
     )
-    telemetry.call_span(trace)
