@@ -178,21 +178,22 @@ def test_it_is_scraped_by_prometheus_across_two_processes_and_a_worker(
                 for port in ports:
                     assert by[(f"127.0.0.1:{port}", "ok")] == "4"
                     assert by[(f"127.0.0.1:{port}", "provider_error")] == "1"
+                here = f'instance="127.0.0.1:{first}"'
                 tokens = _query(
                     base,
-                    'ledger_gateway_tokens_total{kind="cache_read",instance="127.0.0.1:%d"}'
-                    % first,
+                    'ledger_gateway_tokens_total{kind="cache_read",' + here + "}",
                 )
                 assert tokens[0]["value"][1] == "40"
                 added = _query(
                     base,
-                    'ledger_gateway_added_latency_seconds_count{instance="127.0.0.1:%d"}' % first,
+                    "ledger_gateway_added_latency_seconds_count{" + here + "}",
                 )
                 assert added[0]["value"][1] == "5"
                 quantile = _query(
                     base,
-                    'histogram_quantile(0.5, ledger_gateway_call_duration_seconds_bucket{instance="127.0.0.1:%d"})'
-                    % first,
+                    "histogram_quantile(0.5, ledger_gateway_call_duration_seconds_bucket{"
+                    + here
+                    + "})",
                 )
                 assert float(quantile[0]["value"][1]) > 0
                 _wait(
