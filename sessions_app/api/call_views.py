@@ -7,14 +7,20 @@ from __future__ import annotations
 import datetime
 import re
 from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    inline_serializer,
+)
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from sessions_app import calls, selectors
+from sessions_app import calls, selectors, usage_over_time
 from sessions_app.api.openapi import PAGE_PARAMETERS, errors
 from sessions_app.api.views import SessionPagination
 from sessions_app.errors import InvalidInput
@@ -225,3 +231,107 @@ class CallsView(APIView):
     def get(self, request: Request) -> Response:
         filters = _filters(request)
         return _page(request, self, calls.calls_visible_to(user=request.user, filters=filters))
+
+
+# --- usage over time ----------------------------------------------------------------------------
+
+
+def _zone(raw: str | None) -> ZoneInfo:
+    if not raw:
+        return ZoneInfo("UTC")
+    try:
+        if len(raw) > 64 or raw.startswith("/") or ".." in raw:
+            raise ValueError(raw)
+        return ZoneInfo(raw)
+    except (ValueError, ZoneInfoNotFoundError):
+        raise InvalidInput(
+            "tz must be an IANA time zone (Europe/Paris, America/New_York, UTC)",
+            code="invalid_parameter",
+            fields={"tz": "unknown time zone"},
+        ) from None
+
+
+def usage_parameters(request: Request) -> dict[str, Any]:
+    """The usage-over-time query's parameters, validated (InvalidInput otherwise)."""
+    bucket = request.query_params.get("bucket") or "hour"
+    if bucket not in usage_over_time.BUCKETS:
+        raise InvalidInput(
+            "bucket must be hour or day", code="invalid_parameter", fields={"bucket": bucket[:20]}
+        )
+    group_by = request.query_params.get("groupBy") or None
+    if group_by is not None and group_by not in usage_over_time.GROUPS:
+        raise InvalidInput(
+            "groupBy must be one of " + ", ".join(usage_over_time.GROUPS),
+            code="invalid_parameter",
+            fields={"groupBy": group_by[:20]},
+        )
+    until = _moment(request, "until") or datetime.datetime.now(datetime.UTC)
+    span = datetime.timedelta(days=1 if bucket == "hour" else 30)
+    since = _moment(request, "since") or until - span
+    session_id = None
+    raw_session = request.query_params.get("session")
+    if raw_session:
+        session_id = selectors.session_get(user=request.user, session_id=raw_session).pk
+    user_id = None
+    raw_user = request.query_params.get("user")
+    if raw_user:
+        if not getattr(request.user, "is_staff", False):
+            raise InvalidInput(
+                "only staff may ask for another user's calls",
+                code="invalid_parameter",
+                fields={"user": "staff only"},
+            )
+        if not raw_user.isdigit() or len(raw_user) > 12:
+            raise InvalidInput(
+                "user must be a user id", code="invalid_parameter", fields={"user": raw_user[:20]}
+            )
+        user_id = int(raw_user)
+    return {
+        "since": since,
+        "until": until,
+        "bucket": bucket,
+        "group_by": group_by,
+        "tz": _zone(request.query_params.get("tz")),
+        "session_id": session_id,
+        "user_id": user_id,
+    }
+
+
+USAGE_PARAMETERS = [
+    CALL_PARAMETERS[0],
+    CALL_PARAMETERS[1],
+    OpenApiParameter("bucket", {"type": "string", "enum": list(usage_over_time.BUCKETS)}),
+    OpenApiParameter("groupBy", {"type": "string", "enum": list(usage_over_time.GROUPS)}),
+    OpenApiParameter(
+        "tz",
+        {"type": "string", "maxLength": 64},
+        description="IANA time zone the hours and days are the viewer's in (default UTC).",
+    ),
+    OpenApiParameter("session", str, description="Only this session's calls."),
+    OpenApiParameter(
+        "user",
+        {"type": "string", "pattern": "^[0-9]{1,12}$"},
+        description="Staff: only this user's calls.",
+    ),
+]
+
+
+class UsageOverTimeView(APIView):
+    @extend_schema(
+        operation_id="usage_calls",
+        parameters=USAGE_PARAMETERS,
+        responses={
+            200: OpenApiResponse(
+                description="Per period (hour or day in `tz`) and group: calls, errors, error "
+                "rate, tokens by kind, cost, cache hit rate, p50/p99 latency."
+            ),
+            **errors(400, 404),
+        },
+    )
+    def get(self, request: Request) -> Response:
+        params = usage_parameters(request)
+        try:
+            data = usage_over_time.usage_over_time(user=request.user, **params)
+        except usage_over_time.BadRange as exc:
+            raise InvalidInput(str(exc), code="invalid_parameter") from None
+        return Response(data)
