@@ -80,6 +80,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # The dashboard shows times in the viewer's zone (the ledger_tz cookie).
+    "compaction_app.dashboard.timezone.ViewerTimezoneMiddleware",
 ]
 
 ROOT_URLCONF = "config.urls"

@@ -12,6 +12,7 @@ from urllib.parse import urlencode
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.core.paginator import Paginator
+from django.utils import timezone
 
 from sessions_app import pricing
 from sessions_app.calls import CallFilters, calls_summary, calls_visible_to
@@ -26,7 +27,8 @@ class BadFilter(ValueError):
 
 
 def _moment(name: str, raw: str) -> datetime.datetime | None:
-    """The form's datetime-local value (no offset: UTC, as the page says), or RFC 3339."""
+    """The form's datetime-local value (no offset: the viewer's time zone, as the page says),
+    or RFC 3339."""
     if not raw:
         return None
     try:
@@ -34,7 +36,7 @@ def _moment(name: str, raw: str) -> datetime.datetime | None:
     except ValueError:
         raise BadFilter(f"{name}: not a date and time ({raw[:40]!r})") from None
     if value.tzinfo is None:
-        value = value.replace(tzinfo=datetime.UTC)
+        value = value.replace(tzinfo=timezone.get_current_timezone())
     try:
         return value.astimezone(datetime.UTC)
     except OverflowError:
@@ -118,4 +120,5 @@ def calls_page(
         else None,
         "session": session,
         "all_users": session is None and bool(getattr(user, "is_staff", False)),
+        "tz_name": timezone.get_current_timezone_name(),
     }
