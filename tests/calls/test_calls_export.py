@@ -70,9 +70,10 @@ def test_it_searches_model_title_and_error_and_filters_session_and_user(
     alice, bob, alice_api, staff
 ):
     billing, docs, theirs = _seed(alice, bob)
-    found = lambda **q: [
-        c["modelRequested"] for c in alice_api.get("/api/v1/calls", q).json()["results"]
-    ]  # noqa: E731
+
+    def found(**q):
+        return [c["modelRequested"] for c in alice_api.get("/api/v1/calls", q).json()["results"]]  # noqa: E731
+
     assert found(q="claude") == ["claude-3.5-sonnet"]
     assert sorted(found(q="billing")) == ["gpt-4o", "gpt-4o-mini"]
     assert found(q="rate limited") == ["gpt-4o-mini"]
