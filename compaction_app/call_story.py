@@ -53,7 +53,7 @@ def call_story_document(
     reverted_since = [
         runs[marker]
         for marker in reverted
-        if marker in runs and runs[marker].reverted_at and runs[marker].reverted_at > moment
+        if marker in runs and (runs[marker].reverted_at or moment) > moment
     ]
     if reverted_since:
         story["request"]["notes"].insert(

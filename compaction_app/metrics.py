@@ -132,8 +132,8 @@ def _call_metrics() -> Iterator[Metric]:
         calls.add_metric(list(key), value)
     for key, value in sorted(kinds.items()):
         tokens.add_metric(list(key), value)
-    for key, value in sorted(dollars.items()):
-        cost.add_metric(list(key), value / 1e9)
+    for pair, nano in sorted(dollars.items()):
+        cost.add_metric(list(pair), nano / 1e9)
     for (name, wire), latency in sorted(lat.items()):
         family = {"gateway": added, "ttfb": first_chunk, "total": duration}[name]
         family.add_metric([wire], _buckets(latency), latency.sum / 1000)
@@ -224,9 +224,9 @@ _KEY = "ledger:metrics:ws:"
 
 
 def _process_key() -> str:
-    return f"{_KEY}{settings.CHANNEL_LAYERS['default'].get('CONFIG', {}).get('prefix', '')}:" + (
-        f"{socket.gethostname()}:{os.getpid()}"
-    )
+    layer: Any = settings.CHANNEL_LAYERS["default"]
+    prefix = (layer.get("CONFIG") or {}).get("prefix", "")
+    return f"{_KEY}{prefix}:{socket.gethostname()}:{os.getpid()}"
 
 
 def _redis() -> Any:

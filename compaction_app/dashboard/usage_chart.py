@@ -105,7 +105,7 @@ def chart(
             )
             base += value
     paths = []
-    for index, (name, values) in enumerate(lines):
+    for index, (name, line) in enumerate(lines):
         points = [
             (round(left + i * slot + slot / 2, 1), y(v))
             for i, v in enumerate(values)
