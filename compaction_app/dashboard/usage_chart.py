@@ -108,7 +108,7 @@ def chart(
     for index, (name, line) in enumerate(lines):
         points = [
             (round(left + i * slot + slot / 2, 1), y(v))
-            for i, v in enumerate(values)
+            for i, v in enumerate(line)
             if v is not None
         ]
         path = " ".join(f"{'M' if k == 0 else 'L'}{px},{py}" for k, (px, py) in enumerate(points))
