@@ -5,7 +5,7 @@ gateway/fit.py, a thread's own request in gateway/thread_fit.py) and the synchro
 compactions they run all go through this module:
 
 - `window_level`: the one window decision (ok / approaching / hard) of a cost against a
-  window under a session's thresholds (`FitPolicy`);
+  window under a session's thresholds (`policy.Policy`);
 - `keep_newest`: the one prune, keeping the newest whole units (a tool call with its
   results on the ledger, a turn in a thread's request) that fit next to what must stay;
 - `compact_to_fit`: the one call-path compaction, a `RunOutcome` (typed, never an API dict);
@@ -27,6 +27,7 @@ from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 
 from compaction_app import services
 from compaction_app.models import CompactionRun, RunStatus, Trigger
+from compaction_app.policy import Policy
 from sessions_app import context_window
 from sessions_app import tokens as token_counting
 from sessions_app.errors import Conflict, Unprocessable
@@ -39,35 +40,16 @@ from sessions_app.session_settings import SessionSettings
 logger = logging.getLogger("compaction_app.fitting")
 audit = logging.getLogger("context")
 
-OK = "ok"
-APPROACHING = "approaching"
-HARD = "hard"
+OK = context_window.OK
+APPROACHING = context_window.APPROACHING
+HARD = context_window.HARD
 
 K = TypeVar("K", bound=Hashable)
 
 
-@dataclass(frozen=True)
-class FitPolicy:
-    """A session's fitting thresholds, as ratios of the window."""
-
-    compact_threshold: float
-    hard_threshold: float
-    fit_target_ratio: float
-
-    @classmethod
-    def of(cls, session: Session) -> FitPolicy:
-        settings = SessionSettings.of(session.settings)
-        return cls(
-            compact_threshold=settings.compact_threshold,
-            hard_threshold=settings.hard_limit_threshold,
-            fit_target_ratio=settings.fit_target_ratio,
-        )
-
-    @property
-    def target(self) -> float:
-        """The low-water mark a crossing compacts down to: never above the compact threshold
-        itself (a session may lower compactThreshold below fitTargetRatio)."""
-        return min(self.fit_target_ratio, self.compact_threshold)
+def session_policy(session: Session) -> Policy:
+    """The session's compaction policy (compaction_app/policy.py), from its settings."""
+    return Policy.of(SessionSettings.of(session.settings))
 
 
 @dataclass(frozen=True)
@@ -78,7 +60,7 @@ class FitRequest:
 
     window: int
     items: tuple[context_window.WindowItem, ...]
-    policy: FitPolicy
+    policy: Policy
     thread: str = ""
 
 
@@ -130,20 +112,13 @@ class FitOutcome:
 # --- the decision and the prune (pure) --------------------------------------------------------
 
 
-def window_level(*, tokens: int, window: int, policy: FitPolicy) -> str:
+def window_level(*, tokens: int, window: int, policy: Policy) -> str:
     """OK below the compact threshold, APPROACHING between the thresholds, HARD at or above
-    the hard threshold (an empty window counts as HARD)."""
-    if window <= 0:
-        return HARD
-    ratio = tokens / window
-    if ratio >= policy.hard_threshold:
-        return HARD
-    if ratio >= policy.compact_threshold:
-        return APPROACHING
-    return OK
+    the hard threshold (an empty window counts as HARD): `context_window.window_level`'s."""
+    return policy.level(tokens=tokens, window=window).level
 
 
-def passes_through(*, tokens: int, window: int, policy: FitPolicy, compacted: bool) -> bool:
+def passes_through(*, tokens: int, window: int, policy: Policy, compacted: bool) -> bool:
     """Whether the gateway forwards the client's own messages as they are: the ledger holds
     exactly them (nothing compacted) and they fit under the compact threshold. Otherwise they
     come from the ledger (a compacted session's active context, pruned or compacted as
@@ -323,7 +298,7 @@ def fit_context(
             reserve_tokens=reserve_tokens,
         ),
         items=_items(events),
-        policy=FitPolicy.of(session),
+        policy=session_policy(session),
     )
     limit, policy = request.window, request.policy
     tokens, level = measure(request)
@@ -336,8 +311,7 @@ def fit_context(
     own_window = max_tokens is None or max_tokens >= session.context_limit
     target_ratio = None
     if compact and own_window and level != OK and events:
-        target = policy.target * limit
-        target_ratio = max(min(target / session.context_limit, 1.0), 0.01)
+        target_ratio = policy.call_path_ratio(window=limit, context_limit=session.context_limit)
     if compact and (level == HARD or target_ratio is not None) and events:
         # Compaction never folds the system prompt or the last user message: when those alone
         # exceed the window, compacting would write (and fire the memory flush) for a 422.
@@ -359,7 +333,7 @@ def fit_context(
             {"tokenCount": tokens, "limit": limit},
             extra={"session_id": str(session.pk), "tokenCount": tokens, "limit": limit},
         )
-        kept = prune(request.items, budget=int(limit * policy.compact_threshold))
+        kept = prune(request.items, budget=policy.level(tokens=tokens, window=limit).compact_at)
         if kept is None:
             kept = prune(request.items, budget=limit)
         if kept is None:

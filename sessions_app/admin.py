@@ -72,7 +72,7 @@ class SessionAdmin(admin.ModelAdmin):
 
     @admin.display(description="context tokens / limit")
     def context_usage(self, obj: Session) -> str:
-        percent = 100 * obj.context_tokens / obj.context_limit if obj.context_limit else 0.0
+        percent = obj.window_level().percent_used
         return f"{obj.context_tokens:,} / {obj.context_limit:,} ({percent:.1f}%)"
 
     @admin.display(description="events", ordering="event_count")

@@ -5,7 +5,9 @@ import uuid
 from django.conf import settings
 from django.db import models
 
+from sessions_app.context_window import WindowLevel, window_level
 from sessions_app.event_types import EventType
+from sessions_app.session_settings import SessionSettings
 from sessions_app.tokens import REPLY_PRIMER
 
 
@@ -123,14 +125,21 @@ class Session(models.Model):
         # The reply primer is counted only when there is something to send.
         return self.active_tokens + REPLY_PRIMER if self.active_event_count else 0
 
-    @property
-    def usage_ratio(self) -> float:
-        return self.context_tokens / self.context_limit if self.context_limit else 0.0
+    def window_level(self, context_tokens: int | None = None) -> WindowLevel:
+        """How full the session's window is at `context_tokens` (default: the whole active
+        context), under its own thresholds: `context_window.window_level`, the one place."""
+        settings = SessionSettings.of(self.settings)
+        return window_level(
+            tokens=self.context_tokens if context_tokens is None else context_tokens,
+            window=self.context_limit,
+            compact_threshold=settings.compact_threshold,
+            hard_threshold=settings.hard_limit_threshold,
+        )
 
     @property
     def percent_used(self) -> float:
         """`percentUsed`: 100 × contextTokens / contextLimit, one decimal."""
-        return round(100 * self.usage_ratio, 1)
+        return self.window_level().percent_used
 
 
 class Event(models.Model):

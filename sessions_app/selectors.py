@@ -47,7 +47,7 @@ def event_get(*, session: Session, event_id: Any) -> Event:
 def usage_for_session(*, session: Session) -> dict[str, Any]:
     """The usage document of the design, from counters only (O(1) in session size)."""
     settings = SessionSettings.of(session.settings)
-    ratio = session.usage_ratio
+    level = session.window_level()
     return {
         "totalPromptTokens": session.reported_prompt_tokens,
         "totalCompletionTokens": session.reported_completion_tokens,
@@ -55,9 +55,9 @@ def usage_for_session(*, session: Session) -> dict[str, Any]:
         "reportedEventCount": session.reported_event_count,
         "contextTokens": session.context_tokens,
         "contextLimit": session.context_limit,
-        "percentUsed": session.percent_used,
-        "nearLimit": ratio >= settings.compact_threshold,
-        "atLimit": ratio >= settings.hard_limit_threshold,
+        "percentUsed": level.percent_used,
+        "nearLimit": level.near_limit,
+        "atLimit": level.at_limit,
         "model": session.model,
         "encoding": session.encoding,
         "exact": counter_is_exact(session=session),

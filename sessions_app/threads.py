@@ -11,7 +11,6 @@ from typing import Any
 
 from sessions_app.errors import NotFound
 from sessions_app.models import Session, Thread
-from sessions_app.session_settings import SessionSettings
 
 MAIN_NAME = "main"
 
@@ -51,16 +50,14 @@ def thread_usage(*, session: Session, usage: dict[str, Any], key: str | None) ->
         if found is None:
             raise NotFound("thread not found")
         thread = found
-    settings = SessionSettings.of(session.settings)
-    limit = session.context_limit
-    ratio = thread.context_tokens / limit if limit else 0.0
+    level = session.window_level(thread.context_tokens)
     return {
         **usage,
         "thread": thread.key,
         "contextTokens": thread.context_tokens,
-        "percentUsed": round(100 * ratio, 1),
-        "nearLimit": ratio >= settings.compact_threshold,
-        "atLimit": ratio >= settings.hard_limit_threshold,
+        "percentUsed": level.percent_used,
+        "nearLimit": level.near_limit,
+        "atLimit": level.at_limit,
         "totalPromptTokens": thread.prompt_tokens,
         "totalCompletionTokens": thread.completion_tokens,
         "totalTokens": thread.prompt_tokens + thread.completion_tokens,

@@ -552,13 +552,8 @@ class Schedule:
     refresh_at: int
     tokens_to_refresh: int
 
-    @property
-    def compact_percent(self) -> int:
-        return round(100 * self.compact_ratio)
-
-    @property
-    def hard_percent(self) -> int:
-        return round(100 * self.hard_ratio)
+    compact_percent: int
+    hard_percent: int
 
     @property
     def gauge_ticks(self) -> list[tuple[float, float, float, float, str]]:
@@ -585,8 +580,7 @@ def schedule_for(*, session: Session, now: datetime | None = None) -> Schedule:
     compact_ratio = settings.compact_threshold
     hard_ratio = settings.hard_limit_threshold
     cooldown = settings.cooldown_seconds
-    compact_at = int(session.context_limit * compact_ratio)
-    hard_at = int(session.context_limit * hard_ratio)
+    level = session.window_level()
     last_auto = (
         CompactionRun.objects.filter(session=session, trigger="auto")
         .order_by("-created_at")
@@ -598,15 +592,16 @@ def schedule_for(*, session: Session, now: datetime | None = None) -> Schedule:
     if last_auto is not None:
         left = max(int(cooldown - (now - last_auto).total_seconds()), 0)
     refresh_at = settings.refresh_threshold_tokens
-    context = session.context_tokens
     return Schedule(
         auto_compact=settings.auto_compact,
         compact_ratio=compact_ratio,
         hard_ratio=hard_ratio,
-        compact_at=compact_at,
-        hard_at=hard_at,
-        tokens_to_compact=max(compact_at - context, 0),
-        tokens_to_hard=max(hard_at - context, 0),
+        compact_at=level.compact_at,
+        hard_at=level.hard_at,
+        compact_percent=level.compact_percent,
+        hard_percent=level.hard_percent,
+        tokens_to_compact=level.tokens_to_compact,
+        tokens_to_hard=level.tokens_to_hard,
         cooldown_seconds=cooldown,
         cooldown_left=left,
         refresh_at=refresh_at,

@@ -9,6 +9,7 @@ from typing import Any
 
 from compaction_app.gateway.messages import GatewayError
 from compaction_app.gateway.wire import Wire
+from sessions_app.context_window import window_level
 
 __all__ = ["Fitted", "Wire", "context_length_exceeded"]
 
@@ -28,7 +29,10 @@ class Fitted:
 
     @property
     def percent_used(self) -> float:
-        return round(100 * self.token_count / self.limit, 1) if self.limit else 0.0
+        # Thresholds play no part in the percentage: the window math is context_window's.
+        return window_level(
+            tokens=self.token_count, window=self.limit, compact_threshold=1, hard_threshold=1
+        ).percent_used
 
 
 def context_length_exceeded(

@@ -133,7 +133,7 @@ def may_compact(*, session: Session, body: dict[str, Any], model: str, enabled: 
     level = fitting.window_level(
         tokens=session.context_tokens,
         window=room(session, body, model),
-        policy=fitting.FitPolicy.of(session),
+        policy=fitting.session_policy(session),
     )
     return level != fitting.OK
 

@@ -179,7 +179,7 @@ def fit_thread(
     compacted: bool,
     request: ThreadRequest,
 ) -> Fitted | None:
-    policy = fitting.FitPolicy.of(session)
+    policy = fitting.session_policy(session)
     room = max(limit - definitions, 0)
     # One writer and nothing folded: the session's count is the thread's.
     if request.threads_seen <= 1 and fitting.passes_through(
@@ -221,7 +221,7 @@ def fit_thread(
     compression = None
     pruned = False
     if level != fitting.OK:
-        run = _compact(session, user, policy.target, thread_key)
+        run = _compact(session, user, policy.target_ratio, thread_key)
         if run is not None and run.completed:
             compression = announce_compression(session=session, run=run, model=model)
             fresh = _state(session, request)
@@ -238,7 +238,7 @@ def fit_thread(
         )
         extra = _summary_cost(session, state.summary)
         pruned_kept = None
-        for budget in (int(room * policy.compact_threshold), room):
+        for budget in (policy.level(tokens=cost, window=room).compact_at, room):
             pruned_kept = fitting.prune_turns(
                 kept=kept, costs=state.costs, fixed=fixed, starts=starts, extra=extra, budget=budget
             )

@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 
 from compaction_app.fitting import (
-    FitPolicy,
     FitRequest,
     keep_newest,
     measure,
@@ -14,11 +13,12 @@ from compaction_app.fitting import (
     prune_turns,
     window_level,
 )
+from compaction_app.policy import Policy
 from sessions_app.context_window import REPLY_PRIMER, WindowItem, context_cost, required_keys
 
 pytestmark = pytest.mark.profile_independent
 
-POLICY = FitPolicy(compact_threshold=0.8, hard_threshold=0.95, fit_target_ratio=0.5)
+POLICY = Policy(compact_threshold=0.8, hard_threshold=0.95, fit_target_ratio=0.5)
 
 
 def item(key, kind="AGENT_MESSAGE", cost=10, call=""):
@@ -133,9 +133,9 @@ def test_it_measures_a_request_with_what_goes_out_besides():
 
 
 def test_it_compacts_down_to_the_target_never_above_the_threshold():
-    assert POLICY.target == 0.5
-    low = FitPolicy(compact_threshold=0.4, hard_threshold=0.95, fit_target_ratio=0.5)
-    assert low.target == 0.4
+    assert POLICY.target_ratio == 0.5
+    low = Policy(compact_threshold=0.4, hard_threshold=0.95, fit_target_ratio=0.5)
+    assert low.target_ratio == 0.4
 
 
 def test_it_keeps_the_newest_whole_units_next_to_the_required_ones():
