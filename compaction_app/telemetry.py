@@ -164,8 +164,16 @@ def _call_span(found: Any, t: Any, call: Any) -> None:
     if t.forwarded_tokens is not None:
         attributes["ledger.context.tokens"] = int(t.forwarded_tokens)
         if limit:
+            from sessions_app.context_window import window_level
+
+            level = window_level(
+                tokens=int(t.forwarded_tokens),
+                window=int(limit),
+                compact_threshold=1.0,
+                hard_threshold=1.0,
+            )
             attributes["ledger.context.window"] = int(limit)
-            attributes["ledger.context.percent_used"] = round(100 * t.forwarded_tokens / limit, 2)
+            attributes["ledger.context.percent_used"] = round(100 * level.ratio, 2)
     if t.forwarded is not None:
         attributes["ledger.gateway.duration"] = max(t.forwarded - t.started, 0.0)
     if t.first_byte is not None and t.stream:

@@ -23,7 +23,7 @@ from typing import Any
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db.models import Q
 
-from sessions_app import pricing
+from sessions_app import context_window, pricing
 from sessions_app.calls import call_document, with_reply_seq
 from sessions_app.errors import NotFound
 from sessions_app.models import ROLE_FOR_TYPE, Call, Event, EventType, Session
@@ -447,7 +447,12 @@ def context_figures(call: Call, session: Session) -> dict[str, Any]:
     before = after + call.saved_tokens if after is not None else None
 
     def percent(tokens: int | None) -> float | None:
-        return round(100 * tokens / limit, 1) if tokens is not None and limit else None
+        if tokens is None or not limit:
+            return None
+        # The one window computation (thresholds play no part in a percentage).
+        return context_window.window_level(
+            tokens=tokens, window=limit, compact_threshold=1.0, hard_threshold=1.0
+        ).percent_used
 
     return {
         "limit": limit,
