@@ -312,6 +312,20 @@ class Call(models.Model):
     # The reply's first event (its id is derived before it is stored, so the call is written
     # without looking it up; None: no reply). Readers resolve its seq (calls.with_reply_seq).
     reply_event_id = models.UUIDField(null=True, blank=True)
+    # Milliseconds from the request's arrival to its first send upstream: the gateway's own
+    # time before the provider (None: never forwarded).
+    gateway_ms = models.PositiveIntegerField(null=True, blank=True)
+    # The request's and the response's headers the call page shows: an allowlist, every
+    # credential masked before it is stored (sessions_app.call_story.masked_headers).
+    headers = models.JSONField(default=dict, blank=True)
+    # How fitting treated the request: {"how": as_sent|fitted|compacted|pruned|ledger|off,
+    # "pruned": [[first, last], ...] request indices a per-call prune dropped, when known}.
+    fit = models.JSONField(default=dict, blank=True)
+    # Where the request's messages are in the ledger, so the call page rebuilds them without a
+    # second copy of any body: {"after": the event id of the last message it continued (a
+    # previous call's reply or message), "seqs": [[first, last], ...] the events of its own new
+    # messages, "messages": how many it sent, "replyParts": events of its reply}.
+    request_map = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["-started_at", "id"]
@@ -326,3 +340,58 @@ class Call(models.Model):
     @property
     def failovers(self) -> int:
         return max(len(self.attempts or []) - 1, 0)
+
+
+class CallRollupBucket(models.Model):
+    """A 15-minute window of calls (by start) whose rollup rows are stored. Written first in
+    the transaction that stores them, so a late call (one saved after its window closed)
+    that deletes it waits for that transaction and the window is computed again on the next
+    read (sessions_app.call_rollup)."""
+
+    bucket = models.DateTimeField(primary_key=True)
+    computed_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.bucket:%Y-%m-%d %H:%M}"
+
+
+class CallRollup(models.Model):
+    """The calls of one 15-minute window for one session, model, status, wire and stream:
+    counts, tokens by kind, cost and latency histograms. What the usage pages and /metrics
+    read instead of every call (sessions_app.call_rollup). A deleted session's rows stay,
+    without it: the money was spent."""
+
+    bucket = models.ForeignKey(
+        CallRollupBucket, on_delete=models.CASCADE, related_name="rows", db_column="bucket"
+    )
+    session = models.ForeignKey(
+        Session, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    model = models.CharField(max_length=200, blank=True, default="")
+    status = models.CharField(max_length=32)
+    wire = models.CharField(max_length=32)
+    stream = models.BooleanField(default=False)
+    calls = models.PositiveIntegerField(default=0)
+    prompt_tokens = models.PositiveBigIntegerField(default=0)
+    cached_input_tokens = models.PositiveBigIntegerField(default=0)
+    cache_write_tokens = models.PositiveBigIntegerField(default=0)
+    completion_tokens = models.PositiveBigIntegerField(default=0)
+    cost_nano_usd = models.PositiveBigIntegerField(default=0)
+    unpriced_calls = models.PositiveIntegerField(default=0)
+    fitted = models.PositiveIntegerField(default=0)
+    saved_tokens = models.PositiveBigIntegerField(default=0)
+    # {"total" | "ttfb" | "gateway": {"sum": ms, "count": n, "h": {edge index: n}}}
+    latency = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["bucket", "owner"], name="call_rollup_bucket_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.bucket_id} {self.model} {self.status} × {self.calls}"

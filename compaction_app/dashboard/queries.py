@@ -653,3 +653,32 @@ def run_detail(*, run: CompactionRun) -> RunDetail:
         cleared_total=cleared,
         loss=loss if isinstance(loss, Mapping) and loss else None,
     )
+
+
+# --- a call's page ----------------------------------------------------------------------------
+
+# Runs of this many messages or more with the same fate fold into one expandable row.
+FOLD_RUN = 6
+
+
+def call_page(*, call: Any, story: dict[str, Any]) -> dict[str, Any]:
+    """The call page's context: the story, its messages grouped in runs of one fate (a long
+    run of kept messages folds into one row people can open)."""
+    groups: list[dict[str, Any]] = []
+    for message in story["request"]["messages"]:
+        if groups and groups[-1]["fate"] == message["fate"]:
+            groups[-1]["messages"].append(message)
+        else:
+            groups.append({"fate": message["fate"], "messages": [message]})
+    for group in groups:
+        group["folded"] = len(group["messages"]) >= FOLD_RUN
+        group["tokens"] = sum(m["tokenCount"] for m in group["messages"])
+        group["forwarded"] = sum(m["forwardedTokens"] or 0 for m in group["messages"])
+        group["first_seq"] = group["messages"][0]["seq"]
+        group["last_seq"] = group["messages"][-1]["seq"]
+    return {
+        "call": call,
+        "story": story,
+        "groups": groups,
+        "billed_tokens": (call.prompt_tokens or 0) + (call.completion_tokens or 0),
+    }

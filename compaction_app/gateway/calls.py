@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from compaction_app import telemetry
 from compaction_app.gateway.messages import Reply, chain_hash, event_id
 from sessions_app import sql
 from sessions_app.calls import call_record
@@ -50,6 +51,19 @@ class Trace:
     forwarded_tokens: int | None = None
     saved_tokens: int = 0
     attempts: list[dict[str, Any]] = field(default_factory=list)
+    # When the request first went upstream (monotonic): the gateway's own time before it.
+    forwarded: float | None = None
+    # The request's and the response's headers, as references: masked and stored off the
+    # call's path (sessions_app.calls.masked_headers).
+    request_headers: Any = None
+    response_headers: Any = None
+    # How fitting treated the request, and where its messages are in the ledger.
+    fit: dict[str, Any] = field(default_factory=dict)
+    request_map: dict[str, Any] | None = None
+
+    def mark_forwarded(self) -> None:
+        if self.forwarded is None:
+            self.forwarded = time.monotonic()
 
     def mark_first_byte(self) -> None:
         if self.first_byte is None:
@@ -79,6 +93,8 @@ class Trace:
         record.record_reply derives them)."""
         self.reply = reply
         self.model_served = reply.model
+        if self.request_map is not None:
+            self.request_map["replyParts"] = len(reply.message.drafts)
         if after_chain is not None and self.session is not None:
             self.reply_event = event_id(
                 self.session.pk, chain_hash(after_chain, reply.message.hash), 0
@@ -89,14 +105,17 @@ class Trace:
 
 
 def save(trace: Trace) -> None:
-    """Store the call (sync; after.py's worker thread). Never raises."""
+    """Store the call (sync; after.py's worker thread), then hand its span to the
+    OpenTelemetry exporter when export is on. Never raises."""
+    call = None
     try:
-        _save(trace)
+        call = _save(trace)
     except Exception:
         logger.exception("gateway: recording a call failed")
+    telemetry.call_span(trace, call)
 
 
-def _save(trace: Trace) -> None:
+def _save(trace: Trace) -> Any:
     if not trace.status:
         # Ended without a word from the views: the client went away (the view was cancelled).
         trace.end(CallStatus.CLIENT_DISCONNECTED)
@@ -104,12 +123,12 @@ def _save(trace: Trace) -> None:
     if session is None:
         name = (trace.session_header or "").strip()
         if not trace.key or not name:
-            return
+            return None
         session = sql.owned_session(key=trace.key, name=name)
         if session is None:
-            return
+            return None
     reply = trace.reply
-    call_record(
+    return call_record(
         session_id=session.pk,
         started_at=trace.started_at,
         wire=trace.wire,
@@ -134,4 +153,9 @@ def _save(trace: Trace) -> None:
         attempts=trace.attempts,
         # None when the reply's append failed: then no event has this id (readers check).
         reply_event_id=trace.reply_event,
+        gateway_ms=trace._ms(trace.forwarded),
+        request_headers=trace.request_headers,
+        response_headers=trace.response_headers,
+        fit=trace.fit,
+        request_map=trace.request_map,
     )

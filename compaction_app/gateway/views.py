@@ -44,7 +44,7 @@ from compaction_app.gateway import (
 from compaction_app.gateway import wire as wire_kinds
 from compaction_app.gateway.fit import Fitted
 from compaction_app.gateway.messages import GatewayError, GatewayInputError, Reply
-from compaction_app.gateway.prepare import Call, fit_call, prepare
+from compaction_app.gateway.prepare import Call, fit_call, prepare, seq_runs
 from compaction_app.gateway.providers import PROVIDERS
 from compaction_app.gateway.record import authenticate
 from compaction_app.gateway.stream import StreamEnding, relay
@@ -270,10 +270,13 @@ async def conversation(
         wire=wire.NAME,
         key=request.headers.get("X-Ledger-Key"),
         session_header=request.headers.get("X-Ledger-Session"),
+        # Masked and stored after the response (calls.save).
+        request_headers=request.headers,
     )
     announced = after.Announcements(trace)
     try:
         response = await _serve(request, wire, announced, params or {})
+        trace.response_headers = response.headers
         # Sent once the answer is out (a stream's when it ends: its on_end in _respond).
         after.attach(response, announced)
     except asyncio.CancelledError:
@@ -326,6 +329,7 @@ async def _serve(
     # Freed with the announcements, once the response is out (after.py).
     announced.held += (sent, call)
     trace.session = call.session
+    trace.request_map = call.request_map
     if call.request is not None and call.request.thread is not None:
         trace.thread = call.request.thread.key
     forwarded = await _forward(request, wire, sent, call)
@@ -458,6 +462,7 @@ async def _forward(
         # A fitted body is sent as text too: encoded whole, it was held twice more.
         content = sent.raw if fitted.body is None else forward.Body(json.dumps(fitted.body))
         url = wire.complete_url(base, model=target, stream=sent.parsed.stream, params=sent.params)
+        trace.mark_forwarded()
         try:
             response = await forward.send(url=url, headers=headers, content=content)
         except forward.UpstreamError as exc:
@@ -497,6 +502,7 @@ async def _respond(
     trace.saved_tokens = saved_tokens(
         client_tokens=call.client_tokens, forwarded_tokens=fitted.token_count
     )
+    trace.fit = _fit_note(call, fitted)
     passed = {**forward.returned_headers(response.headers), **_ledger_headers(call, fitted)}
     content_type = response.headers.get("content-type", "application/json")
     # An upstream may answer a streamed request with one JSON body (some compatible servers
@@ -567,6 +573,21 @@ async def _respond(
     for name, value in passed.items():
         streamed[name] = value
     return streamed
+
+
+def _fit_note(call: Call, fitted: Fitted) -> dict[str, Any]:
+    """How fitting treated the request, for the calls ledger: per-thread fitting's own word
+    (as_sent, fitted, compacted, pruned), else the ledger's ladder's ("ledger") or none
+    ("off"); the request indices a per-call prune dropped when fitting says which."""
+    notes = call.request.notes if call.request is not None else {}
+    how = notes.get("last_fit") or ("ledger" if fitted.compacted else "as_sent")
+    note: dict[str, Any] = {"how": how, "limit": fitted.limit}
+    if not call.fit_enabled:
+        note["how"] = "off"
+    pruned = getattr(fitted, "pruned", ())
+    if pruned:
+        note["pruned"] = seq_runs(pruned)
+    return note
 
 
 async def _record_plain(*, wire: Wire, call: Call, fitted: Fitted, data: bytes) -> None:
