@@ -17,6 +17,8 @@ from sessions_app.models import Call
 def triggered_run(call: Call) -> CompactionRun | None:
     """The compaction the call ran while fitting (a gateway run of its session and thread
     begun between its arrival and its first send upstream)."""
+    if call.session_id is None:
+        return None
     return (
         CompactionRun.objects.filter(
             session_id=call.session_id,

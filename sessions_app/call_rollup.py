@@ -144,7 +144,7 @@ class Row:
 _CALL_COLUMNS = (
     "started_at",
     "session_id",
-    "session__owner_id",
+    "owner_id",
     "model_served",
     "model_requested",
     "status",
@@ -168,7 +168,7 @@ def _rows_from_calls(
 ) -> dict[tuple[Any, ...], Row]:
     calls = Call.objects.filter(started_at__gte=since, started_at__lt=until)
     if owner_id is not None:
-        calls = calls.filter(session__owner_id=owner_id)
+        calls = calls.filter(owner_id=owner_id)
     rows: dict[tuple[Any, ...], Row] = {}
     for (
         started_at,

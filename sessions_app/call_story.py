@@ -49,11 +49,18 @@ def call_get(*, user: AbstractBaseUser | AnonymousUser, call_id: Any) -> Call:
         raise NotFound("call not found", code="not_found") from None
     queryset = Call.objects.filter(pk=pk)
     if not getattr(user, "is_staff", False):
-        queryset = queryset.filter(session__owner_id=user.pk)
-    call = with_reply_seq(queryset).select_related("session", "session__owner").first()
+        queryset = queryset.filter(owner_id=user.pk)
+    call = with_reply_seq(queryset).select_related("session", "owner").first()
     if call is None:
         raise NotFound("call not found", code="not_found")
     return call
+
+
+def _session_of(call: Call) -> uuid.UUID:
+    """The call's session (the story's readers run only for a call that has one)."""
+    if call.session_id is None:
+        raise NotFound("call not found", code="not_found")
+    return call.session_id
 
 
 def forwarded_at(call: Call) -> datetime.datetime:
@@ -86,7 +93,7 @@ def _rebuild(call: Call) -> _Rebuilt:
     if not own_map:
         return _Rebuilt(known=False)
     calls = list(
-        Call.objects.filter(session_id=call.session_id, started_at__lte=call.started_at)
+        Call.objects.filter(session_id=_session_of(call), started_at__lte=call.started_at)
         .order_by("-started_at")
         .values_list("id", "reply_event_id", "request_map")[:MAX_CALLS]
     )
@@ -104,7 +111,7 @@ def _rebuild(call: Call) -> _Rebuilt:
     while after:
         try:
             event = (
-                Event.objects.filter(session_id=call.session_id, pk=uuid.UUID(str(after)))
+                Event.objects.filter(session_id=_session_of(call), pk=uuid.UUID(str(after)))
                 .only("seq", "message_hash")
                 .first()
             )
@@ -130,7 +137,7 @@ def _rebuild(call: Call) -> _Rebuilt:
             rest = [s for s in theirs if s > event.seq]
             if rest:
                 hashes = dict(
-                    Event.objects.filter(session_id=call.session_id, seq__in=rest).values_list(
+                    Event.objects.filter(session_id=_session_of(call), seq__in=rest).values_list(
                         "seq", "message_hash"
                     )
                 )
@@ -200,7 +207,7 @@ def request_messages(call: Call) -> dict[str, Any]:
     moment = forwarded_at(call)
     events = {
         event.seq: event
-        for event in Event.objects.filter(session_id=call.session_id, seq__in=rebuilt.seqs).only(
+        for event in Event.objects.filter(session_id=_session_of(call), seq__in=rebuilt.seqs).only(
             "id",
             "seq",
             "type",
@@ -322,13 +329,13 @@ def _whole_messages(rows: list[dict[str, Any]], events: dict[int, Event]) -> Non
 def reply_events(call: Call) -> list[dict[str, Any]]:
     if call.reply_event_id is None:
         return []
-    first = Event.objects.filter(session_id=call.session_id, pk=call.reply_event_id).first()
+    first = Event.objects.filter(session_id=_session_of(call), pk=call.reply_event_id).first()
     if first is None:
         return []
     parts = int((call.request_map or {}).get("replyParts") or 1)
     rows = []
     for event in Event.objects.filter(
-        session_id=call.session_id, seq__gte=first.seq, seq__lt=first.seq + parts
+        session_id=_session_of(call), seq__gte=first.seq, seq__lt=first.seq + parts
     ).order_by("seq"):
         content, truncated = _content(event)
         rows.append(
@@ -428,7 +435,7 @@ def _neighbour(queryset: Any, call: Call, *, newer: bool) -> str | None:
 
 
 def neighbours(call: Call) -> dict[str, str | None]:
-    session_calls = Call.objects.filter(session_id=call.session_id)
+    session_calls = Call.objects.filter(session_id=_session_of(call))
     thread_calls = session_calls.filter(thread=call.thread)
     return {
         "previous": _neighbour(session_calls, call, newer=False),
@@ -465,8 +472,32 @@ def context_figures(call: Call, session: Session) -> dict[str, Any]:
 
 
 def call_story(*, call: Call) -> dict[str, Any]:
-    """Everything the call page and `GET /calls/{id}` show of one call."""
+    """Everything the call page and `GET /calls/{id}` show of one call. A call refused before
+    its session existed has only its own row: no ledger to rebuild its request from."""
     session = call.session
+    if session is None:
+        return {
+            **call_document(call),
+            "sessionTitle": "",
+            "gatewayMs": call.gateway_ms,
+            "latency": latency_split(call),
+            "usage": cost_by_kind(call),
+            "headers": call.headers or {"request": {}, "response": {}},
+            "fit": call.fit or {},
+            "context": None,
+            "request": {
+                "known": False,
+                "messages": [],
+                "summaries": [],
+                "unmapped": 0,
+                "notes": [],
+            },
+            "reply": [],
+            "neighbours": {"previous": None, "next": None},
+            "forwardedAt": forwarded_at(call).isoformat().replace("+00:00", "Z"),
+            "_markers": [],
+            "_revertedMarkers": [],
+        }
     request = request_messages(call)
     return {
         **call_document(call),

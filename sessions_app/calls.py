@@ -113,8 +113,10 @@ def masked_headers(headers: Mapping[str, str], allowed: frozenset[str]) -> dict[
 
 def call_record(
     *,
-    session_id: uuid.UUID,
+    session_id: uuid.UUID | None,
+    owner_id: Any,
     started_at: datetime.datetime,
+    session_key: str = "",
     wire: str,
     status: str,
     thread: str = "",
@@ -142,7 +144,8 @@ def call_record(
     fit: dict[str, Any] | None = None,
     request_map: dict[str, Any] | None = None,
 ) -> Call:
-    """Store one gateway call. Its cost is priced here, as the session's bill prices it; its
+    """Store one gateway call (`session_id` None: refused before any session existed; its
+    owner still sees it). Its cost is priced here, as the session's bill prices it; its
     headers are kept masked (masked_headers), never as they came."""
     if status not in CallStatus.values:
         raise ValueError(f"unknown call status {status!r}")
@@ -162,6 +165,8 @@ def call_record(
     # lock one statement earlier).
     call = Call.objects.create(
         session_id=session_id,
+        owner_id=owner_id,
+        session_key=_bounded(session_key, 200),
         started_at=started_at,
         wire=_bounded(wire, 32),
         status=status,
@@ -196,6 +201,16 @@ def call_record(
     # computed again on its next read.
     call_rollup.invalidate_late(started_at=started_at)
     return call
+
+
+def calls_attach(*, owner_id: Any, session_key: str, session_id: uuid.UUID) -> int:
+    """The owner's session-less calls made under `session_key` (refused before the session
+    existed) join the session that key has now created; how many."""
+    if not session_key:
+        return 0
+    return Call.objects.filter(
+        owner_id=owner_id, session__isnull=True, session_key=session_key[:200]
+    ).update(session_id=session_id)
 
 
 # --- reads ---------------------------------------------------------------------------------------
@@ -243,7 +258,7 @@ class CallFilters:
         if self.session_id is not None:
             queryset = queryset.filter(session_id=self.session_id)
         if self.user_id is not None:
-            queryset = queryset.filter(session__owner_id=self.user_id)
+            queryset = queryset.filter(owner_id=self.user_id)
         return queryset
 
 
@@ -291,14 +306,14 @@ def calls_visible_to(
     session: Session | None = None,
     filters: CallFilters | None = None,
 ) -> QuerySet[Call]:
-    """Calls of `session`, or of every session the user may see (staff: every user's),
-    newest first."""
+    """Calls of `session`, or every call the user may see (their own, session-less refusals
+    included; staff: every user's), newest first."""
     if session is not None:
         queryset = Call.objects.filter(session=session)
     elif getattr(user, "is_staff", False):
         queryset = Call.objects.all()
     else:
-        queryset = Call.objects.filter(session__owner_id=user.pk)
+        queryset = Call.objects.filter(owner_id=user.pk)
     if filters is not None:
         queryset = filters.apply(queryset)
     return with_reply_seq(queryset).order_by("-started_at", "id")
@@ -380,7 +395,9 @@ def call_document(call: Call) -> dict[str, Any]:
     """A call as the API shows it."""
     return {
         "id": str(call.id),
-        "sessionId": str(call.session_id),
+        # None: refused before any session existed (sessionKey is what the client sent).
+        "sessionId": str(call.session_id) if call.session_id else None,
+        "sessionKey": call.session_key,
         "startedAt": call.started_at.isoformat().replace("+00:00", "Z"),
         "wire": call.wire,
         "thread": call.thread,

@@ -278,7 +278,21 @@ class Call(models.Model):
     hot path); the reply itself is in the session's events (`reply_seq`)."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="calls")
+    # None: refused before any session existed (a first call naming an unknown model, bad
+    # JSON, no X-Ledger-Session); its `session_key` joins it to the session that key later
+    # creates. Every call has the owner of the API token it came with: who may see it.
+    session = models.ForeignKey(
+        Session, on_delete=models.CASCADE, related_name="calls", null=True, blank=True
+    )
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.CASCADE,
+        related_name="ledger_calls",
+        null=True,
+        blank=True,
+    )
+    # The X-Ledger-Session the client sent (a session id or its own key).
+    session_key = models.CharField(max_length=200, blank=True, default="")
     started_at = models.DateTimeField()
     wire = models.CharField(max_length=32)
     thread = models.CharField(max_length=200, blank=True, default="")
@@ -332,10 +346,12 @@ class Call(models.Model):
         indexes = [
             models.Index(fields=["session", "-started_at"], name="call_session_time_idx"),
             models.Index(fields=["-started_at"], name="call_time_idx"),
+            models.Index(fields=["owner", "-started_at"], name="call_owner_time_idx"),
         ]
 
     def __str__(self) -> str:
-        return f"{self.session_id} {self.started_at:%Y-%m-%d %H:%M:%S} {self.status}"
+        where = self.session_id or f"(no session) {self.session_key}"
+        return f"{where} {self.started_at:%Y-%m-%d %H:%M:%S} {self.status}"
 
     @property
     def failovers(self) -> int:

@@ -127,7 +127,7 @@ def calls_page(
     queryset = calls_visible_to(user=user, session=session, filters=page_filters.filters)
     queryset = ordered(queryset, page_filters.values["sort"] or None)
     if session is None:
-        queryset = queryset.select_related("session", "session__owner")
+        queryset = queryset.select_related("session", "owner")
     paginator = Paginator(queryset, PAGE_SIZE)
     page = paginator.get_page(page_filters.page)
     rows = [

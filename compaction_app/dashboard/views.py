@@ -33,6 +33,7 @@ from compaction_app.dashboard.render import (
 )
 from compaction_app.dashboard.timezone import viewer_zone
 from compaction_app.models import CompactionRun
+from compaction_app.run_documents import nothing_to_fold_reason, trim_target
 from compaction_app.selectors import run_get
 from sessions_app import search as session_search_module
 from sessions_app import services as session_services
@@ -318,7 +319,12 @@ def compaction_preview(request: HtmxHttpRequest, session_id: Any) -> HttpRespons
     if strategy not in STRATEGY_NAMES:
         return _error(request, session, LedgerError(f"unknown strategy {strategy!r}"))
     dry_run = compaction_services.compaction_plan(session=session, strategy=strategy, project=True)
-    preview = {"plan": dry_run.plan, "strategy": strategy}
+    preview: dict[str, Any] = {"plan": dry_run.plan, "strategy": strategy}
+    if dry_run.plan.is_empty:
+        # Say why, rather than offer a run that would change nothing.
+        preview["why"] = nothing_to_fold_reason(
+            strategy=strategy, tokens=dry_run.plan.tokens_before, target=trim_target(session)
+        )
     if request.htmx:
         return _part(request, session, "controls", preview=preview)
     return _session_page(request, session, preview=preview)

@@ -5,7 +5,9 @@ The views fill a trace as the call goes (the session, each model tried, the firs
 reply's usage, how it ended); after.py stores it from its worker thread together with the
 call's announcements, so recording a call costs the call nothing: no statement, no commit
 on its way. A call refused before its session is known is attributed to the session its
-headers name, when the caller's key owns it (a bad key or no session records nothing).
+headers name, when the caller's key owns it; otherwise it is a session-less row of the
+key's owner (joined to the session its X-Ledger-Session later creates). A call without a
+valid API token records nothing.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import logging
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+from rest_framework.authtoken.models import Token
 
 from compaction_app import telemetry
 from compaction_app.gateway.messages import Reply, chain_hash, event_id
@@ -120,16 +124,28 @@ def _save(trace: Trace) -> Any:
         # Ended without a word from the views: the client went away (the view was cancelled).
         trace.end(CallStatus.CLIENT_DISCONNECTED)
     session = trace.session
-    if session is None:
-        name = (trace.session_header or "").strip()
-        if not trace.key or not name:
-            return None
-        session = sql.owned_session(key=trace.key, name=name)
-        if session is None:
-            return None
+    name = (trace.session_header or "").strip()
+    owner_id: Any = session.owner_id if session is not None else None
+    if session is None and trace.key:
+        if name:
+            session = sql.owned_session(key=trace.key, name=name)
+        if session is not None:
+            owner_id = session.owner_id
+        else:
+            # Refused before its session existed: a session-less row its owner sees, which
+            # joins the session its key creates later (sessions_app.calls.calls_attach).
+            owner_id = (
+                Token.objects.filter(key=trace.key, user__is_active=True)
+                .values_list("user_id", flat=True)
+                .first()
+            )
+    if owner_id is None:
+        return None  # no valid API token: nobody to show it to (and no one to bill)
     reply = trace.reply
     return call_record(
-        session_id=session.pk,
+        session_id=session.pk if session is not None else None,
+        owner_id=owner_id,
+        session_key=name,
         started_at=trace.started_at,
         wire=trace.wire,
         status=trace.status,

@@ -18,6 +18,7 @@ import hashlib
 import io
 import json
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -184,6 +185,8 @@ def _read_json(request: HttpRequest, conversation: tuple[str, ...] | None = None
         # Forwarded as the bytes it came as; held beside the parsed value, as the text was.
         return _Read(forward.Body(raw), fast, raw)
     # What orjson refused or might read differently: the exact reader decides (body.py).
+    # Its head names the model even when the rest is not JSON (the refused call's row).
+    head = raw[:NAMED_MODEL_BYTES]
     try:
         encoding = json.detect_encoding(raw)
         if encoding in ("utf-8", "utf-8-sig"):
@@ -201,7 +204,9 @@ def _read_json(request: HttpRequest, conversation: tuple[str, ...] | None = None
             source = forward.Body(raw)
             body = strict_loads(raw, finite=False)
     except (ValueError, UnicodeDecodeError):
-        raise GatewayError("the request body is not valid JSON", code="malformed_json") from None
+        error = GatewayError("the request body is not valid JSON", code="malformed_json")
+        error.named_model = named_model(head)
+        raise error from None
     except RecursionError:
         # The decoder gives up on very deep input before returning anything.
         raise _too_deep() from None
@@ -209,6 +214,23 @@ def _read_json(request: HttpRequest, conversation: tuple[str, ...] | None = None
     if nests_deeper(body, MAX_JSON_DEPTH):
         raise _too_deep()
     return _Read(source, body)
+
+
+# How much of a body that is not JSON is searched for the model it names.
+NAMED_MODEL_BYTES = 65_536
+_NAMED_MODEL = re.compile(rb'"model"\s*:\s*"((?:[^"\\]|\\.){1,200})"')
+
+
+def named_model(head: bytes) -> str:
+    """The model a body that is not JSON names (`"model": "…"`), best effort, else ""."""
+    found = _NAMED_MODEL.search(head)
+    if found is None:
+        return ""
+    try:
+        value = json.loads(b'"' + found.group(1) + b'"')
+    except ValueError:
+        return ""
+    return value if isinstance(value, str) else ""
 
 
 def _release_body(request: HttpRequest) -> None:
@@ -317,8 +339,10 @@ async def _serve(
     if request.method != "POST":
         trace.end(CallStatus.REFUSED, http_status=405, code="method_not_allowed")
         return _method_not_allowed(wire, ("POST",))
+    # The model the call names, as early as it is known: a refusal's row says it too.
+    trace.model_requested = str(params.get("model") or "")
     try:
-        sent = _validate(request, wire, params)
+        sent = _validate(request, wire, params, trace)
         trace.model_requested, trace.stream = sent.parsed.model, bool(sent.parsed.stream)
         call = await _prepare(request, wire, sent, announced)
     except GatewayError as exc:
@@ -354,11 +378,19 @@ def _context_limit(request: HttpRequest) -> int | None:
     return int(text)
 
 
-def _validate(request: HttpRequest, wire: Wire, params: dict[str, str]) -> _Request:
+def _validate(
+    request: HttpRequest, wire: Wire, params: dict[str, str], trace: calls.Trace
+) -> _Request:
     context_limit = _context_limit(request)
     conversation = _conversation_key(request, wire)
-    read = _read_json(request, conversation)
+    try:
+        read = _read_json(request, conversation)
+    except GatewayError as exc:
+        trace.model_requested = trace.model_requested or exc.named_model
+        raise
     raw, body = read.source, read.value
+    if isinstance(body, dict) and isinstance(body.get("model"), str) and body["model"]:
+        trace.model_requested = body["model"]
     # Taken before anything downstream could touch the value; kept once the call is accepted.
     known = (
         body_reader.remember(read.fast, body, wire.MESSAGES_PARAM, reading=read.reading)
@@ -628,7 +660,15 @@ def _provider_error(data: bytes) -> dict[str, str]:
 
 
 async def _record(*, call: Call, fitted: Fitted, reply: Reply, incomplete: bool) -> None:
-    # The provider answered: bookkeeping trouble is logged and shown, never the call's failure.
+    # The provider answered (and billed) the call: its row carries the reply's usage whatever
+    # happens next (a client that goes away cancels this coroutine while the reply is being
+    # recorded; the recording itself runs on).
+    if call.announced.call is not None:
+        chains = call.request.chains if call.request is not None else ()
+        # As record_thread_reply continues the chain (None: it computes it the long way).
+        after_chain = (chains[-1] or None) if chains else ""
+        call.announced.call.replied(reply=reply, after_chain=after_chain)
+    # Bookkeeping trouble is logged and shown, never the call's failure.
     await workers.run(
         call.announced.collecting,
         thread_fit.record_thread_reply,
@@ -641,11 +681,6 @@ async def _record(*, call: Call, fitted: Fitted, reply: Reply, incomplete: bool)
         incomplete=incomplete,
         metadata={"requestedModel": fitted.model} if fitted.model != reply.model else None,
     )
-    if call.announced.call is not None:
-        chains = call.request.chains if call.request is not None else ()
-        # As record_thread_reply continues the chain (None: it computes it the long way).
-        after_chain = (chains[-1] or None) if chains else ""
-        call.announced.call.replied(reply=reply, after_chain=after_chain)
 
 
 # --- passthrough: endpoints the gateway has no rule for --------------------------------------------

@@ -8,6 +8,7 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from compaction_app import metrics
+from compaction_app.realtime import messages
 from compaction_app.realtime.broadcast import STAFF_GROUP, session_group, user_group
 from compaction_app.realtime.revocation import CLOSE_FORBIDDEN, RevocableConsumerMixin
 from sessions_app.errors import NotFound
@@ -72,7 +73,7 @@ class _LedgerConsumer(RevocableConsumerMixin, AsyncJsonWebsocketConsumer):
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         if isinstance(content, dict) and content.get("type") == "ping":
-            await self.send_json({"type": "pong"})
+            await self.send_json(messages.Pong().to_json())
 
 
 class SessionsConsumer(_LedgerConsumer):

@@ -92,7 +92,14 @@ _PERCENTILES = inline_serializer(
 )
 CALL_FIELDS: dict[str, serializers.Field] = {
     "id": serializers.UUIDField(),
-    "sessionId": serializers.UUIDField(),
+    "sessionId": serializers.UUIDField(
+        allow_null=True,
+        help_text="Null: refused before any session existed (a first call naming an unknown "
+        "model, a body that is not JSON); it joins the session its key later creates.",
+    ),
+    "sessionKey": serializers.CharField(
+        allow_blank=True, help_text="The X-Ledger-Session header the client sent."
+    ),
     "startedAt": serializers.DateTimeField(),
     "wire": serializers.CharField(help_text="openai, responses or anthropic."),
     "thread": serializers.CharField(allow_blank=True),

@@ -34,6 +34,7 @@ def _seed(alice, bob):
     for n, (session, model, status, error, total, completion) in enumerate(rows):
         call_record(
             session_id=session.pk,
+            owner_id=session.owner_id,
             started_at=NOW - datetime.timedelta(minutes=n),
             wire="openai",
             status=status,

@@ -24,6 +24,7 @@ def _calls(session, *, hours_ago: float, count: int, model="gpt-4o", status="ok"
     for n in range(count):
         call_record(
             session_id=session.pk,
+            owner_id=session.owner_id,
             started_at=NOW - datetime.timedelta(hours=hours_ago, seconds=n),
             wire="openai",
             status=status,

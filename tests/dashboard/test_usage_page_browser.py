@@ -27,6 +27,7 @@ def _seed(owner) -> None:
             status = "provider_error" if (hour + n) % 9 == 0 else "ok"
             call_record(
                 session_id=session.pk,
+                owner_id=session.owner_id,
                 started_at=now - datetime.timedelta(hours=hour, minutes=n * 7),
                 wire="anthropic" if model.startswith("claude") else "openai",
                 status=status,
