@@ -131,6 +131,8 @@ def document(
 def _run_for(call: Call) -> CompactionRun | None:
     """The latest completed compaction of the call's thread (or of the whole ledger) that
     finished before the call's answer was recorded, and was not reverted."""
+    if call.session_id is None:
+        return None
     return (
         CompactionRun.objects.filter(
             session_id=call.session_id,
@@ -182,7 +184,12 @@ def record_call(*, call: Call, cache: dict[str, Any] | None) -> None:
 
 
 def _record(call: Call, cache: dict[str, Any] | None) -> None:
-    if call.usage_status != "reported" or call.cost_nano_usd is None or not call.prompt_tokens:
+    if (
+        call.session_id is None
+        or call.usage_status != "reported"
+        or call.cost_nano_usd is None
+        or not call.prompt_tokens
+    ):
         return
     run = _run_for(call)
     if run is None or run.tokens_before is None or run.tokens_after is None:
@@ -225,4 +232,4 @@ def _record(call: Call, cache: dict[str, Any] | None) -> None:
         measured_calls=F("measured_calls") + 1,
         measured_net_nano_usd=F("measured_net_nano_usd") + net,
     )
-    session_add_compaction_net(session_id=call.session_id, nano_usd=net)
+    session_add_compaction_net(session_id=call.session_id, nano_usd=net)  # checked above

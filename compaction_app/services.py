@@ -18,13 +18,13 @@ from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from compaction_app import evidence, thread_scope
+from compaction_app import evidence, telemetry, thread_scope
 from compaction_app.enqueue import enqueue_memory_flush, enqueue_run_on_commit
 from compaction_app.heartbeat import beating
 from compaction_app.models import ACTIVE_STATUSES, CompactionRun, RunningSummary, RunStatus, Trigger
 from compaction_app.policy import Policy
-from compaction_app.realtime import broadcast
-from compaction_app.run_documents import complete_message, run_snapshot
+from compaction_app.realtime import broadcast, messages
+from compaction_app.run_documents import run_snapshot
 from compaction_app.selectors import latest_revertible_run
 from compaction_app.signals import memory_flush
 from compaction_app.strategies import SUMMARY_MESSAGE_OVERHEAD, context_cost, plan_compaction
@@ -35,7 +35,7 @@ from compaction_app.types import Budget, Plan, PlanEvent
 from sessions_app import tokens
 from sessions_app.errors import Conflict, InvalidInput, ServiceUnavailable
 from sessions_app.models import Event, EventType, Session, Thread
-from sessions_app.selectors import event_content, usage_for_session
+from sessions_app.selectors import event_content
 from sessions_app.services import (
     Clearing,
     EventInput,
@@ -229,13 +229,10 @@ def _running_summary(session: Session) -> RunningSummary:
 
 
 def broadcast_usage(session: Session) -> None:
-    """Push the session's usage document (USAGE_UPDATED) to everyone watching it: its main
-    thread's for a session with several writers, like REST /usage."""
-    usage = thread_scope.session_usage(session=session, usage=usage_for_session(session=session))
+    """Push the session's usage document (USAGE_UPDATED) to everyone watching it: exactly
+    REST /usage's (the main thread's context, the session's bill)."""
     broadcast.broadcast(
-        session_id=session.pk,
-        owner_id=session.owner_id,
-        message={"type": "USAGE_UPDATED", "sessionId": str(session.pk), "usage": usage},
+        session_id=session.pk, owner_id=session.owner_id, message=messages.usage_updated(session)
     )
 
 
@@ -367,16 +364,7 @@ def compaction_execute(
     session = run.session
     if first_start:
         broadcast.broadcast(
-            session_id=session.pk,
-            owner_id=session.owner_id,
-            message={
-                "type": "COMPACTION_START",
-                "sessionId": str(session.pk),
-                "compactionId": str(run.id),
-                "strategy": run.strategy,
-                "trigger": run.trigger,
-                "message": "Compacting conversation to reduce size…",
-            },
+            session_id=session.pk, owner_id=session.owner_id, message=messages.compaction_start(run)
         )
     try:
         with beating(run.pk):
@@ -404,11 +392,12 @@ def _fail(run: CompactionRun, error: str) -> CompactionRun:
         if not failed:
             return run
         session_record_compaction(session_id=run.session_id, snapshot=run_snapshot(run))
+    telemetry.run_span(run)
     session = run.session
     broadcast.broadcast(
         session_id=session.pk,
         owner_id=session.owner_id,
-        message=complete_message(run),
+        message=messages.compaction_complete(run),
     )
     return run
 
@@ -615,9 +604,12 @@ def _complete(
 def _announce_complete(run_id: uuid.UUID) -> None:
     run = CompactionRun.objects.select_related("session").get(pk=run_id)
     broadcast.broadcast(
-        session_id=run.session_id, owner_id=run.session.owner_id, message=complete_message(run)
+        session_id=run.session_id,
+        owner_id=run.session.owner_id,
+        message=messages.compaction_complete(run),
     )
     broadcast_usage(run.session)
+    telemetry.run_span(run)
 
 
 def compaction_revert(*, run: CompactionRun) -> CompactionRun:
@@ -657,13 +649,12 @@ def compaction_revert(*, run: CompactionRun) -> CompactionRun:
         session_record_compaction(
             session_id=locked.pk, snapshot={**run_snapshot(run), "reverted": True}
         )
-        reverted_message = {
-            "type": "COMPACTION_REVERTED",
-            "sessionId": str(locked.pk),
-            "compactionId": str(run.pk),
-            "tokensBefore": tokens_before,
-            "tokensAfter": locked.context_tokens,
-        }
+        reverted_message = messages.compaction_reverted(
+            session_id=locked.pk,
+            compaction_id=run.pk,
+            tokens_before=tokens_before,
+            tokens_after=locked.context_tokens,
+        )
         session_id, owner_id = locked.pk, locked.owner_id
 
         def announce() -> None:
@@ -732,11 +723,7 @@ def maybe_auto_compact(
         broadcast.broadcast(
             session_id=session.pk,
             owner_id=session.owner_id,
-            message={
-                "type": "COMPACTION_PENDING",
-                "sessionId": str(session.pk),
-                "percentUsed": session.percent_used,
-            },
+            message=messages.compaction_pending(session),
         )
         try:
             return compaction_request(session=session, user=None, trigger=trigger)

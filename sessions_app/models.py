@@ -93,6 +93,10 @@ class Session(models.Model):
     # What the session's compactions saved (or cost, when negative), measured on the gateway
     # calls after each of them (compaction_app.economics), in nanodollars.
     compaction_net_nano_usd = models.BigIntegerField(default=0)
+    # Gateway calls the provider answered without usage (a stream that did not ask for it):
+    # their estimated price (the gateway's own count, priced), apart from cost_nano_usd.
+    estimated_calls = models.PositiveIntegerField(default=0)
+    estimated_cost_nano_usd = models.PositiveBigIntegerField(default=0)
     # Snapshot of the latest compaction run, written by compaction_app through a service
     # (sessions_app never imports compaction_app).
     last_compaction = models.JSONField(null=True, blank=True)
@@ -281,7 +285,21 @@ class Call(models.Model):
     hot path); the reply itself is in the session's events (`reply_seq`)."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="calls")
+    # None: refused before any session existed (a first call naming an unknown model, bad
+    # JSON, no X-Ledger-Session); its `session_key` joins it to the session that key later
+    # creates. Every call has the owner of the API token it came with: who may see it.
+    session = models.ForeignKey(
+        Session, on_delete=models.CASCADE, related_name="calls", null=True, blank=True
+    )
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.CASCADE,
+        related_name="ledger_calls",
+        null=True,
+        blank=True,
+    )
+    # The X-Ledger-Session the client sent (a session id or its own key).
+    session_key = models.CharField(max_length=200, blank=True, default="")
     started_at = models.DateTimeField()
     wire = models.CharField(max_length=32)
     thread = models.CharField(max_length=200, blank=True, default="")
@@ -322,7 +340,7 @@ class Call(models.Model):
     cache = models.JSONField(null=True, blank=True)
     # What the call forwarded, as far as the provider's prompt cache cares: the next call of
     # its thread is compared with it (compaction_app.gateway.cache_outcome). Digests, not
-    # bodies: 16 hex characters per message and 8 per content block, the roles, the cache
+    # bodies: 12 hex characters per message, 8 per kept content block, one-letter roles, the cache
     # breakpoints, the model and the tools' digest. Not for display: lists defer it.
     prefix = models.JSONField(null=True, blank=True)
     # Fitting: whether what was forwarded differs from what the client sent, our count of
@@ -336,22 +354,93 @@ class Call(models.Model):
     # The reply's first event (its id is derived before it is stored, so the call is written
     # without looking it up; None: no reply). Readers resolve its seq (calls.with_reply_seq).
     reply_event_id = models.UUIDField(null=True, blank=True)
+    # Milliseconds from the request's arrival to its first send upstream: the gateway's own
+    # time before the provider (None: never forwarded).
+    gateway_ms = models.PositiveIntegerField(null=True, blank=True)
+    # The request's and the response's headers the call page shows: an allowlist, every
+    # credential masked before it is stored (sessions_app.call_story.masked_headers).
+    headers = models.JSONField(default=dict, blank=True)
+    # How fitting treated the request: {"how": as_sent|fitted|compacted|pruned|ledger|off,
+    # "pruned": [[first, last], ...] request indices a per-call prune dropped, when known}.
+    fit = models.JSONField(default=dict, blank=True)
+    # Where the request's messages are in the ledger, so the call page rebuilds them without a
+    # second copy of any body: {"after": the event id of the last message it continued (a
+    # previous call's reply or message), "seqs": [[first, last], ...] the events of its own new
+    # messages, "messages": how many it sent, "replyParts": events of its reply}.
+    request_map = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["-started_at", "id"]
         indexes = [
             models.Index(fields=["session", "-started_at"], name="call_session_time_idx"),
             models.Index(fields=["-started_at"], name="call_time_idx"),
+            models.Index(fields=["owner", "-started_at"], name="call_owner_time_idx"),
             # A call's predecessor in its thread (the cache outcome's comparison).
             models.Index(fields=["session", "thread", "-started_at"], name="call_thread_time_idx"),
         ]
 
     def __str__(self) -> str:
-        return f"{self.session_id} {self.started_at:%Y-%m-%d %H:%M:%S} {self.status}"
+        where = self.session_id or f"(no session) {self.session_key}"
+        return f"{where} {self.started_at:%Y-%m-%d %H:%M:%S} {self.status}"
 
     @property
     def failovers(self) -> int:
         return max(len(self.attempts or []) - 1, 0)
+
+
+class CallRollupBucket(models.Model):
+    """A 15-minute window of calls (by start) whose rollup rows are stored. Written first in
+    the transaction that stores them, so a late call (one saved after its window closed)
+    that deletes it waits for that transaction and the window is computed again on the next
+    read (sessions_app.call_rollup)."""
+
+    bucket = models.DateTimeField(primary_key=True)
+    computed_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.bucket:%Y-%m-%d %H:%M}"
+
+
+class CallRollup(models.Model):
+    """The calls of one 15-minute window for one session, model, status, wire and stream:
+    counts, tokens by kind, cost and latency histograms. What the usage pages and /metrics
+    read instead of every call (sessions_app.call_rollup). A deleted session's rows stay,
+    without it: the money was spent."""
+
+    bucket = models.ForeignKey(
+        CallRollupBucket, on_delete=models.CASCADE, related_name="rows", db_column="bucket"
+    )
+    session = models.ForeignKey(
+        Session, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    model = models.CharField(max_length=200, blank=True, default="")
+    status = models.CharField(max_length=32)
+    wire = models.CharField(max_length=32)
+    stream = models.BooleanField(default=False)
+    calls = models.PositiveIntegerField(default=0)
+    prompt_tokens = models.PositiveBigIntegerField(default=0)
+    cached_input_tokens = models.PositiveBigIntegerField(default=0)
+    cache_write_tokens = models.PositiveBigIntegerField(default=0)
+    completion_tokens = models.PositiveBigIntegerField(default=0)
+    cost_nano_usd = models.PositiveBigIntegerField(default=0)
+    unpriced_calls = models.PositiveIntegerField(default=0)
+    fitted = models.PositiveIntegerField(default=0)
+    saved_tokens = models.PositiveBigIntegerField(default=0)
+    # {"total" | "ttfb" | "gateway": {"sum": ms, "count": n, "h": {edge index: n}}}
+    latency = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["bucket", "owner"], name="call_rollup_bucket_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.bucket_id} {self.model} {self.status} × {self.calls}"
 
 
 class BudgetPeriod(models.TextChoices):

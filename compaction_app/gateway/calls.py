@@ -5,7 +5,9 @@ The views fill a trace as the call goes (the session, each model tried, the firs
 reply's usage, how it ended); after.py stores it from its worker thread together with the
 call's announcements, so recording a call costs the call nothing: no statement, no commit
 on its way. A call refused before its session is known is attributed to the session its
-headers name, when the caller's key owns it (a bad key or no session records nothing).
+headers name, when the caller's key owns it; otherwise it is a session-less row of the
+key's owner (joined to the session its X-Ledger-Session later creates). A call without a
+valid API token records nothing.
 """
 
 from __future__ import annotations
@@ -17,13 +19,16 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from compaction_app import economics
+from rest_framework.authtoken.models import Token
+
+from compaction_app import economics, telemetry
 from compaction_app.gateway import cache_record, clock
 from compaction_app.gateway import usage as usage_figures
 from compaction_app.gateway.messages import Reply, chain_hash, event_id
 from sessions_app import budgets, sql, tokens
 from sessions_app.calls import call_record
 from sessions_app.models import ROLE_FOR_TYPE, CallStatus, Session
+from sessions_app.services import session_add_estimate
 
 logger = logging.getLogger("compaction_app.gateway")
 
@@ -70,7 +75,7 @@ class Trace:
     # The call's price once stored (its reservation is settled with it).
     cost_nano_usd: int | None = None
 
-    def forwarded(
+    def note_forwarded(
         self,
         *,
         wire: Any,
@@ -84,6 +89,20 @@ class Trace:
         self.client_body = client_body
         self.fit_how = how or ""
         self.compacted_now = compacted
+
+    # When the request first went upstream (monotonic): the gateway's own time before it.
+    forwarded: float | None = None
+    # The request's and the response's headers, as references: masked and stored off the
+    # call's path (sessions_app.calls.masked_headers).
+    request_headers: Any = None
+    response_headers: Any = None
+    # How fitting treated the request, and where its messages are in the ledger.
+    fit: dict[str, Any] = field(default_factory=dict)
+    request_map: dict[str, Any] | None = None
+
+    def mark_forwarded(self) -> None:
+        if self.forwarded is None:
+            self.forwarded = time.monotonic()
 
     def mark_first_byte(self) -> None:
         if self.first_byte is None:
@@ -113,6 +132,8 @@ class Trace:
         record.record_reply derives them)."""
         self.reply = reply
         self.model_served = reply.model
+        if self.request_map is not None:
+            self.request_map["replyParts"] = len(reply.message.drafts)
         if after_chain is not None and self.session is not None:
             self.reply_event = event_id(
                 self.session.pk, chain_hash(after_chain, reply.message.hash), 0
@@ -166,15 +187,18 @@ def _done(trace: Trace) -> None:
 
 
 def save(trace: Trace) -> None:
-    """Store the call (sync; after.py's worker thread). Never raises."""
+    """Store the call (sync; after.py's worker thread), then hand its span to the
+    OpenTelemetry exporter when export is on. Never raises."""
+    call = None
     try:
         _wait_turn(trace)
-        _save(trace)
+        call = _save(trace)
     except Exception:
         logger.exception("gateway: recording a call failed")
     finally:
         _done(trace)
         _settle(trace)
+    telemetry.call_span(trace, call)
 
 
 def _settle(trace: Trace) -> None:
@@ -200,7 +224,7 @@ class _Usage:
     apart: tuple[Any, ...] = ()
 
 
-def _usage(trace: Trace, session: Session) -> _Usage:
+def _usage(trace: Trace, session: Session | None) -> _Usage:
     """The reply's usage as the provider reported it; when it answered without any (a stream
     whose client did not ask for usage), the gateway's own count of what it forwarded and of
     the reply, marked as absent (the cost is then an estimate, never 0)."""
@@ -218,7 +242,8 @@ def _usage(trace: Trace, session: Session) -> _Usage:
             status="reported",
             apart=usage_figures.call_usages(reply.priced_apart),
         )
-    counter = tokens.counter_for_model(trace.model_served or session.model)
+    model = trace.model_served or trace.model_requested or (session.model if session else "")
+    counter = tokens.counter_for_model(model)
     rows = [(ROLE_FOR_TYPE[d.type], d.content, d.name) for d in reply.message.drafts]
     completion = sum(tokens.messages_batch_tokens(counter, rows)) if rows else 0
     return _Usage(prompt=trace.forwarded_tokens or 0, completion=completion, status="absent")
@@ -253,24 +278,36 @@ def _cache(trace: Trace, session: Session, usage: _Usage) -> cache_record.CacheR
         return None
 
 
-def _save(trace: Trace) -> None:
+def _save(trace: Trace) -> Any:
     if not trace.status:
         # Ended without a word from the views: the client went away (the view was cancelled).
         trace.end(CallStatus.CLIENT_DISCONNECTED)
     session = trace.session
-    if session is None:
-        name = (trace.session_header or "").strip()
-        if not trace.key or not name:
-            return
-        session = sql.owned_session(key=trace.key, name=name)
-        if session is None:
-            return
+    name = (trace.session_header or "").strip()
+    owner_id: Any = session.owner_id if session is not None else None
+    if session is None and trace.key:
+        if name:
+            session = sql.owned_session(key=trace.key, name=name)
+        if session is not None:
+            owner_id = session.owner_id
+        else:
+            # Refused before its session existed: a session-less row its owner sees, which
+            # joins the session its key creates later (sessions_app.calls.calls_attach).
+            owner_id = (
+                Token.objects.filter(key=trace.key, user__is_active=True)
+                .values_list("user_id", flat=True)
+                .first()
+            )
+    if owner_id is None:
+        return None  # no valid API token: nobody to show it to (and no one to bill)
     usage = _usage(trace, session)
-    cache = _cache(trace, session, usage)
+    cache = _cache(trace, session, usage) if session is not None else None
     # Let go of the forwarded body: the fingerprint is all that is kept of it.
     trace.forwarded_body = trace.client_body = None
     call = call_record(
-        session_id=session.pk,
+        session_id=session.pk if session is not None else None,
+        owner_id=owner_id,
+        session_key=name,
         started_at=trace.started_at,
         wire=trace.wire,
         status=trace.status,
@@ -299,9 +336,18 @@ def _save(trace: Trace) -> None:
         attempts=trace.attempts,
         # None when the reply's append failed: then no event has this id (readers check).
         reply_event_id=trace.reply_event,
+        gateway_ms=trace._ms(trace.forwarded),
+        request_headers=trace.request_headers,
+        response_headers=trace.response_headers,
+        fit=trace.fit,
+        request_map=trace.request_map,
     )
     trace.cost_nano_usd = call.cost_nano_usd
+    if call.cost_estimated and session is not None:
+        # The session's bill counts it apart: the provider's figures are not known.
+        session_add_estimate(session_id=session.pk, nano_usd=call.cost_nano_usd or 0)
     # What the compaction before this call saved or cost on it (compaction_app.economics);
     # a session never compacted has none to measure.
-    if trace.compacted_now or session.last_compaction:
+    if session is not None and (trace.compacted_now or session.last_compaction):
         economics.record_call(call=call, cache=cache.document if cache is not None else None)
+    return call

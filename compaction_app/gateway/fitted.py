@@ -10,6 +10,7 @@ from typing import Any
 from compaction_app.gateway.messages import GatewayError
 from compaction_app.gateway.wire import Wire
 from sessions_app.context_window import window_level
+from sessions_app.services import model_registry
 
 __all__ = ["Fitted", "Wire", "context_length_exceeded"]
 
@@ -24,6 +25,8 @@ class Fitted:
     limit: int
     compacted: bool
     compression: dict[str, Any] | None = None
+    # The request's indices a per-call prune left out (the calls ledger shows which).
+    pruned: tuple[int, ...] = ()
 
     @property
     def percent_used(self) -> float:
@@ -33,15 +36,27 @@ class Fitted:
         ).percent_used
 
 
+def limit_phrase(*, limit: int, model: str) -> str:
+    """`limit` said as what it is: the model's own window, or a smaller limit the session set
+    ("2,000 tokens (the session's contextLimit; gpt-4o's own window is 128,000)")."""
+    info = model_registry().lookup(model.strip())
+    if info is not None and info.context_limit > limit:
+        return (
+            f"{limit:,} tokens (the session's contextLimit; {model}'s own window is "
+            f"{info.context_limit:,})"
+        )
+    return f"{limit:,} tokens ({model}'s window)"
+
+
 def context_length_exceeded(
     *, limit: int, needed: int, definitions: int, model: str
 ) -> GatewayError:
     """The provider-shaped refusal when what must be kept (`needed` tokens, tool definitions
     included) does not fit `limit` even after compaction."""
     return GatewayError(
-        f"This model's maximum context length is {limit} tokens; the messages that must "
-        f"be kept need {needed} tokens even after compaction"
-        + (f" (tool definitions included: {definitions})" if definitions else "")
+        f"The context limit of this call is {limit_phrase(limit=limit, model=model)}; the "
+        f"messages that must be kept need {needed:,} tokens even after compaction"
+        + (f" (tool definitions included: {definitions:,})" if definitions else "")
         + ".",
         code="context_length_exceeded",
         param="messages",

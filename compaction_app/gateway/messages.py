@@ -59,6 +59,8 @@ class GatewayError(Exception):
         self.extra = extra
         # Response headers the answer carries (a refusal's Retry-After).
         self.headers = headers or {}
+        # The model the refused body named, when it could be read (the call's row says it).
+        self.named_model = ""
 
 
 @dataclass(frozen=True)

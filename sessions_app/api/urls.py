@@ -28,6 +28,7 @@ urlpatterns = [
     # Spend limits on gateway calls (sessions_app/api/budget_views.py).
     path("budgets", budget_views.BudgetListView.as_view(), name="budget-list"),
     path("budgets/<str:budget_id>", budget_views.BudgetDetailView.as_view(), name="budget-detail"),
+    path("usage/calls", call_views.UsageOverTimeView.as_view(), name="usage-calls"),
     path("tokens/count", views.TokenCountView.as_view(), name="tokens-count"),
     path("models", views.ModelListView.as_view(), name="model-list"),
     # Search and recall (sessions_app/api/search_views.py).

@@ -14,7 +14,7 @@ from django.test import Client
 from compaction_app import economics
 from compaction_app.gateway import after
 from compaction_app.models import CompactionRun
-from compaction_app.run_documents import complete_message
+from compaction_app.realtime.messages import compaction_complete
 from compaction_app.testkit.prompt_cache import PromptCache
 from sessions_app import pricing
 from sessions_app.models import Call, Session
@@ -188,7 +188,7 @@ def test_it_measures_the_net_dollars_on_the_calls_after_a_gateway_compaction(
     usage = alice_api.get(f"/api/v1/sessions/{session.pk}/usage").json()
     assert usage["compactionNetUsd"] == pricing.usd(expected)
     # The websocket's COMPACTION_COMPLETE carries the prediction.
-    message = complete_message(run)
+    message = compaction_complete(run).model_dump()
     assert message["economics"]["tokensShedPerCall"] == shed
     assert message["economics"]["paybackCalls"] == doc["paybackCalls"]
     # The session page shows it in the compaction history, the sessions list the net.

@@ -140,6 +140,10 @@ def test_it_estimates_a_stream_without_usage_and_marks_it(gateway_url, upstream,
     listed = alice_api.get(f"/api/v1/sessions/{call.session_id}/calls").json()["results"][0]
     assert listed["usage"] == "absent" and listed["costEstimated"] is True
     assert listed["costUsd"] > 0
+    # The session's bill counts it apart from what the provider reported.
+    bill = alice_api.get(f"/api/v1/sessions/{call.session_id}/usage").json()
+    assert bill["estimatedCalls"] == 1 and bill["estimatedCostUsd"] == listed["costUsd"]
+    assert bill["costUsd"] == 0.0
 
 
 # --- Anthropic ----------------------------------------------------------------------------------

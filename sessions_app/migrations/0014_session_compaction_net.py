@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('sessions_app', '0010_call_cache_outcome_and_cost_kinds'),
+        ('sessions_app', '0013_call_cache_outcome_and_cost_kinds'),
     ]
 
     operations = [

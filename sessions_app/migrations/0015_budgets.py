@@ -9,7 +9,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('sessions_app', '0011_session_compaction_net'),
+        ('sessions_app', '0014_session_compaction_net'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
