@@ -417,6 +417,12 @@ METRICS_TOKEN = env_str("METRICS_TOKEN")
 MEMORY_FLUSH_WEBHOOK_TIMEOUT_SECONDS = env_float(
     "MEMORY_FLUSH_WEBHOOK_TIMEOUT_SECONDS", 10.0, minimum=0.1
 )
+# Budgets (sessions_app.budgets): where their 80 % / 100 % alerts are POSTed (besides the
+# `budget_threshold` log line), and the output a call is assumed to produce when its request
+# sets no max_tokens (its reservation).
+BUDGET_WEBHOOK_URL = env_str("BUDGET_WEBHOOK_URL")
+BUDGET_WEBHOOK_TIMEOUT_SECONDS = env_float("BUDGET_WEBHOOK_TIMEOUT_SECONDS", 10.0, minimum=0.1)
+LEDGER_BUDGET_OUTPUT_ALLOWANCE = env_int("LEDGER_BUDGET_OUTPUT_ALLOWANCE", 4096, minimum=1)
 # First retry delay of a compaction after a transient provider error; doubles per attempt.
 COMPACTION_RETRY_BACKOFF_SECONDS = env_float("COMPACTION_RETRY_BACKOFF_SECONDS", 2.0, minimum=0.0)
 

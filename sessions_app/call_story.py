@@ -356,35 +356,53 @@ def reply_events(call: Call) -> list[dict[str, Any]]:
 
 
 def cost_by_kind(call: Call) -> dict[str, Any]:
-    """The call's tokens and price by kind: uncached input, cache reads, cache writes and
-    output, each at the model's own rate (the total is the call's billed cost)."""
-    model = call.model_served or call.model_requested
+    """The call's tokens and price by kind, as its price was split when it was stored
+    (sessions_app.pricing.price_breakdown: uncached input, cache reads, 5-minute and 1-hour
+    cache writes, output, of which reasoning); `cacheWrite` is both writes. The kinds add up
+    to the call's billed cost. `estimated`: the provider sent no usage, the figures are the
+    gateway's own count."""
     prompt = call.prompt_tokens or 0
-    read = min(call.cached_input_tokens or 0, prompt)
-    write = min(call.cache_write_tokens or 0, prompt - read)
-    uncached = prompt - read - write
-    output = call.completion_tokens or 0
     reported = call.prompt_tokens is not None or call.completion_tokens is not None
+    stored = call.cost_by_kind or {}
+    priced = call.cost_nano_usd is not None
 
-    def price(usage: pricing.CallUsage) -> float | None:
+    def tokens(kind: str) -> int | None:
         if not reported:
             return None
-        found = pricing.price_call(model, usage)
-        return pricing.usd(found.nano_usd) if found.nano_usd is not None else None
+        return int((stored.get(kind) or {}).get("tokens") or 0)
 
+    def usd(kind: str) -> float | None:
+        if not reported or not priced:
+            return None
+        return float((stored.get(kind) or {}).get("usd") or 0.0)
+
+    read = min(call.cached_input_tokens or 0, prompt)
+    write = min(call.cache_write_tokens or 0, prompt - read)
+    write_1h = min(call.cache_write_1h_tokens or 0, write)
+    found_tokens = {
+        "input": prompt - read - write if reported else None,
+        "cacheRead": read if reported else None,
+        "cacheWrite": write if reported else None,
+        "cacheWrite5m": write - write_1h if reported else None,
+        "cacheWrite1h": write_1h if reported else None,
+        "output": (call.completion_tokens or 0) if reported else None,
+        "reasoning": call.reasoning_tokens if reported else None,
+    }
+    write_usd = None
+    if reported and priced:
+        write_usd = (usd("cacheWrite5m") or 0.0) + (usd("cacheWrite1h") or 0.0)
     return {
         "reported": reported,
-        "tokens": {
-            "input": uncached if reported else None,
-            "cacheRead": read if reported else None,
-            "cacheWrite": write if reported else None,
-            "output": output if reported else None,
-        },
+        "estimated": call.cost_estimated,
+        "tokens": found_tokens,
         "costUsd": {
-            "input": price(pricing.CallUsage(input_tokens=uncached)),
-            "cacheRead": price(pricing.CallUsage(input_tokens=read, cached_input_tokens=read)),
-            "cacheWrite": price(pricing.CallUsage(input_tokens=write, cache_write_tokens=write)),
-            "output": price(pricing.CallUsage(output_tokens=output)),
+            "input": usd("input"),
+            "cacheRead": usd("cacheRead"),
+            "cacheWrite": write_usd,
+            "cacheWrite5m": usd("cacheWrite5m"),
+            "cacheWrite1h": usd("cacheWrite1h"),
+            "output": usd("output"),
+            "reasoning": usd("reasoning"),
             "total": pricing.usd(call.cost_nano_usd) if call.cost_nano_usd is not None else None,
         },
         "cacheHitRate": pricing.hit_rate(cached=read, input_tokens=prompt) if reported else None,

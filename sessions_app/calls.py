@@ -133,6 +133,11 @@ def call_record(
     cache_write_tokens: int | None = None,
     cache_write_1h_tokens: int | None = None,
     completion_tokens: int | None = None,
+    reasoning_tokens: int | None = None,
+    usage_status: str = "",
+    priced_apart: Sequence[pricing.CallUsage] = (),
+    cache: dict[str, Any] | None = None,
+    prefix: dict[str, Any] | None = None,
     fitted: bool = False,
     forwarded_tokens: int | None = None,
     saved_tokens: int = 0,
@@ -145,13 +150,18 @@ def call_record(
     request_map: dict[str, Any] | None = None,
 ) -> Call:
     """Store one gateway call (`session_id` None: refused before any session existed; its
-    owner still sees it). Its cost is priced here, as the session's bill prices it; its
-    headers are kept masked (masked_headers), never as they came."""
+    owner still sees it). Its cost is priced here, as the session's bill prices it, and split
+    by token kind; its headers are kept masked (masked_headers), never as they came.
+    `usage_status` "absent": the provider sent no usage and the figures are the gateway's own
+    count (the cost is then marked as an estimate). `cache`: the call's cache outcome document
+    (compaction_app.gateway.cache_outcome), `prefix` the fingerprint of what it forwarded,
+    which the next call of its thread is compared with."""
     if status not in CallStatus.values:
         raise ValueError(f"unknown call status {status!r}")
     cost = None
+    kinds: dict[str, Any] = {}
     if prompt_tokens is not None or completion_tokens is not None:
-        cost = pricing.price_call(
+        breakdown = pricing.price_breakdown(
             model_served or model_requested,
             pricing.CallUsage(
                 input_tokens=prompt_tokens or 0,
@@ -159,8 +169,14 @@ def call_record(
                 cached_input_tokens=cached_input_tokens or 0,
                 cache_write_tokens=cache_write_tokens or 0,
                 cache_write_1h_tokens=cache_write_1h_tokens or 0,
+                reasoning_tokens=reasoning_tokens or 0,
             ),
-        ).nano_usd
+            priced_apart,
+        )
+        cost = breakdown.nano_usd
+        if cost is not None:
+            kinds = breakdown.document()
+        usage_status = usage_status or "reported"
     # One INSERT, atomic by itself (on SQLite a transaction around it would take the write
     # lock one statement earlier).
     call = Call.objects.create(
@@ -183,7 +199,16 @@ def call_record(
         cached_input_tokens=cached_input_tokens,
         cache_write_tokens=cache_write_tokens,
         completion_tokens=completion_tokens,
+        cache_write_1h_tokens=cache_write_1h_tokens,
+        reasoning_tokens=reasoning_tokens,
+        usage_status=usage_status,
         cost_nano_usd=cost,
+        cost_estimated=usage_status == "absent" and cost is not None,
+        cost_by_kind=kinds,
+        cache_outcome=str((cache or {}).get("outcome") or ""),
+        cache_reason=str((cache or {}).get("reason") or "")[:32],
+        cache=cache,
+        prefix=prefix,
         fitted=fitted,
         forwarded_tokens=forwarded_tokens,
         saved_tokens=max(saved_tokens, 0),
@@ -214,6 +239,34 @@ def calls_attach(*, owner_id: Any, session_key: str, session_id: uuid.UUID) -> i
 
 
 # --- reads ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Prefix:
+    """A stored call's prefix (Call.prefix) and where it belongs."""
+
+    call_id: uuid.UUID
+    thread: str
+    started_at: datetime.datetime
+    fingerprint: dict[str, Any]
+
+
+def previous_prefix(
+    *, session_id: uuid.UUID, thread: str, before: datetime.datetime
+) -> Prefix | None:
+    """The latest call of `thread` before `before` whose prefix was kept (the provider
+    answered it); with `thread` "" the session's latest in any thread."""
+    queryset = Call.objects.filter(
+        session_id=session_id, started_at__lt=before, prefix__isnull=False
+    )
+    if thread:
+        queryset = queryset.filter(thread=thread)
+    found = (
+        queryset.order_by("-started_at").values_list("id", "thread", "started_at", "prefix").first()
+    )
+    if found is None or found[3] is None:
+        return None
+    return Prefix(call_id=found[0], thread=found[1], started_at=found[2], fingerprint=found[3])
 
 
 @dataclass(frozen=True)
@@ -277,6 +330,7 @@ SORTS: dict[str, tuple[str, ...]] = {
     "prompt": ("prompt_tokens",),
     "completion": ("completion_tokens",),
     "cost": ("cost_nano_usd",),
+    "cache": ("cache_outcome", "cache_reason"),
     "fitted": ("fitted", "saved_tokens"),
     "saved": ("saved_tokens",),
 }
@@ -316,7 +370,8 @@ def calls_visible_to(
         queryset = Call.objects.filter(owner_id=user.pk)
     if filters is not None:
         queryset = filters.apply(queryset)
-    return with_reply_seq(queryset).order_by("-started_at", "id")
+    # The prefix is the cache outcome's working data, not the call's story.
+    return with_reply_seq(queryset.defer("prefix")).order_by("-started_at", "id")
 
 
 def with_reply_seq(queryset: QuerySet[Call]) -> QuerySet[Call]:
@@ -413,11 +468,17 @@ def call_document(call: Call) -> dict[str, Any]:
         "promptTokens": call.prompt_tokens,
         "cachedInputTokens": call.cached_input_tokens,
         "cacheWriteTokens": call.cache_write_tokens,
+        "cacheWrite1hTokens": call.cache_write_1h_tokens,
         "completionTokens": call.completion_tokens,
+        "reasoningTokens": call.reasoning_tokens,
         "totalTokens": (call.prompt_tokens or 0) + (call.completion_tokens or 0)
         if call.prompt_tokens is not None or call.completion_tokens is not None
         else None,
+        "usage": call.usage_status or None,
         "costUsd": pricing.usd(call.cost_nano_usd) if call.cost_nano_usd is not None else None,
+        "costEstimated": call.cost_estimated,
+        "costByKind": call.cost_by_kind or None,
+        "cache": call.cache,
         "fitted": call.fitted,
         "forwardedTokens": call.forwarded_tokens,
         "savedTokens": call.saved_tokens,
@@ -456,6 +517,9 @@ CSV_COLUMNS = (
     "savedTokens",
     "failovers",
     "replySeq",
+    "costEstimated",
+    "cacheOutcome",
+    "cacheReason",
 )
 
 
@@ -465,6 +529,9 @@ def export_rows(queryset: QuerySet[Call], *, chunk: int = 2000) -> Iterator[dict
     for call in queryset.iterator(chunk_size=chunk):
         document = call_document(call)
         document["gatewayMs"] = call.gateway_ms
+        # The cache outcome flattened for a spreadsheet (the whole document is in `cache`).
+        document["cacheOutcome"] = call.cache_outcome or None
+        document["cacheReason"] = call.cache_reason or None
         yield document
 
 

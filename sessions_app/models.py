@@ -90,6 +90,13 @@ class Session(models.Model):
     saved_nano_usd = models.PositiveBigIntegerField(default=0)
     unpriced_calls = models.PositiveIntegerField(default=0)
     unpriced_model = models.CharField(max_length=200, blank=True, default="")
+    # What the session's compactions saved (or cost, when negative), measured on the gateway
+    # calls after each of them (compaction_app.economics), in nanodollars.
+    compaction_net_nano_usd = models.BigIntegerField(default=0)
+    # Gateway calls the provider answered without usage (a stream that did not ask for it):
+    # their estimated price (the gateway's own count, priced), apart from cost_nano_usd.
+    estimated_calls = models.PositiveIntegerField(default=0)
+    estimated_cost_nano_usd = models.PositiveBigIntegerField(default=0)
     # Snapshot of the latest compaction run, written by compaction_app through a service
     # (sessions_app never imports compaction_app).
     last_compaction = models.JSONField(null=True, blank=True)
@@ -313,8 +320,29 @@ class Call(models.Model):
     cached_input_tokens = models.PositiveBigIntegerField(null=True, blank=True)
     cache_write_tokens = models.PositiveBigIntegerField(null=True, blank=True)
     completion_tokens = models.PositiveBigIntegerField(null=True, blank=True)
-    # The call's price (None: no usage, or the model has no price).
+    cache_write_1h_tokens = models.PositiveBigIntegerField(null=True, blank=True)
+    # Part of completion_tokens the model spent reasoning (None: not reported).
+    reasoning_tokens = models.PositiveBigIntegerField(null=True, blank=True)
+    # "reported": the figures above are the provider's; "absent": the provider answered but
+    # sent no usage (a stream without it), and the figures are the gateway's own count of
+    # what was forwarded and replied (`cost_estimated`); "": no reply.
+    usage_status = models.CharField(max_length=16, blank=True, default="")
+    # The call's price (None: no usage, or the model has no price), and by token kind
+    # (sessions_app.pricing.Breakdown.document()).
     cost_nano_usd = models.PositiveBigIntegerField(null=True, blank=True)
+    cost_estimated = models.BooleanField(default=False)
+    cost_by_kind = models.JSONField(default=dict, blank=True)
+    # Why this call hit or missed the provider's prompt cache (compaction_app.gateway.
+    # cache_outcome): hit | partial | miss | not_cacheable ("": not predicted), the reason,
+    # and the whole document (first changed message, the provider's figures, disagreement).
+    cache_outcome = models.CharField(max_length=16, blank=True, default="")
+    cache_reason = models.CharField(max_length=32, blank=True, default="")
+    cache = models.JSONField(null=True, blank=True)
+    # What the call forwarded, as far as the provider's prompt cache cares: the next call of
+    # its thread is compared with it (compaction_app.gateway.cache_outcome). Digests, not
+    # bodies: 12 hex characters per message, 8 per kept content block, one-letter roles, the cache
+    # breakpoints, the model and the tools' digest. Not for display: lists defer it.
+    prefix = models.JSONField(null=True, blank=True)
     # Fitting: whether what was forwarded differs from what the client sent, our count of
     # what was forwarded, and what fitting kept from being sent (client's request − forwarded).
     fitted = models.BooleanField(default=False)
@@ -347,6 +375,8 @@ class Call(models.Model):
             models.Index(fields=["session", "-started_at"], name="call_session_time_idx"),
             models.Index(fields=["-started_at"], name="call_time_idx"),
             models.Index(fields=["owner", "-started_at"], name="call_owner_time_idx"),
+            # A call's predecessor in its thread (the cache outcome's comparison).
+            models.Index(fields=["session", "thread", "-started_at"], name="call_thread_time_idx"),
         ]
 
     def __str__(self) -> str:
@@ -411,3 +441,54 @@ class CallRollup(models.Model):
 
     def __str__(self) -> str:
         return f"{self.bucket_id} {self.model} {self.status} × {self.calls}"
+
+
+class BudgetPeriod(models.TextChoices):
+    """The calendar period a budget's spend is counted over (UTC)."""
+
+    DAY = "day"
+    WEEK = "week"  # from Monday 00:00 UTC
+    MONTH = "month"
+
+
+class Budget(models.Model):
+    """A spend limit on a user's gateway calls over a period: all of them (`client_key` ""),
+    or those of one gateway client key (`X-Ledger-Session`: one agent of several). Counted
+    in the database, so every server process sees the same spend (sessions_app.budgets):
+    what the current period's settled calls cost, and what the calls in flight reserved."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="ledger_budgets"
+    )
+    client_key = models.CharField(max_length=200, blank=True, default="")
+    period = models.CharField(max_length=8, choices=BudgetPeriod.choices)
+    limit_nano_usd = models.PositiveBigIntegerField()
+    # The period the counters are for; a call in a later period starts them again.
+    period_start = models.DateTimeField()
+    spent_nano_usd = models.BigIntegerField(default=0)
+    reserved_nano_usd = models.BigIntegerField(default=0)
+    in_flight = models.IntegerField(default=0)
+    # When a call last reserved: a process that died with calls in flight leaves reservations
+    # no call will settle; they lapse after sessions_app.budgets.RESERVATION_LAPSE.
+    reserved_at = models.DateTimeField(null=True, blank=True)
+    # The period's alerts, sent once each (80 % and 100 % of the limit).
+    alerted_80 = models.BooleanField(default=False)
+    alerted_100 = models.BooleanField(default=False)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["user_id", "client_key"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["user", "client_key"], name="budget_unique_per_user_and_key"
+            )
+        ]
+
+    def __str__(self) -> str:
+        scope = f" / {self.client_key}" if self.client_key else ""
+        return f"budget of user {self.user_id}{scope} ({self.period})"

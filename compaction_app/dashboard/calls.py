@@ -31,6 +31,7 @@ COLUMNS = (
     ("First byte", "ttfb"),
     ("Total", "total"),
     ("Tokens in / cached / write / out", "tokens"),
+    ("Cache", "cache"),
     ("Cost", "cost"),
     ("Fitted", "fitted"),
 )

@@ -484,6 +484,8 @@ def record_reply(
             cached_input_tokens=reply.cached_input_tokens,
             cache_write_tokens=reply.cache_write_tokens,
             cache_write_1h_tokens=reply.cache_write_1h_tokens,
+            reasoning_tokens=reply.reasoning_tokens,
+            priced_apart=usage_figures.call_usages(reply.priced_apart),
         )
     saved = saved_tokens(client_tokens=client_tokens, forwarded_tokens=forwarded_tokens)
     inputs = []

@@ -33,6 +33,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from compaction_app.gateway import (
     after,
+    budget,
     calls,
     forward,
     stream_limits,
@@ -83,7 +84,7 @@ def _error(wire: Wire, exc: GatewayError, headers: dict[str, str] | None = None)
         exc.message, status=exc.status, code=exc.code, param=exc.param, **exc.extra
     )
     response = JsonResponse(body, status=exc.status)
-    for name, value in (headers or {}).items():
+    for name, value in {**exc.headers, **(headers or {})}.items():
         response[name] = value
     return response
 
@@ -344,6 +345,9 @@ async def _serve(
     try:
         sent = _validate(request, wire, params, trace)
         trace.model_requested, trace.stream = sent.parsed.model, bool(sent.parsed.stream)
+        # A request that continues a conversation the provider keeps shows only what is new:
+        # its cache outcome cannot be predicted from it.
+        trace.continues = bool(sent.parsed.continues)
         call = await _prepare(request, wire, sent, announced)
     except GatewayError as exc:
         return _refused(wire, trace, exc)
@@ -356,10 +360,23 @@ async def _serve(
     trace.request_map = call.request_map
     if call.request is not None and call.request.thread is not None:
         trace.thread = call.request.thread.key
+    calls.track(trace)
+    if call.budgets:
+        assert call.fitted is not None
+        try:
+            trace.reservation = await workers.run(
+                budget.reserve,
+                found=call.budgets,
+                model=call.fitted.model,
+                tokens=call.fitted.token_count,
+                body=sent.body,
+            )
+        except GatewayError as exc:
+            return _refused(wire, trace, exc)
     forwarded = await _forward(request, wire, sent, call)
     if isinstance(forwarded, HttpResponseBase):
         return forwarded
-    return await _respond(wire, call, forwarded, stream=sent.parsed.stream)
+    return await _respond(wire, call, forwarded, stream=sent.parsed.stream, body=sent.body)
 
 
 def _context_limit(request: HttpRequest) -> int | None:
@@ -522,7 +539,7 @@ async def _forward(
 
 
 async def _respond(
-    wire: Wire, call: Call, forwarded: _Forwarded, *, stream: bool
+    wire: Wire, call: Call, forwarded: _Forwarded, *, stream: bool, body: dict[str, Any]
 ) -> HttpResponseBase:
     """Relay the upstream's answer (streamed as it arrives) and record the reply."""
     response, fitted = forwarded.response, forwarded.fitted
@@ -530,6 +547,15 @@ async def _respond(
     assert trace is not None
     trace.model_served = fitted.model
     trace.fitted = fitted.body is not None
+    # What went upstream, for the call's cache outcome (computed once the answer is out).
+    trace.note_forwarded(
+        wire=wire,
+        body=body if fitted.body is None else fitted.body,
+        how=(call.request.notes.get("last_fit") if call.request is not None else None)
+        or ("compacted" if fitted.compression else ""),
+        compacted=fitted.compression is not None,
+        client_body=body if fitted.body is not None else None,
+    )
     trace.forwarded_tokens = fitted.token_count
     trace.saved_tokens = saved_tokens(
         client_tokens=call.client_tokens, forwarded_tokens=fitted.token_count

@@ -122,9 +122,37 @@ CALL_FIELDS: dict[str, serializers.Field] = {
     "promptTokens": serializers.IntegerField(allow_null=True),
     "cachedInputTokens": serializers.IntegerField(allow_null=True),
     "cacheWriteTokens": serializers.IntegerField(allow_null=True),
+    "cacheWrite1hTokens": serializers.IntegerField(
+        allow_null=True, help_text="Part of cacheWriteTokens at the one-hour rate (Anthropic)."
+    ),
     "completionTokens": serializers.IntegerField(allow_null=True),
+    "reasoningTokens": serializers.IntegerField(
+        allow_null=True, help_text="Part of completionTokens the model spent reasoning."
+    ),
     "totalTokens": serializers.IntegerField(allow_null=True),
+    "usage": serializers.ChoiceField(
+        choices=["reported", "absent"],
+        allow_null=True,
+        help_text="reported: the provider's figures; absent: it answered without usage and "
+        "the figures are the gateway's own count (costEstimated); null: no reply.",
+    ),
     "costUsd": serializers.FloatField(allow_null=True),
+    "costEstimated": serializers.BooleanField(
+        help_text="costUsd is the gateway's estimate: the provider sent no usage."
+    ),
+    "costByKind": serializers.DictField(
+        child=serializers.DictField(),
+        allow_null=True,
+        help_text="The cost per token kind, each {tokens, usd}: input (uncached), cacheRead, "
+        "cacheWrite5m, cacheWrite1h, output, reasoning (a part of output).",
+    ),
+    "cache": serializers.DictField(
+        allow_null=True,
+        help_text="Why the call hit or missed the provider's prompt cache: {outcome (hit, "
+        "partial, miss, not_cacheable), reason, change, by, firstChangedMessage {index, role, "
+        "change, block?}, sharedTokens, predictedCachedTokens, providerCachedTokens, agrees, "
+        "contradiction, …} (docs/costs.md); null when not predicted.",
+    ),
     "fitted": serializers.BooleanField(),
     "forwardedTokens": serializers.IntegerField(allow_null=True),
     "savedTokens": serializers.IntegerField(),

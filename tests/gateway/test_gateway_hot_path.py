@@ -157,13 +157,27 @@ def test_it_records_a_steady_call_in_few_statements(gateway_url, upstream, alice
     # INSERT, which PostgreSQL runs as one statement outside a transaction. The thread's row
     # is brought up to date in the reply's append (its transaction; on PostgreSQL its one
     # statement): one commit per recorded append, none of the thread's own. Once the
-    # response is sent, the call's row: one INSERT, off the call's path (after.py).
+    # response is sent, off the call's path (after.py): one SELECT of its thread's previous
+    # call (what its cache outcome is read against), the call's row (one INSERT), then the
+    # usage push, which counts the session's calls. The caller-and-session look-up also says
+    # that no budget applies: none is read.
     kinds = [sql.split()[0].upper() for sql in statements.sql]
-    assert "sessions_app_call" in statements.sql[-1], statements.sql
-    kinds = kinds[:-1]
+    row = next(
+        i
+        for i, sql in enumerate(statements.sql)
+        if sql.startswith('INSERT INTO "sessions_app_call"')
+    )
+    assert '"prefix"' in statements.sql[row - 1] and kinds[row - 1] == "SELECT", statements.sql
+    assert all(
+        kind == "SELECT" and "sessions_app_call" in sql
+        for kind, sql in zip(kinds[row + 1 :], statements.sql[row + 1 :], strict=True)
+    ), statements.sql
+    assert not any("sessions_app_budget" in sql and "EXISTS" not in sql for sql in statements.sql)
+    kinds = kinds[: row - 1]
+    statements.sql[:] = statements.sql[: row - 1]
     if connection.vendor == "postgresql":
         assert kinds == ["SELECT", "SELECT", "WITH", "WITH"], statements.sql
-        assert "sessions_app_thread" in statements.sql[-2], statements.sql
+        assert "sessions_app_thread" in statements.sql[-1], statements.sql
     else:
         # SQLite's transactions start with a statement (BEGIN IMMEDIATE); their commits do
         # not run one. The thread's UPDATE is inside the reply's transaction.
@@ -174,7 +188,7 @@ def test_it_records_a_steady_call_in_few_statements(gateway_url, upstream, alice
             *("BEGIN", "UPDATE", "UPDATE", "INSERT"),
         ]
         assert kinds == expected, statements.sql
-        assert "sessions_app_thread" in statements.sql[-3], statements.sql
+        assert "sessions_app_thread" in statements.sql[-2], statements.sql
 
 
 @pytest.mark.django_db(transaction=True)
