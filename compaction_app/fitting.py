@@ -34,7 +34,7 @@ from sessions_app.errors import Conflict, Unprocessable
 from sessions_app.event_types import EventType
 from sessions_app.models import Event, Session
 from sessions_app.render import Repair
-from sessions_app.selectors import active_events, render_context
+from sessions_app.selectors import EventHead, active_heads, events_of, render_context
 from sessions_app.session_settings import SessionSettings
 
 logger = logging.getLogger("compaction_app.fitting")
@@ -299,15 +299,12 @@ def fit_sequence(
 # --- the ledger's ladder ---------------------------------------------------------------------
 
 
-def _items(events: list[Event]) -> tuple[context_window.WindowItem, ...]:
+def _items(heads: Sequence[EventHead]) -> tuple[context_window.WindowItem, ...]:
     return tuple(
         context_window.WindowItem(
-            key=str(event.id),
-            type=event.type,
-            cost=event.effective_token_count,
-            tool_call_id=event.tool_call_id,
+            key=head.id, type=head.type, cost=head.cost, tool_call_id=head.tool_call_id
         )
-        for event in events
+        for head in heads
     )
 
 
@@ -323,7 +320,9 @@ def _repair_cost(session: Session, events: list[Event], repairs: list[Repair]) -
 
 
 class _Ledger:
-    """The ledger's active context as a `Fittable`."""
+    """The ledger's active context as a `Fittable`, measured and pruned from its events'
+    heads (no content): only what is kept is read whole, so a pruned view of a long session
+    costs what it returns."""
 
     def __init__(
         self,
@@ -341,15 +340,15 @@ class _Ledger:
         self.trigger = trigger
         self.target_ratio = target_ratio
         self.respect_cooldown = respect_cooldown
-        self.events = active_events(session=session)
+        self.heads = active_heads(session=session)
 
     def cost(self) -> int:
-        return context_window.context_cost([e.effective_token_count for e in self.events])
+        return context_window.context_cost([head.cost for head in self.heads])
 
     def compact(self) -> RunOutcome | None:
         # Compaction never folds the system prompt or the last user message: when those alone
         # exceed the window, compacting would write (and fire the memory flush) for a 422.
-        _raise_if_exhausted(self.session, self.events, self.limit, exclude_summary=True)
+        _raise_if_exhausted(self.session, self.heads, self.limit, exclude_summary=True)
         run = compact_to_fit(
             session=self.session,
             user=self.user,
@@ -357,20 +356,24 @@ class _Ledger:
             target_ratio=self.target_ratio,
             respect_cooldown=self.respect_cooldown,
         )
-        self.events = active_events(session=self.session)
+        self.heads = active_heads(session=self.session)
         return run
 
     def prune(self, budget: int) -> bool:
-        kept = prune(_items(self.events), budget=budget)
+        kept = prune(_items(self.heads), budget=budget)
         if kept is None:
             return False
         keep = set(kept)
-        self.events = [event for event in self.events if str(event.id) in keep]
+        self.heads = [head for head in self.heads if head.id in keep]
         return True
 
     def refuse(self) -> NoReturn:
-        _raise_if_exhausted(self.session, self.events, self.limit, exclude_summary=False)
+        _raise_if_exhausted(self.session, self.heads, self.limit, exclude_summary=False)
         raise AssertionError("unreachable: the must-keep events fit")
+
+    def events(self) -> list[Event]:
+        """The events kept, whole, in send order."""
+        return events_of(session=self.session, heads=self.heads)
 
 
 def fit_context(
@@ -424,14 +427,14 @@ def fit_context(
     )
 
     def may_compact(level: context_window.WindowLevel) -> bool:
-        if not compact or not ledger.events or level.level == OK:
+        if not compact or not ledger.heads or level.level == OK:
             return False
         return own_window or level.level == HARD
 
     done = fit_sequence(
         ledger, window=limit, policy=policy, may_compact=may_compact, session_id=session.pk
     )
-    events, tokens, level = ledger.events, done.tokens, done.level.level
+    events, tokens, level = ledger.events(), done.tokens, done.level.level
     run, pruned = done.run, done.pruned
     rendered = render_context(events, fmt=fmt)
     if rendered.repairs:
@@ -453,17 +456,16 @@ def fit_context(
 
 
 def _raise_if_exhausted(
-    session: Session, events: list[Event], limit: int, *, exclude_summary: bool
+    session: Session, heads: Sequence[EventHead], limit: int, *, exclude_summary: bool
 ) -> None:
     """422 `context_window_exhausted` when the must-keep events alone exceed `limit`.
     `exclude_summary`: count only what no compaction can shrink (before compacting)."""
-    required = set(context_window.required_keys(_items(events)))
+    required = set(context_window.required_keys(_items(heads)))
     needed = context_window.context_cost(
         [
-            event.effective_token_count
-            for event in events
-            if str(event.id) in required
-            and not (exclude_summary and event.type == EventType.COMPACTION)
+            head.cost
+            for head in heads
+            if head.id in required and not (exclude_summary and head.type == EventType.COMPACTION)
         ]
     )
     if needed > limit:

@@ -65,6 +65,14 @@ class CompactionRun(models.Model):
     previous_summary = models.JSONField(null=True, blank=True)
     # What the run's folded events held and the new context dropped (compaction_app.evidence).
     loss_report = models.JSONField(null=True, blank=True)
+    # Its economics, measured on the gateway calls of its thread after it (until the next
+    # compaction of the thread): how many, what they cost less (or more) than they would
+    # have without it (nanodollars, signed), the first of them and the cache write it paid
+    # (compaction_app.economics).
+    measured_calls = models.PositiveIntegerField(default=0)
+    measured_net_nano_usd = models.BigIntegerField(default=0)
+    first_call_id = models.UUIDField(null=True, blank=True)
+    first_call_write_tokens = models.PositiveBigIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)

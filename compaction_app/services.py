@@ -18,7 +18,7 @@ from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import IntegrityError, transaction
 from django.utils import timezone
 
-from compaction_app import evidence, thread_scope
+from compaction_app import evidence, telemetry, thread_scope
 from compaction_app.enqueue import enqueue_memory_flush, enqueue_run_on_commit
 from compaction_app.heartbeat import beating
 from compaction_app.models import ACTIVE_STATUSES, CompactionRun, RunningSummary, RunStatus, Trigger
@@ -392,6 +392,7 @@ def _fail(run: CompactionRun, error: str) -> CompactionRun:
         if not failed:
             return run
         session_record_compaction(session_id=run.session_id, snapshot=run_snapshot(run))
+    telemetry.run_span(run)
     session = run.session
     broadcast.broadcast(
         session_id=session.pk,
@@ -608,6 +609,7 @@ def _announce_complete(run_id: uuid.UUID) -> None:
         message=messages.compaction_complete(run),
     )
     broadcast_usage(run.session)
+    telemetry.run_span(run)
 
 
 def compaction_revert(*, run: CompactionRun) -> CompactionRun:

@@ -80,6 +80,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # The dashboard shows times in the viewer's zone (the ledger_tz cookie).
+    "compaction_app.dashboard.timezone.ViewerTimezoneMiddleware",
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -410,9 +412,17 @@ LEDGER_ANTHROPIC_COUNT_BACKOFF_SECONDS = env_float(
 SUMMARIZER_TIMEOUT_SECONDS = env_float("SUMMARIZER_TIMEOUT_SECONDS", 60.0, minimum=0.1)
 SUMMARIZER_WINDOW_TOKENS = env_int("SUMMARIZER_WINDOW_TOKENS", 100_000, minimum=2_000)
 MEMORY_FLUSH_WEBHOOK_URL = env_str("MEMORY_FLUSH_WEBHOOK_URL")
+# A Prometheus scraper's bearer token for /metrics (staff API tokens work too).
+METRICS_TOKEN = env_str("METRICS_TOKEN")
 MEMORY_FLUSH_WEBHOOK_TIMEOUT_SECONDS = env_float(
     "MEMORY_FLUSH_WEBHOOK_TIMEOUT_SECONDS", 10.0, minimum=0.1
 )
+# Budgets (sessions_app.budgets): where their 80 % / 100 % alerts are POSTed (besides the
+# `budget_threshold` log line), and the output a call is assumed to produce when its request
+# sets no max_tokens (its reservation).
+BUDGET_WEBHOOK_URL = env_str("BUDGET_WEBHOOK_URL")
+BUDGET_WEBHOOK_TIMEOUT_SECONDS = env_float("BUDGET_WEBHOOK_TIMEOUT_SECONDS", 10.0, minimum=0.1)
+LEDGER_BUDGET_OUTPUT_ALLOWANCE = env_int("LEDGER_BUDGET_OUTPUT_ALLOWANCE", 4096, minimum=1)
 # First retry delay of a compaction after a transient provider error; doubles per attempt.
 COMPACTION_RETRY_BACKOFF_SECONDS = env_float("COMPACTION_RETRY_BACKOFF_SECONDS", 2.0, minimum=0.0)
 

@@ -4,17 +4,19 @@ events (view only: the ledger is append-only, so nothing is added, changed or de
 from __future__ import annotations
 
 import uuid
+from decimal import Decimal
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
 from django.db.models import Q, QuerySet
 from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html
 
-from sessions_app import scope, services
+from sessions_app import budgets, scope, services
 from sessions_app.errors import LedgerError
-from sessions_app.models import Call, Event, Session
+from sessions_app.models import Budget, Call, Event, Session
 from sessions_app.pricing import usd_text
 from sessions_app.signals import session_compaction_requested
 
@@ -230,3 +232,79 @@ class CallAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
+
+
+class BudgetForm(forms.ModelForm):
+    """A budget's limit in dollars (stored in nanodollars), its user, key and period."""
+
+    limit_usd = forms.DecimalField(
+        label="Limit (USD)", min_value=Decimal("0.000000001"), max_digits=19, decimal_places=9
+    )
+
+    class Meta:
+        model = Budget
+        fields = ("user", "client_key", "period")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if not self.instance._state.adding:
+            self.fields["limit_usd"].initial = Decimal(self.instance.limit_nano_usd) / 10**9
+            # Who and which key a budget limits is fixed; delete it and add another.
+            self.fields["user"].disabled = True
+            self.fields["client_key"].disabled = True
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if self.instance._state.adding and data.get("user") is not None:
+            key = (data.get("client_key") or "").strip()
+            if Budget.objects.filter(user=data["user"], client_key=key).exists():
+                raise forms.ValidationError("This user already has a budget for this client key.")
+        limit = data.get("limit_usd")
+        if limit is not None and limit > budgets.MAX_LIMIT_USD:
+            self.add_error("limit_usd", f"At most {budgets.MAX_LIMIT_USD} dollars.")
+        return data
+
+
+@admin.register(Budget)
+class BudgetAdmin(admin.ModelAdmin):
+    """Spend limits on gateway calls, written through sessions_app.budgets' services."""
+
+    form = BudgetForm
+    list_display = ("user", "client_key", "period", "limit", "spent", "updated_at")
+    list_select_related = ("user",)
+    search_fields = ("user__username", "client_key")
+    list_filter = ("period",)
+    readonly_fields = ("spent", "reserved", "period_start", "alerted_80", "alerted_100")
+
+    @admin.display(description="Limit")
+    def limit(self, obj: Budget) -> str:
+        return f"${Decimal(obj.limit_nano_usd) / 10**9:f}"
+
+    @admin.display(description="Spent this period")
+    def spent(self, obj: Budget) -> str:
+        return f"${budgets.budget_document(obj)['spentUsd']:.6f}"
+
+    @admin.display(description="Reserved by calls in flight")
+    def reserved(self, obj: Budget) -> str:
+        return f"${budgets.budget_document(obj)['reservedUsd']:.6f}"
+
+    def save_model(self, request: HttpRequest, obj: Budget, form: Any, change: bool) -> None:
+        # The form checked what the services would refuse.
+        data = form.cleaned_data
+        if change:
+            budgets.budget_update(
+                budget=Budget.objects.get(pk=obj.pk),
+                period=data["period"],
+                limit_usd=data["limit_usd"],
+            )
+            obj.refresh_from_db()
+        else:
+            saved = budgets.budget_create(
+                user=data["user"],
+                client_key=data.get("client_key") or "",
+                period=data["period"],
+                limit_usd=data["limit_usd"],
+                created_by=request.user,
+            )
+            obj.pk = saved.pk
+            obj.refresh_from_db()

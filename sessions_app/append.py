@@ -51,6 +51,10 @@ class TokenUsage:
     cached_input_tokens: int | None = None
     cache_write_tokens: int | None = None
     cache_write_1h_tokens: int | None = None
+    # Part of completion_tokens spent reasoning (kept for pricing, not stored as a column).
+    reasoning_tokens: int | None = None
+    # Parts of these figures the provider bills as requests of their own (priced alone).
+    priced_apart: tuple[pricing.CallUsage, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -198,7 +202,9 @@ class _Added:
                 cached_input_tokens=usage.cached_input_tokens or 0,
                 cache_write_tokens=usage.cache_write_tokens or 0,
                 cache_write_1h_tokens=usage.cache_write_1h_tokens or 0,
+                reasoning_tokens=usage.reasoning_tokens or 0,
             ),
+            usage.priced_apart,
         )
         saved = max(item.saved_tokens, 0)
         self.saved += saved

@@ -7,15 +7,16 @@ from __future__ import annotations
 import datetime
 import math
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import transaction
-from django.db.models import Count, F, OuterRef, Q, QuerySet, Subquery, Sum
+from django.db.models import Count, F, OuterRef, Q, QuerySet, Subquery, Sum, Value
+from django.db.models.functions import Coalesce
 
-from sessions_app import pricing
+from sessions_app import call_rollup, pricing
 from sessions_app.models import ERROR_STATUSES, Call, CallStatus, Event, Session
 
 # Percentiles are computed over at most this many of the range's most recent calls (the
@@ -26,6 +27,89 @@ PERCENTILE_SAMPLE = 20_000
 def _bounded(text: str, size: int) -> str:
     # Stored strings hold no NUL (PostgreSQL cannot store it).
     return text.replace("\x00", "\ufffd")[:size]
+
+
+# Headers the call page shows (lower case); any other is not stored. Credentials among them are
+# masked whole: no part of a key is kept.
+REQUEST_HEADERS = frozenset(
+    {
+        "accept",
+        "anthropic-beta",
+        "anthropic-version",
+        "authorization",
+        "content-length",
+        "content-type",
+        "openai-beta",
+        "openai-organization",
+        "openai-project",
+        "traceparent",
+        "user-agent",
+        "x-api-key",
+        "x-goog-api-client",
+        "x-goog-api-key",
+        "x-ledger-context-limit",
+        "x-ledger-fallback-models",
+        "x-ledger-fit",
+        "x-ledger-key",
+        "x-ledger-session",
+        "x-ledger-thread",
+        "x-stainless-arch",
+        "x-stainless-lang",
+        "x-stainless-os",
+        "x-stainless-package-version",
+        "x-stainless-retry-count",
+        "x-stainless-runtime",
+        "x-stainless-runtime-version",
+    }
+)
+RESPONSE_HEADERS_PREFIXES = ("anthropic-ratelimit-", "x-ratelimit-", "x-ledger-")
+RESPONSE_HEADERS = frozenset(
+    {
+        "content-type",
+        "openai-processing-ms",
+        "openai-version",
+        "request-id",
+        "retry-after",
+        "x-request-id",
+    }
+)
+SECRET_HEADERS = frozenset(
+    {
+        "api-key",
+        "authorization",
+        "cookie",
+        "proxy-authorization",
+        "set-cookie",
+        "x-api-key",
+        "x-goog-api-key",
+        "x-ledger-key",
+    }
+)
+MASK = "••••••"
+# Authorization schemes kept before the mask (the scheme names no secret).
+_SCHEMES = frozenset({"bearer", "basic", "token"})
+MAX_HEADER_VALUE = 200
+MAX_HEADERS = 60
+
+
+def masked_headers(headers: Mapping[str, str], allowed: frozenset[str]) -> dict[str, str]:
+    """The allowed `headers` (lower-cased names, in order), each credential masked: an
+    `Authorization` keeps its scheme ("Bearer ••••••"), any other secret is the mask alone."""
+    out: dict[str, str] = {}
+    for name, value in headers.items():
+        key = str(name).lower()
+        if key not in allowed and not (
+            allowed is RESPONSE_HEADERS and key.startswith(RESPONSE_HEADERS_PREFIXES)
+        ):
+            continue
+        text = str(value)
+        if key in SECRET_HEADERS:
+            scheme = text.strip().split(" ", 1)[0]
+            text = f"{scheme} {MASK}" if scheme.lower() in _SCHEMES and " " in text else MASK
+        out[key] = _bounded(text, MAX_HEADER_VALUE)
+        if len(out) >= MAX_HEADERS:
+            break
+    return out
 
 
 def call_record(
@@ -50,19 +134,35 @@ def call_record(
     cache_write_tokens: int | None = None,
     cache_write_1h_tokens: int | None = None,
     completion_tokens: int | None = None,
+    reasoning_tokens: int | None = None,
+    usage_status: str = "",
+    priced_apart: Sequence[pricing.CallUsage] = (),
+    cache: dict[str, Any] | None = None,
+    prefix: dict[str, Any] | None = None,
     fitted: bool = False,
     forwarded_tokens: int | None = None,
     saved_tokens: int = 0,
     attempts: Sequence[dict[str, Any]] = (),
     reply_event_id: uuid.UUID | None = None,
+    gateway_ms: int | None = None,
+    request_headers: Mapping[str, str] | None = None,
+    response_headers: Mapping[str, str] | None = None,
+    fit: dict[str, Any] | None = None,
+    request_map: dict[str, Any] | None = None,
 ) -> Call:
     """Store one gateway call (`session_id` None: refused before any session existed; its
-    owner still sees it). Its cost is priced here, as the session's bill prices it."""
+    owner still sees it). Its cost is priced here, as the session's bill prices it, and split
+    by token kind; its headers are kept masked (masked_headers), never as they came.
+    `usage_status` "absent": the provider sent no usage and the figures are the gateway's own
+    count (the cost is then marked as an estimate). `cache`: the call's cache outcome document
+    (compaction_app.gateway.cache_outcome), `prefix` the fingerprint of what it forwarded,
+    which the next call of its thread is compared with."""
     if status not in CallStatus.values:
         raise ValueError(f"unknown call status {status!r}")
     cost = None
+    kinds: dict[str, Any] = {}
     if prompt_tokens is not None or completion_tokens is not None:
-        cost = pricing.price_call(
+        breakdown = pricing.price_breakdown(
             model_served or model_requested,
             pricing.CallUsage(
                 input_tokens=prompt_tokens or 0,
@@ -70,8 +170,14 @@ def call_record(
                 cached_input_tokens=cached_input_tokens or 0,
                 cache_write_tokens=cache_write_tokens or 0,
                 cache_write_1h_tokens=cache_write_1h_tokens or 0,
+                reasoning_tokens=reasoning_tokens or 0,
             ),
-        ).nano_usd
+            priced_apart,
+        )
+        cost = breakdown.nano_usd
+        if cost is not None:
+            kinds = breakdown.document()
+        usage_status = usage_status or "reported"
     fields: dict[str, Any] = dict(
         session_id=session_id,
         owner_id=owner_id,
@@ -92,22 +198,42 @@ def call_record(
         cached_input_tokens=cached_input_tokens,
         cache_write_tokens=cache_write_tokens,
         completion_tokens=completion_tokens,
+        cache_write_1h_tokens=cache_write_1h_tokens,
+        reasoning_tokens=reasoning_tokens,
+        usage_status=usage_status,
         cost_nano_usd=cost,
+        cost_estimated=usage_status == "absent" and cost is not None,
+        cost_by_kind=kinds,
+        cache_outcome=str((cache or {}).get("outcome") or ""),
+        cache_reason=str((cache or {}).get("reason") or "")[:32],
+        cache=cache,
+        prefix=prefix,
         fitted=fitted,
         forwarded_tokens=forwarded_tokens,
         saved_tokens=max(saved_tokens, 0),
         attempts=list(attempts),
         reply_event_id=reply_event_id,
+        gateway_ms=gateway_ms,
+        headers={
+            "request": masked_headers(request_headers or {}, REQUEST_HEADERS),
+            "response": masked_headers(response_headers or {}, RESPONSE_HEADERS),
+        },
+        fit=fit or {},
+        request_map=request_map or {},
     )
     if session_id is None:
         # No session to count it in: one INSERT, atomic by itself.
-        return Call.objects.create(**fields)
-    # The row and its session's call counters together (sessions_app.scope reads them, so a
-    # usage push costs no query): off the call's path, after its response.
-    counter = "failed_calls" if status in ERROR_STATUSES else "answered_calls"
-    with transaction.atomic():
         call = Call.objects.create(**fields)
-        Session.objects.filter(pk=session_id).update(**{counter: F(counter) + 1})
+    else:
+        # The row and its session's call counters together (sessions_app.scope reads them,
+        # so a usage push costs no query): off the call's path, after its response.
+        counter = "failed_calls" if status in ERROR_STATUSES else "answered_calls"
+        with transaction.atomic():
+            call = Call.objects.create(**fields)
+            Session.objects.filter(pk=session_id).update(**{counter: F(counter) + 1})
+    # A call saved after its 15-minute window was rolled up (a long stream): that window is
+    # computed again on its next read.
+    call_rollup.invalidate_late(started_at=started_at)
     return call
 
 
@@ -136,6 +262,34 @@ def calls_attach(*, owner_id: Any, session_key: str, session_id: uuid.UUID) -> i
 
 
 @dataclass(frozen=True)
+class Prefix:
+    """A stored call's prefix (Call.prefix) and where it belongs."""
+
+    call_id: uuid.UUID
+    thread: str
+    started_at: datetime.datetime
+    fingerprint: dict[str, Any]
+
+
+def previous_prefix(
+    *, session_id: uuid.UUID, thread: str, before: datetime.datetime
+) -> Prefix | None:
+    """The latest call of `thread` before `before` whose prefix was kept (the provider
+    answered it); with `thread` "" the session's latest in any thread."""
+    queryset = Call.objects.filter(
+        session_id=session_id, started_at__lt=before, prefix__isnull=False
+    )
+    if thread:
+        queryset = queryset.filter(thread=thread)
+    found = (
+        queryset.order_by("-started_at").values_list("id", "thread", "started_at", "prefix").first()
+    )
+    if found is None or found[3] is None:
+        return None
+    return Prefix(call_id=found[0], thread=found[1], started_at=found[2], fingerprint=found[3])
+
+
+@dataclass(frozen=True)
 class CallFilters:
     """What a calls list is narrowed to (each None: not narrowed)."""
 
@@ -144,9 +298,14 @@ class CallFilters:
     statuses: tuple[str, ...] = ()
     model: str | None = None
     thread: str | None = None
+    # Text in the model (asked for or served), the session's title or the error message.
+    search: str | None = None
+    session_id: Any = None
+    # Staff: one user's calls.
+    user_id: int | None = None
 
     def apply(self, queryset: QuerySet[Call]) -> QuerySet[Call]:
-        if any("\x00" in (value or "") for value in (self.model, self.thread)):
+        if any("\x00" in (value or "") for value in (self.model, self.thread, self.search)):
             # No stored string holds a NUL (and PostgreSQL cannot compare one): no match.
             return queryset.none()
         if self.since is not None:
@@ -160,7 +319,59 @@ class CallFilters:
             queryset = queryset.filter(Q(model_requested=self.model) | Q(model_served=self.model))
         if self.thread:
             queryset = queryset.filter(thread=self.thread)
+        if self.search:
+            text = self.search
+            queryset = queryset.filter(
+                Q(model_requested__icontains=text)
+                | Q(model_served__icontains=text)
+                | Q(session__title__icontains=text)
+                | Q(error__icontains=text)
+                | Q(error_code__icontains=text)
+            )
+        if self.session_id is not None:
+            queryset = queryset.filter(session_id=self.session_id)
+        if self.user_id is not None:
+            queryset = queryset.filter(owner_id=self.user_id)
         return queryset
+
+
+# The calls tables' sort keys (`sort=key` ascending, `sort=-key` descending) and the columns
+# they order by; ties go newest first, then by id (a stable page order).
+SORTS: dict[str, tuple[str, ...]] = {
+    "started": ("started_at",),
+    "session": ("session__title",),
+    "thread": ("thread",),
+    "model": ("model_requested", "model_served"),
+    "status": ("status", "http_status"),
+    "ttfb": ("ttfb_ms",),
+    "total": ("total_ms",),
+    "gateway": ("gateway_ms",),
+    "tokens": ("total_tokens",),
+    "prompt": ("prompt_tokens",),
+    "completion": ("completion_tokens",),
+    "cost": ("cost_nano_usd",),
+    "cache": ("cache_outcome", "cache_reason"),
+    "fitted": ("fitted", "saved_tokens"),
+    "saved": ("saved_tokens",),
+}
+
+
+def ordered(queryset: QuerySet[Call], sort: str | None) -> QuerySet[Call]:
+    """`queryset` in the order `sort` names (default: newest first); None sorts last."""
+    key = (sort or "-started").strip()
+    descending = key.startswith("-")
+    columns = SORTS.get(key.lstrip("-"))
+    if columns is None:
+        raise ValueError(f"sort must be one of {', '.join(SORTS)} (a leading - reverses)")
+    if "total_tokens" in columns:
+        queryset = queryset.annotate(
+            total_tokens=Coalesce("prompt_tokens", Value(0))
+            + Coalesce("completion_tokens", Value(0))
+        )
+    order = [
+        (F(c).desc(nulls_last=True) if descending else F(c).asc(nulls_last=True)) for c in columns
+    ]
+    return queryset.order_by(*order, "-started_at", "id")
 
 
 def calls_visible_to(
@@ -179,7 +390,8 @@ def calls_visible_to(
         queryset = Call.objects.filter(owner_id=user.pk)
     if filters is not None:
         queryset = filters.apply(queryset)
-    return with_reply_seq(queryset).order_by("-started_at", "id")
+    # The prefix is the cache outcome's working data, not the call's story.
+    return with_reply_seq(queryset.defer("prefix")).order_by("-started_at", "id")
 
 
 def with_reply_seq(queryset: QuerySet[Call]) -> QuerySet[Call]:
@@ -276,11 +488,17 @@ def call_document(call: Call) -> dict[str, Any]:
         "promptTokens": call.prompt_tokens,
         "cachedInputTokens": call.cached_input_tokens,
         "cacheWriteTokens": call.cache_write_tokens,
+        "cacheWrite1hTokens": call.cache_write_1h_tokens,
         "completionTokens": call.completion_tokens,
+        "reasoningTokens": call.reasoning_tokens,
         "totalTokens": (call.prompt_tokens or 0) + (call.completion_tokens or 0)
         if call.prompt_tokens is not None or call.completion_tokens is not None
         else None,
+        "usage": call.usage_status or None,
         "costUsd": pricing.usd(call.cost_nano_usd) if call.cost_nano_usd is not None else None,
+        "costEstimated": call.cost_estimated,
+        "costByKind": call.cost_by_kind or None,
+        "cache": call.cache,
         "fitted": call.fitted,
         "forwardedTokens": call.forwarded_tokens,
         "savedTokens": call.saved_tokens,
@@ -288,3 +506,82 @@ def call_document(call: Call) -> dict[str, Any]:
         "attempts": call.attempts,
         "replySeq": getattr(call, "reply_seq", None),
     }
+
+
+# --- export ---------------------------------------------------------------------------------------
+
+CSV_COLUMNS = (
+    "id",
+    "sessionId",
+    "startedAt",
+    "wire",
+    "thread",
+    "modelRequested",
+    "modelServed",
+    "status",
+    "httpStatus",
+    "errorCode",
+    "error",
+    "stream",
+    "gatewayMs",
+    "ttfbMs",
+    "totalMs",
+    "promptTokens",
+    "cachedInputTokens",
+    "cacheWriteTokens",
+    "completionTokens",
+    "totalTokens",
+    "costUsd",
+    "fitted",
+    "forwardedTokens",
+    "savedTokens",
+    "failovers",
+    "replySeq",
+    "costEstimated",
+    "cacheOutcome",
+    "cacheReason",
+)
+
+
+def export_rows(queryset: QuerySet[Call], *, chunk: int = 2000) -> Iterator[dict[str, Any]]:
+    """Every call of `queryset` as the API shows it (plus gatewayMs), read in chunks: an
+    export of a million calls holds one chunk at a time."""
+    for call in queryset.iterator(chunk_size=chunk):
+        document = call_document(call)
+        document["gatewayMs"] = call.gateway_ms
+        # The cache outcome flattened for a spreadsheet (the whole document is in `cache`).
+        document["cacheOutcome"] = call.cache_outcome or None
+        document["cacheReason"] = call.cache_reason or None
+        yield document
+
+
+def _csv_cell(value: Any) -> Any:
+    if value is None:
+        return ""
+    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
+        # A spreadsheet would run it as a formula: kept as text.
+        return "'" + value
+    return value
+
+
+def csv_lines(queryset: QuerySet[Call]) -> Iterator[str]:
+    """The calls as CSV text, a header line first, one line per call."""
+    import csv
+    import io
+
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(CSV_COLUMNS)
+    yield buffer.getvalue()
+    for document in export_rows(queryset):
+        buffer.seek(0)
+        buffer.truncate()
+        writer.writerow([_csv_cell(document.get(name)) for name in CSV_COLUMNS])
+        yield buffer.getvalue()
+
+
+def ndjson_lines(queryset: QuerySet[Call]) -> Iterator[str]:
+    import json
+
+    for document in export_rows(queryset):
+        yield json.dumps(document, ensure_ascii=False) + "\n"

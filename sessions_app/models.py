@@ -94,6 +94,13 @@ class Session(models.Model):
     # counts each, retries included) and those it did not (refused, failed: billed nothing).
     answered_calls = models.PositiveIntegerField(default=0)
     failed_calls = models.PositiveIntegerField(default=0)
+    # What the session's compactions saved (or cost, when negative), measured on the gateway
+    # calls after each of them (compaction_app.economics), in nanodollars.
+    compaction_net_nano_usd = models.BigIntegerField(default=0)
+    # Gateway calls the provider answered without usage (a stream that did not ask for it):
+    # their estimated price (the gateway's own count, priced), apart from cost_nano_usd.
+    estimated_calls = models.PositiveIntegerField(default=0)
+    estimated_cost_nano_usd = models.PositiveBigIntegerField(default=0)
     # Snapshot of the latest compaction run, written by compaction_app through a service
     # (sessions_app never imports compaction_app).
     last_compaction = models.JSONField(null=True, blank=True)
@@ -317,8 +324,29 @@ class Call(models.Model):
     cached_input_tokens = models.PositiveBigIntegerField(null=True, blank=True)
     cache_write_tokens = models.PositiveBigIntegerField(null=True, blank=True)
     completion_tokens = models.PositiveBigIntegerField(null=True, blank=True)
-    # The call's price (None: no usage, or the model has no price).
+    cache_write_1h_tokens = models.PositiveBigIntegerField(null=True, blank=True)
+    # Part of completion_tokens the model spent reasoning (None: not reported).
+    reasoning_tokens = models.PositiveBigIntegerField(null=True, blank=True)
+    # "reported": the figures above are the provider's; "absent": the provider answered but
+    # sent no usage (a stream without it), and the figures are the gateway's own count of
+    # what was forwarded and replied (`cost_estimated`); "": no reply.
+    usage_status = models.CharField(max_length=16, blank=True, default="")
+    # The call's price (None: no usage, or the model has no price), and by token kind
+    # (sessions_app.pricing.Breakdown.document()).
     cost_nano_usd = models.PositiveBigIntegerField(null=True, blank=True)
+    cost_estimated = models.BooleanField(default=False)
+    cost_by_kind = models.JSONField(default=dict, blank=True)
+    # Why this call hit or missed the provider's prompt cache (compaction_app.gateway.
+    # cache_outcome): hit | partial | miss | not_cacheable ("": not predicted), the reason,
+    # and the whole document (first changed message, the provider's figures, disagreement).
+    cache_outcome = models.CharField(max_length=16, blank=True, default="")
+    cache_reason = models.CharField(max_length=32, blank=True, default="")
+    cache = models.JSONField(null=True, blank=True)
+    # What the call forwarded, as far as the provider's prompt cache cares: the next call of
+    # its thread is compared with it (compaction_app.gateway.cache_outcome). Digests, not
+    # bodies: 12 hex characters per message, 8 per kept content block, one-letter roles, the cache
+    # breakpoints, the model and the tools' digest. Not for display: lists defer it.
+    prefix = models.JSONField(null=True, blank=True)
     # Fitting: whether what was forwarded differs from what the client sent, our count of
     # what was forwarded, and what fitting kept from being sent (client's request − forwarded).
     fitted = models.BooleanField(default=False)
@@ -330,6 +358,20 @@ class Call(models.Model):
     # The reply's first event (its id is derived before it is stored, so the call is written
     # without looking it up; None: no reply). Readers resolve its seq (calls.with_reply_seq).
     reply_event_id = models.UUIDField(null=True, blank=True)
+    # Milliseconds from the request's arrival to its first send upstream: the gateway's own
+    # time before the provider (None: never forwarded).
+    gateway_ms = models.PositiveIntegerField(null=True, blank=True)
+    # The request's and the response's headers the call page shows: an allowlist, every
+    # credential masked before it is stored (sessions_app.call_story.masked_headers).
+    headers = models.JSONField(default=dict, blank=True)
+    # How fitting treated the request: {"how": as_sent|fitted|compacted|pruned|ledger|off,
+    # "pruned": [[first, last], ...] request indices a per-call prune dropped, when known}.
+    fit = models.JSONField(default=dict, blank=True)
+    # Where the request's messages are in the ledger, so the call page rebuilds them without a
+    # second copy of any body: {"after": the event id of the last message it continued (a
+    # previous call's reply or message), "seqs": [[first, last], ...] the events of its own new
+    # messages, "messages": how many it sent, "replyParts": events of its reply}.
+    request_map = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["-started_at", "id"]
@@ -337,6 +379,8 @@ class Call(models.Model):
             models.Index(fields=["session", "-started_at"], name="call_session_time_idx"),
             models.Index(fields=["-started_at"], name="call_time_idx"),
             models.Index(fields=["owner", "-started_at"], name="call_owner_time_idx"),
+            # A call's predecessor in its thread (the cache outcome's comparison).
+            models.Index(fields=["session", "thread", "-started_at"], name="call_thread_time_idx"),
         ]
 
     def __str__(self) -> str:
@@ -346,3 +390,109 @@ class Call(models.Model):
     @property
     def failovers(self) -> int:
         return max(len(self.attempts or []) - 1, 0)
+
+
+class CallRollupBucket(models.Model):
+    """A 15-minute window of calls (by start) whose rollup rows are stored. Written first in
+    the transaction that stores them, so a late call (one saved after its window closed)
+    that deletes it waits for that transaction and the window is computed again on the next
+    read (sessions_app.call_rollup)."""
+
+    bucket = models.DateTimeField(primary_key=True)
+    computed_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.bucket:%Y-%m-%d %H:%M}"
+
+
+class CallRollup(models.Model):
+    """The calls of one 15-minute window for one session, model, status, wire and stream:
+    counts, tokens by kind, cost and latency histograms. What the usage pages and /metrics
+    read instead of every call (sessions_app.call_rollup). A deleted session's rows stay,
+    without it: the money was spent."""
+
+    bucket = models.ForeignKey(
+        CallRollupBucket, on_delete=models.CASCADE, related_name="rows", db_column="bucket"
+    )
+    session = models.ForeignKey(
+        Session, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    model = models.CharField(max_length=200, blank=True, default="")
+    status = models.CharField(max_length=32)
+    wire = models.CharField(max_length=32)
+    stream = models.BooleanField(default=False)
+    calls = models.PositiveIntegerField(default=0)
+    prompt_tokens = models.PositiveBigIntegerField(default=0)
+    cached_input_tokens = models.PositiveBigIntegerField(default=0)
+    cache_write_tokens = models.PositiveBigIntegerField(default=0)
+    completion_tokens = models.PositiveBigIntegerField(default=0)
+    cost_nano_usd = models.PositiveBigIntegerField(default=0)
+    unpriced_calls = models.PositiveIntegerField(default=0)
+    fitted = models.PositiveIntegerField(default=0)
+    saved_tokens = models.PositiveBigIntegerField(default=0)
+    # {"total" | "ttfb" | "gateway": {"sum": ms, "count": n, "h": {edge index: n}}}
+    latency = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["bucket", "owner"], name="call_rollup_bucket_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.bucket_id} {self.model} {self.status} × {self.calls}"
+
+
+class BudgetPeriod(models.TextChoices):
+    """The calendar period a budget's spend is counted over (UTC)."""
+
+    DAY = "day"
+    WEEK = "week"  # from Monday 00:00 UTC
+    MONTH = "month"
+
+
+class Budget(models.Model):
+    """A spend limit on a user's gateway calls over a period: all of them (`client_key` ""),
+    or those of one gateway client key (`X-Ledger-Session`: one agent of several). Counted
+    in the database, so every server process sees the same spend (sessions_app.budgets):
+    what the current period's settled calls cost, and what the calls in flight reserved."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="ledger_budgets"
+    )
+    client_key = models.CharField(max_length=200, blank=True, default="")
+    period = models.CharField(max_length=8, choices=BudgetPeriod.choices)
+    limit_nano_usd = models.PositiveBigIntegerField()
+    # The period the counters are for; a call in a later period starts them again.
+    period_start = models.DateTimeField()
+    spent_nano_usd = models.BigIntegerField(default=0)
+    reserved_nano_usd = models.BigIntegerField(default=0)
+    in_flight = models.IntegerField(default=0)
+    # When a call last reserved: a process that died with calls in flight leaves reservations
+    # no call will settle; they lapse after sessions_app.budgets.RESERVATION_LAPSE.
+    reserved_at = models.DateTimeField(null=True, blank=True)
+    # The period's alerts, sent once each (80 % and 100 % of the limit).
+    alerted_80 = models.BooleanField(default=False)
+    alerted_100 = models.BooleanField(default=False)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["user_id", "client_key"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["user", "client_key"], name="budget_unique_per_user_and_key"
+            )
+        ]
+
+    def __str__(self) -> str:
+        scope = f" / {self.client_key}" if self.client_key else ""
+        return f"budget of user {self.user_id}{scope} ({self.period})"

@@ -13,6 +13,7 @@ bigint's range; a session's total is bounded by MAX_TOTAL_NANO_USD.
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from decimal import ROUND_HALF_EVEN, Decimal
 from typing import Any
@@ -38,6 +39,37 @@ class CallUsage:
     cached_input_tokens: int = 0
     cache_write_tokens: int = 0
     cache_write_1h_tokens: int = 0
+    # Part of output_tokens the model spent reasoning (OpenAI's reasoning_tokens, Gemini's
+    # thoughtsTokenCount, Anthropic's thinking): priced at the output rate unless the model
+    # has a reasoning rate of its own.
+    reasoning_tokens: int = 0
+
+
+# The kinds a call's price is split into (costByKind), in the order they are shown.
+KINDS = ("input", "cacheRead", "cacheWrite5m", "cacheWrite1h", "output", "reasoning")
+
+
+@dataclass(frozen=True)
+class Breakdown:
+    """A call's price by token kind: `kinds[kind] = (tokens, nanodollars)`. `input` is the
+    uncached input; `cacheWrite5m` every write not at the one-hour rate; `reasoning` is a part
+    of `output` (its tokens are counted there too) and is priced apart only when the model
+    has a reasoning rate, else its share of the output price is shown. `nano_usd` is the
+    call's price, as price_call gives it (None: no price, with `reason`)."""
+
+    nano_usd: int | None
+    kinds: dict[str, tuple[int, int]]
+    reason: str = ""
+
+    def document(self) -> dict[str, dict[str, Any]]:
+        """As the API shows it: {kind: {tokens, usd}} for each kind with tokens."""
+        return {
+            kind: {"tokens": tokens, "usd": usd(nano)}
+            for kind in KINDS
+            if kind in self.kinds
+            for tokens, nano in (self.kinds[kind],)
+            if tokens
+        }
 
 
 @dataclass(frozen=True)
@@ -85,39 +117,187 @@ def _clean(value: int) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 
 
-def price_call(model: str, usage: CallUsage) -> Price:
+def price_call(model: str, usage: CallUsage, apart: Sequence[CallUsage] = ()) -> Price:
     """The price of one call to `model`: uncached input, cache reads, cache writes (5-minute
     and one-hour) and output each at the model's own rate. A model genai-prices has no price
     for gives `Price(None, reason)`: a guess would be a wrong number on someone's bill."""
-    key = (model or "").strip().lower()
-    if not key:
-        return Price(None, "the call's model is unknown")
+    found = price_breakdown(model, usage, apart)
+    return Price(found.nano_usd, found.reason)
+
+
+def _figures(usage: CallUsage) -> dict[str, int]:
+    """genai-prices' usage fields, the cache parts clamped to the input they are parts of."""
     total = _clean(usage.input_tokens)
     read = min(_clean(usage.cached_input_tokens), total)
     write = min(_clean(usage.cache_write_tokens), total - read)
     write_1h = min(_clean(usage.cache_write_1h_tokens), write)
-    try:
-        from genai_prices.types import Usage
+    output = _clean(usage.output_tokens)
+    fields: dict[str, int] = {"input_tokens": total, "output_tokens": output}
+    if read:
+        fields["cache_read_tokens"] = read
+    if write:
+        fields["cache_write_tokens"] = write
+    if write_1h:
+        fields["cache_write_1h_tokens"] = write_1h
+    reasoning = min(_clean(usage.reasoning_tokens), output)
+    if reasoning:
+        fields["output_reasoning_tokens"] = reasoning
+    return fields
 
-        fields: dict[str, int] = {
-            "input_tokens": total,
-            "output_tokens": _clean(usage.output_tokens),
-        }
-        if read:
-            fields["cache_read_tokens"] = read
-        if write:
-            fields["cache_write_tokens"] = write
-        if write_1h:
-            fields["cache_write_1h_tokens"] = write_1h
+
+def price_breakdown(model: str, usage: CallUsage, apart: Sequence[CallUsage] = ()) -> Breakdown:
+    """The price of one call to `model`, by token kind (Breakdown). The total is genai-prices'
+    own; each kind is that kind's share as genai-prices computes it (its unit price applied to
+    the kind's tokens, tiers chosen on the call's whole input, as the provider bills).
+
+    `apart`: parts of `usage` the provider sampled as requests of their own (Anthropic's
+    server-side compaction iterations): each is priced alone (a long-context tier applies per
+    request, not to their sum), the rest of `usage` as one request."""
+    if apart:
+        return _price_apart(model, usage, apart)
+    key = (model or "").strip().lower()
+    if not key:
+        return Breakdown(None, {}, "the call's model is unknown")
+    fields = _figures(usage)
+    try:
         found = _resolve(key)
         if found is None:
-            return Price(None, f"no price is known for model {model!r}")
+            return Breakdown(None, {}, f"no price is known for model {model!r}")
         ref, provider_id = found
-        result = _calc(Usage(**fields), ref, provider_id)
+        total, kinds = _calc_kinds(fields, ref, provider_id)
     except Exception:  # a data quirk must never fail a request; unknown is not wrong
-        return Price(None, f"no price could be computed for model {model!r}")
-    amount = result if isinstance(result, Decimal) else Decimal(str(result))
-    return Price(to_nano(amount))
+        return Breakdown(None, {}, f"no price could be computed for model {model!r}")
+    return Breakdown(to_nano(total), kinds)
+
+
+def _minus(usage: CallUsage, parts: Sequence[CallUsage]) -> CallUsage:
+    def rest(name: str) -> int:
+        return max(_clean(getattr(usage, name)) - sum(_clean(getattr(p, name)) for p in parts), 0)
+
+    return CallUsage(
+        input_tokens=rest("input_tokens"),
+        output_tokens=rest("output_tokens"),
+        cached_input_tokens=rest("cached_input_tokens"),
+        cache_write_tokens=rest("cache_write_tokens"),
+        cache_write_1h_tokens=rest("cache_write_1h_tokens"),
+        reasoning_tokens=rest("reasoning_tokens"),
+    )
+
+
+def _price_apart(model: str, usage: CallUsage, apart: Sequence[CallUsage]) -> Breakdown:
+    pieces = [
+        price_breakdown(model, _minus(usage, apart)),
+        *(price_breakdown(model, p) for p in apart),
+    ]
+    for piece in pieces:
+        if piece.nano_usd is None:
+            return piece
+    kinds: dict[str, tuple[int, int]] = {}
+    for piece in pieces:
+        for kind, (tokens, nano) in piece.kinds.items():
+            had = kinds.get(kind, (0, 0))
+            kinds[kind] = (had[0] + tokens, had[1] + nano)
+    return Breakdown(sum(piece.nano_usd or 0 for piece in pieces), kinds)
+
+
+# genai-prices' units (their dimensions) → the kinds a price is shown in.
+def _kind_of(dimensions: dict[str, str]) -> str | None:
+    if dimensions.get("family") != "tokens":
+        return None
+    kind = dimensions.get("token_type")
+    if dimensions.get("direction") == "output":
+        return "reasoning" if kind == "reasoning" else "output"
+    if kind == "cache_read":
+        return "cacheRead"
+    if kind == "cache_write":
+        return "cacheWrite1h" if dimensions.get("cache_ttl") == "1h" else "cacheWrite5m"
+    return "input"
+
+
+def _calc_kinds(
+    fields: dict[str, int], ref: str, provider_id: str | None
+) -> tuple[Decimal, dict[str, tuple[int, int]]]:
+    """(total in USD, {kind: (tokens, nanodollars)}) as genai-prices prices `fields`."""
+    from genai_prices.types import Usage
+
+    reasoning = fields.get("output_reasoning_tokens", 0)
+    usage = Usage(**fields)
+    provider, model = _find(ref, provider_id)
+    result = model.calc_price(usage, provider)  # type: ignore[arg-type]
+    total = result.total_price
+    total = total if isinstance(total, Decimal) else Decimal(str(total))
+    kinds: dict[str, tuple[int, int]] = {}
+    try:
+        kinds = _split(result.model_price, usage)
+    except Exception:  # genai-prices' internals moved: the total stands, shown as one kind
+        kinds = {}
+    if not kinds:
+        kinds = {"input": (fields["input_tokens"], to_nano(Decimal(str(result.input_price))))}
+        kinds["output"] = (fields["output_tokens"], to_nano(Decimal(str(result.output_price))))
+    if reasoning and "reasoning" not in kinds:
+        # A part of the output, at the output's own rate: shown, not added.
+        tokens, nano = kinds.get("output", (0, 0))
+        share = (nano * reasoning // tokens) if tokens else 0
+        kinds["reasoning"] = (reasoning, share)
+    return total, kinds
+
+
+def _split(model_price: Any, usage: Any) -> dict[str, tuple[int, int]]:
+    """genai-prices' calc_price, unit by unit (its own helpers: the same leaf counts and
+    tier rule), so each kind's share is exactly what the total is made of."""
+    from genai_prices import types as gp
+    from genai_prices.units import _get_registry
+
+    registry = _get_registry()
+    resolved = gp._collect_resolved_model_prices(model_price, registry)
+    counts = gp._compute_registry_priced_counts(resolved, usage)
+    tiered = any(isinstance(price, gp.TieredPrices) for _, price in resolved)
+    total_input = usage.input_tokens if tiered else 0
+    kinds: dict[str, tuple[int, int]] = {}
+    for unit, price in resolved:
+        kind = _kind_of(dict(unit.dimensions))
+        if kind is None:
+            continue
+        count = counts.get(unit.usage_key, 0)
+        amount = gp.calc_unit_price(price, count, total_input, unit.per)
+        tokens, nano = kinds.get(kind, (0, 0))
+        kinds[kind] = (tokens + int(count), nano + to_nano(Decimal(str(amount))))
+    return kinds
+
+
+@dataclass(frozen=True)
+class Rates:
+    """A model's per-token prices in USD (its base tier): uncached input, cache read, cache
+    write (the 5-minute rate; the input rate where the provider bills no writes) and output."""
+
+    input: Decimal
+    cache_read: Decimal
+    cache_write: Decimal
+    output: Decimal
+
+
+_RATE_TOKENS = 1000  # within every model's base tier
+
+
+@functools.lru_cache(maxsize=256)
+def rates(model: str) -> Rates | None:
+    """`model`'s per-token prices, from genai-prices (None: no price)."""
+
+    def rate(**usage: int) -> Decimal | None:
+        found = price_breakdown(model, CallUsage(**usage)).nano_usd
+        return None if found is None else Decimal(found) / NANO_PER_USD / _RATE_TOKENS
+
+    n = _RATE_TOKENS
+    found = (
+        rate(input_tokens=n),
+        rate(input_tokens=n, cached_input_tokens=n),
+        rate(input_tokens=n, cache_write_tokens=n),
+        rate(output_tokens=n),
+    )
+    if any(value is None for value in found):
+        return None
+    fresh, read, write, output = (value or Decimal(0) for value in found)
+    return Rates(input=fresh, cache_read=read, cache_write=write, output=output)
 
 
 def price_input(model: str, tokens: int) -> Price:

@@ -174,6 +174,12 @@ class BillFigures:
     # Gateway calls: answered by the provider (billed) and not (failures, refusals).
     calls: int = 0
     failed_calls: int = 0
+    # What the session's compactions saved (negative: cost), measured on the calls after
+    # each (compaction_app.economics), in nanodollars.
+    compaction_net_nano_usd: int = 0
+    # Calls the provider answered without usage, at the gateway's estimate (not in cost).
+    estimated_calls: int = 0
+    estimated_cost_nano_usd: int = 0
 
     @property
     def cost_usd(self) -> float:
@@ -213,6 +219,9 @@ class BillFigures:
             "costUnknownReason": self.cost_unknown_reason,
             "savedTokens": self.saved_tokens,
             "savedUsd": self.saved_usd,
+            "compactionNetUsd": pricing.usd(self.compaction_net_nano_usd),
+            "estimatedCalls": self.estimated_calls,
+            "estimatedCostUsd": pricing.usd(self.estimated_cost_nano_usd),
         }
 
 
@@ -237,6 +246,9 @@ def bill_figures(*, session: Session) -> BillFigures:
         saved_nano_usd=session.saved_nano_usd,
         calls=session.answered_calls,
         failed_calls=session.failed_calls,
+        compaction_net_nano_usd=session.compaction_net_nano_usd,
+        estimated_calls=session.estimated_calls,
+        estimated_cost_nano_usd=session.estimated_cost_nano_usd,
     )
 
 

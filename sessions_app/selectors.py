@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
@@ -95,6 +97,66 @@ def active_events(*, session: Session) -> list[Event]:
     return render.context_order(
         list(Event.objects.filter(session=session).active().order_by("seq"))
     )
+
+
+@dataclass(frozen=True)
+class EventHead:
+    """What the window math needs of an active event, without its content: a session of a
+    million tokens is measured and pruned from these, and only the events kept are read
+    whole (`events_by_id`)."""
+
+    id: str
+    seq: int
+    type: str
+    cost: int
+    tool_call_id: str
+
+
+def active_heads(*, session: Session) -> list[EventHead]:
+    """The active context's events, content left out, in send order (system prompts, the
+    summary, then every other event by seq, as `render.context_order`)."""
+    rows = (
+        Event.objects.filter(session=session)
+        .active()
+        .order_by("seq")
+        .values_list("id", "seq", "type", "token_count", "cleared_token_count", "tool_call_id")
+    )
+    heads = [
+        EventHead(
+            id=str(pk),
+            seq=seq,
+            type=kind,
+            cost=cleared if cleared is not None else cost,
+            tool_call_id=call,
+        )
+        for pk, seq, kind, cost, cleared, call in rows
+    ]
+    first = (EventType.SYSTEM_PROMPT, EventType.COMPACTION)
+    return (
+        [h for h in heads if h.type == EventType.SYSTEM_PROMPT]
+        + [h for h in heads if h.type == EventType.COMPACTION]
+        + [h for h in heads if h.type not in first]
+    )
+
+
+def events_of(*, session: Session, heads: Sequence[EventHead]) -> list[Event]:
+    """The events `heads` stand for, whole, in send order (`render.context_order`). Read as
+    the system prompts and the summary by seq, then one range from the oldest other event on:
+    what fitting keeps is a recent tail, and a list of thousands of ids in one IN costs more
+    than the rows."""
+    if not heads:
+        return []
+    wanted = {head.id for head in heads}
+    first = (EventType.SYSTEM_PROMPT, EventType.COMPACTION)
+    leading = [head.seq for head in heads if head.type in first]
+    tail = [head.seq for head in heads if head.type not in first]
+    events: list[Event] = []
+    for start in range(0, len(leading), 500):
+        events += Event.objects.filter(session=session, seq__in=leading[start : start + 500])
+    if tail:
+        events += Event.objects.filter(session=session, seq__gte=min(tail)).active()
+    chosen = sorted({e.pk: e for e in events if str(e.pk) in wanted}.values(), key=lambda e: e.seq)
+    return render.context_order(chosen)
 
 
 def event_content(event: Event) -> Any:

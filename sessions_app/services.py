@@ -235,6 +235,7 @@ def _check_token_usage(usage: TokenUsage | None, index: int) -> TokenUsage | Non
         "cachedInputTokens": usage.cached_input_tokens,
         "cacheWriteTokens": usage.cache_write_tokens,
         "cacheWrite1hTokens": usage.cache_write_1h_tokens,
+        "reasoningTokens": usage.reasoning_tokens,
     }
     for key, value in values.items():
         if value is not None and (
@@ -480,6 +481,23 @@ def thread_note_error(*, session: Session, thread: Thread | None, text: str, mai
         created = True
     Thread.objects.filter(pk=target.pk).update(last_error=text[:500])
     return created
+
+
+def session_add_estimate(*, session_id: uuid.UUID, nano_usd: int) -> None:
+    """Count a call the provider answered without usage, at the gateway's estimate of its
+    price (kept apart from the provider-reported cost)."""
+    Session.objects.filter(pk=session_id).update(
+        estimated_calls=F("estimated_calls") + 1,
+        estimated_cost_nano_usd=F("estimated_cost_nano_usd") + max(nano_usd, 0),
+    )
+
+
+def session_add_compaction_net(*, session_id: uuid.UUID, nano_usd: int) -> None:
+    """Add what a gateway call saved (or cost) because of a compaction before it to the
+    session's total (compaction_app.economics measures it)."""
+    Session.objects.filter(pk=session_id).update(
+        compaction_net_nano_usd=F("compaction_net_nano_usd") + nano_usd
+    )
 
 
 def session_bill_call_again(

@@ -56,7 +56,7 @@ from django.db.models import Field, Model
 from django.utils import timezone
 from rest_framework.authtoken.models import Token
 
-from sessions_app.models import Event, Session, Thread
+from sessions_app.models import Budget, Event, Session, Thread
 
 M = TypeVar("M", bound=Model)
 
@@ -103,9 +103,10 @@ def _converters_for(
     return found
 
 
-def instances(model: type[M], sql: str, params: Sequence[Any]) -> list[M]:
+def instances(model: type[M], sql: str, params: Sequence[Any], *, extra: int = 0) -> list[M]:
     """Run `sql` (selecting `columns(model)`) and return its rows as `model` instances, as
-    loaded from the database (values converted as the ORM converts them)."""
+    loaded from the database (values converted as the ORM converts them). `extra` columns
+    selected after the model's are set on each instance as `extra_columns` (a tuple)."""
     connection = connections[DEFAULT_DB_ALIAS]
     with cursor_for(params) as cursor:
         cursor.execute(sql, params)
@@ -115,14 +116,18 @@ def instances(model: type[M], sql: str, params: Sequence[Any]) -> list[M]:
     converters = _converters_for(connection, model)
     names = [field.attname for field in model._meta.concrete_fields]
     found: list[M] = []
-    for row in rows:
+    for full in rows:
+        row = full[: len(full) - extra] if extra else full
         values = list(row)
         for index, column, chain in converters:
             value = values[index]
             for convert in chain:
                 value = convert(value, column, connection)
             values[index] = value
-        found.append(model.from_db(connection.alias, names, values))
+        instance = model.from_db(connection.alias, names, values)
+        if extra:
+            instance.extra_columns = tuple(full[len(full) - extra :])  # type: ignore[attr-defined]
+        found.append(instance)
     return found
 
 
@@ -162,13 +167,21 @@ def cursor_for(params: Sequence[Any]) -> Any:
 
 def owned_session(*, key: str, name: str) -> Session | None:
     """The session `name` (its id, or else a client key) of the active user whose API token
-    is `key`, in one query."""
+    is `key`, in one query; `session.budgeted` says whether a budget applies to its calls
+    (its owner's, or its client key's: sessions_app.budgets), so a call without one reads
+    no budget."""
     try:
         column, value = "id", Session._meta.pk.get_db_prep_value(uuid.UUID(name), connection)  # type: ignore[union-attr]
     except ValueError:
         column, value = "client_key", name
-    found = instances(Session, _owned_session_sql(connection.vendor, column), [key, True, value])
-    return found[0] if found else None
+    found = instances(
+        Session, _owned_session_sql(connection.vendor, column), [key, True, value], extra=1
+    )
+    if not found:
+        return None
+    session = found[0]
+    session.budgeted = bool(session.extra_columns[0])  # type: ignore[attr-defined]
+    return session
 
 
 @lru_cache(maxsize=8)
@@ -176,8 +189,13 @@ def _owned_session_sql(vendor: str, column: str) -> str:
     """`owned_session`'s statement, looking the session up by `column` (built once each)."""
     quote = connection.ops.quote_name
     user_model = get_user_model()
+    budget = quote(Budget._meta.db_table)
+    budgeted = (
+        f"EXISTS (SELECT 1 FROM {budget} b WHERE b.{quote('user_id')} = s.{quote('owner_id')} "  # noqa: S608
+        f"AND (b.{quote('client_key')} = '' OR b.{quote('client_key')} = s.{quote('client_key')}))"
+    )
     return (
-        f"SELECT {columns(Session, alias='s')} "  # noqa: S608
+        f"SELECT {columns(Session, alias='s')}, {budgeted} "  # noqa: S608
         f"FROM {quote(Session._meta.db_table)} s "
         f"JOIN {quote(Token._meta.db_table)} t ON t.{quote('user_id')} = s.{quote('owner_id')} "
         f"JOIN {quote(user_model._meta.db_table)} u ON u.{quote('id')} = s.{quote('owner_id')} "

@@ -56,3 +56,31 @@ def search_index_session(session_id: str) -> int:
 def search_index_everything_task() -> int:
     """Index every session's unindexed events (queued, coalesced, after appends)."""
     return search_index_everything()
+
+
+@shared_task(bind=True, acks_late=True, max_retries=5, name="sessions_app.budget_webhook")
+def budget_webhook(self, payload: dict) -> int | None:  # type: ignore[no-untyped-def]
+    """POST a budget's threshold alert (80 % or 100 % of its limit) to BUDGET_WEBHOOK_URL,
+    retried with backoff when the receiver fails."""
+    import httpx
+
+    url = settings.BUDGET_WEBHOOK_URL
+    if not url:
+        return None
+    try:
+        response = httpx.post(
+            url, json=payload, timeout=float(settings.BUDGET_WEBHOOK_TIMEOUT_SECONDS)
+        )
+        if response.status_code >= 500 or response.status_code == 429:
+            raise httpx.HTTPStatusError(
+                f"webhook answered {response.status_code}",
+                request=response.request,
+                response=response,
+            )
+    except httpx.HTTPError as exc:
+        if self.request.retries >= self.max_retries:
+            logger.error("budget webhook gave up: %s", exc)
+            return None
+        countdown = min(2 ** (self.request.retries + 1), 120)
+        raise self.retry(exc=exc, countdown=countdown) from exc
+    return response.status_code

@@ -33,6 +33,8 @@ ENDPOINTS = {
     "compactionRevert": "compactions/{compaction_id}/revert",
     "search": "search",
     "calls": "calls",
+    "budgets": "budgets",
+    "budget": "budgets/{budget_id}",
     "models": "models",
     "tokenCount": "tokens/count",
 }

@@ -4,6 +4,7 @@ from typing import TYPE_CHECKING, Any
 
 from rest_framework import serializers
 
+from compaction_app import economics
 from compaction_app.models import CompactionRun, RunningSummary
 from compaction_app.run_documents import outcome
 from sessions_app.api.serializers import StrictBooleanField, StrictCharField
@@ -76,6 +77,12 @@ class CompactionSerializer(serializers.Serializer):
     revertedAt = serializers.DateTimeField(allow_null=True)
     reverted = serializers.BooleanField()
     lossReport = LossReportSerializer(allow_null=True)
+    economics = serializers.JSONField(
+        allow_null=True,
+        help_text="What the compaction sheds from every later call, the cache write it "
+        "causes, the calls to pay that back, and measured on the gateway calls after it the "
+        "net dollars saved (docs/costs.md); null for a run that changed nothing.",
+    )
 
 
 def dry_run_to_dict(dry: DryRun) -> dict[str, Any]:
@@ -124,6 +131,7 @@ def run_to_dict(run: CompactionRun) -> dict[str, Any]:
         "revertedAt": iso(run.reverted_at),
         "reverted": run.reverted_at is not None,
         "lossReport": run.loss_report,
+        "economics": economics.document(run),
     }
 
 

@@ -32,6 +32,7 @@ from django.db.models.fields.json import KT
 from django.db.models.functions import Cast, Coalesce, Substr
 from django.utils import timezone
 
+from compaction_app import economics
 from compaction_app.dashboard.chart import (
     CallInput,
     ChartCompaction,
@@ -179,6 +180,13 @@ class SessionRow:
     @property
     def hit_rate(self) -> float | None:
         return self.bill.cache_hit_rate
+
+    @property
+    def compaction_net_usd(self) -> Decimal | None:
+        """What the session's compactions saved (negative: cost), measured after each; None
+        before any gateway call was measured against one."""
+        net = self.bill.compaction_net_nano_usd
+        return Decimal(net) / pricing.NANO_PER_USD if net else None
 
     @property
     def hit_percent(self) -> float | None:
@@ -526,6 +534,7 @@ def session_view(*, session: Session, all_runs: bool = False) -> SessionView:
     """`all_runs`: every run in the history (the page's "show all"), else the latest few."""
     listed = runs_for_session(session=session).select_related("compaction_event")
     runs = list(listed if all_runs else listed[:HISTORY_ROWS])
+    later: set[str] = set()
     for run in runs:
         # Read by the history table; a plain attribute keeps the model free of view code.
         run.duration_seconds = (  # type: ignore[attr-defined]
@@ -533,6 +542,12 @@ def session_view(*, session: Session, all_runs: bool = False) -> SessionView:
             if run.started_at and run.finished_at
             else None
         )
+        # Newest first: a run is closed when a later completed one of its thread is listed.
+        run.economics = economics.document(  # type: ignore[attr-defined]
+            run, session=session, closed=run.thread in later
+        )
+        if run.status == RunStatus.COMPLETED:
+            later.add(run.thread)
     active = next((run for run in runs if run.status in ACTIVE_STATUSES), None)
     latest = latest_revertible_run(session=session)
     summary = RunningSummary.objects.filter(session=session).exclude(summary="").first()
@@ -686,3 +701,32 @@ def run_detail(*, run: CompactionRun) -> RunDetail:
         cleared_total=cleared,
         loss=loss if isinstance(loss, Mapping) and loss else None,
     )
+
+
+# --- a call's page ----------------------------------------------------------------------------
+
+# Runs of this many messages or more with the same fate fold into one expandable row.
+FOLD_RUN = 6
+
+
+def call_page(*, call: Any, story: dict[str, Any]) -> dict[str, Any]:
+    """The call page's context: the story, its messages grouped in runs of one fate (a long
+    run of kept messages folds into one row people can open)."""
+    groups: list[dict[str, Any]] = []
+    for message in story["request"]["messages"]:
+        if groups and groups[-1]["fate"] == message["fate"]:
+            groups[-1]["messages"].append(message)
+        else:
+            groups.append({"fate": message["fate"], "messages": [message]})
+    for group in groups:
+        group["folded"] = len(group["messages"]) >= FOLD_RUN
+        group["tokens"] = sum(m["tokenCount"] for m in group["messages"])
+        group["forwarded"] = sum(m["forwardedTokens"] or 0 for m in group["messages"])
+        group["first_seq"] = group["messages"][0]["seq"]
+        group["last_seq"] = group["messages"][-1]["seq"]
+    return {
+        "call": call,
+        "story": story,
+        "groups": groups,
+        "billed_tokens": (call.prompt_tokens or 0) + (call.completion_tokens or 0),
+    }

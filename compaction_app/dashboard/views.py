@@ -19,8 +19,10 @@ from django.views.decorators.http import require_GET, require_POST
 from django_htmx.middleware import HtmxDetails
 
 from compaction_app import services as compaction_services
+from compaction_app.call_story import call_story_document
 from compaction_app.dashboard import calls as dashboard_calls
 from compaction_app.dashboard import queries
+from compaction_app.dashboard import usage as usage_page
 from compaction_app.dashboard.render import (
     SESSION_PARTS,
     SESSION_TEMPLATE,
@@ -29,13 +31,15 @@ from compaction_app.dashboard.render import (
     render_parts,
     session_context,
 )
+from compaction_app.dashboard.timezone import viewer_zone
 from compaction_app.models import CompactionRun
 from compaction_app.run_documents import nothing_to_fold_reason, trim_target
 from compaction_app.selectors import run_get
+from sessions_app import budgets
 from sessions_app import search as session_search_module
 from sessions_app import services as session_services
 from sessions_app.errors import LedgerError, NotFound
-from sessions_app.models import Session
+from sessions_app.models import BudgetPeriod, Session
 from sessions_app.selectors import event_get, session_get
 from sessions_app.session_settings import STRATEGY_NAMES
 from sessions_app.threads import session_threads
@@ -211,6 +215,30 @@ def calls_list(request: HtmxHttpRequest) -> HttpResponse:
 
 @login_required
 @require_GET
+def call_detail(request: HtmxHttpRequest, call_id: Any) -> HttpResponse:
+    """One call's story: the request as sent and as forwarded, side by side, each message's
+    fate, the reply, headers, usage and cost by kind, latency, links."""
+    try:
+        call, story = call_story_document(user=request.user, call_id=call_id)
+    except NotFound:
+        raise Http404("call not found") from None
+    return render(request, "dashboard/call.html", queries.call_page(call=call, story=story))
+
+
+@login_required
+@require_GET
+def usage(request: HtmxHttpRequest) -> HttpResponse:
+    """Usage over time: calls, tokens, cost, cache hit rate, latency and errors per hour or
+    day in the viewer's zone, grouped by model, user, session or status."""
+    try:
+        context = usage_page.page(user=request.user, params=request.GET, tz=viewer_zone(request))
+    except usage_page.BadUsage as exc:
+        return render(request, "dashboard/usage.html", {"error": str(exc)}, status=400)
+    return render(request, "dashboard/usage.html", context)
+
+
+@login_required
+@require_GET
 def session_calls(request: HtmxHttpRequest, session_id: Any) -> HttpResponse:
     """One session's gateway calls."""
     return _calls(request, _session_or_404(request, session_id))
@@ -368,3 +396,67 @@ def event_pin(request: HtmxHttpRequest, session_id: Any, event_id: Any) -> HttpR
             **notice_context(f"Event #{event.seq} {verb}.", level="success"),
         )
     return redirect(reverse("dashboard:session", args=[session.pk]) + f"#event-{event.seq}")
+
+
+# --- budgets --------------------------------------------------------------------------------------
+
+
+def _budgets_page(
+    request: HtmxHttpRequest, *, error: str = "", status: int = 200, values: Any = None
+) -> HttpResponse:
+    rows = [
+        budgets.budget_document(budget) for budget in budgets.budgets_visible_to(user=request.user)
+    ]
+    context = {
+        "rows": rows,
+        "periods": BudgetPeriod.values,
+        "error": error,
+        "values": values or {},
+    }
+    return render(request, "dashboard/budgets.html", context, status=status)
+
+
+@login_required
+@require_GET
+def budgets_list(request: HtmxHttpRequest) -> HttpResponse:
+    """Spend limits on gateway calls: staff see and set every user's; a user sees their own."""
+    return _budgets_page(request)
+
+
+@staff_required
+@require_POST
+def budget_save(request: HtmxHttpRequest) -> HttpResponse:
+    """Set a budget (staff): a new one for a user (and client key), or a new limit and
+    period for an existing one (`budget` names it)."""
+    values = {name: (request.POST.get(name) or "").strip() for name in BUDGET_FORM}
+    try:
+        if values["budget"]:
+            budgets.budget_update(
+                budget=budgets.budget_get(user=request.user, budget_id=values["budget"]),
+                period=values["period"] or None,
+                limit_usd=values["limit"],
+            )
+        else:
+            budgets.budget_create(
+                user=values["user"],
+                client_key=values["client_key"] or None,
+                period=values["period"],
+                limit_usd=values["limit"],
+                created_by=request.user,
+            )
+    except LedgerError as exc:
+        return _budgets_page(request, error=exc.detail, status=400, values=values)
+    return redirect("dashboard:budgets")
+
+
+@staff_required
+@require_POST
+def budget_delete(request: HtmxHttpRequest, budget_id: Any) -> HttpResponse:
+    try:
+        budgets.budget_delete(budget=budgets.budget_get(user=request.user, budget_id=budget_id))
+    except NotFound:
+        raise Http404("budget not found") from None
+    return redirect("dashboard:budgets")
+
+
+BUDGET_FORM = ("budget", "user", "client_key", "period", "limit")

@@ -25,6 +25,8 @@ class Fitted:
     limit: int
     compacted: bool
     compression: dict[str, Any] | None = None
+    # The request's indices a per-call prune left out (the calls ledger shows which).
+    pruned: tuple[int, ...] = ()
 
     @property
     def percent_used(self) -> float:

@@ -48,6 +48,7 @@ class GatewayError(Exception):
         status: int = 400,
         code: str | None = None,
         param: str | None = None,
+        headers: dict[str, str] | None = None,
         **extra: Any,
     ) -> None:
         super().__init__(message)
@@ -56,6 +57,8 @@ class GatewayError(Exception):
         self.code = code
         self.param = param
         self.extra = extra
+        # Response headers the answer carries (a refusal's Retry-After).
+        self.headers = headers or {}
         # The model the refused body named, when it could be read (the call's row says it).
         self.named_model = ""
 
@@ -100,6 +103,11 @@ class Reply:
     cached_input_tokens: int | None = None
     cache_write_tokens: int | None = None
     cache_write_1h_tokens: int | None = None
+    # Part of completion_tokens spent reasoning (None: not reported).
+    reasoning_tokens: int | None = None
+    # Parts of the figures above the provider sampled as requests of their own and bills
+    # apart (Anthropic's compaction iterations), in the same neutral figures.
+    priced_apart: tuple[dict[str, int | None], ...] = ()
 
 
 def message_hash(role: str, text: str, tool_ids: Sequence[str]) -> str:

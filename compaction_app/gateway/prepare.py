@@ -10,14 +10,14 @@ otherwise it leaves `fitted` unset and the view runs `fit_call` on the long-work
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from compaction_app import fitting
-from compaction_app.gateway import after, bill, thread_fit
+from compaction_app.gateway import after, bill, budget, thread_fit
 from compaction_app.gateway.fit import Fitted, fit, model_window, room
 from compaction_app.gateway.messages import ClientMessage, GatewayError, GatewayInputError
-from compaction_app.gateway.record import caller_and_session
+from compaction_app.gateway.record import Recorded, caller_and_session
 from compaction_app.gateway.thread_fit import ThreadRequest
 from compaction_app.gateway.wire import Wire
 from sessions_app.models import Session, Thread
@@ -116,6 +116,13 @@ class Call:
     # Our count of the client's request as it arrived, taken only when fitting changed what
     # is forwarded (see gateway/bill.py); None otherwise.
     client_tokens: int | None = None
+    # The spend limits the call counts against (gateway/budget.py); usually none.
+    budgets: list[Any] = field(default_factory=list)
+    # Where the request's messages are in the ledger (the calls ledger's `request_map`).
+    request_map: dict[str, Any] | None = None
+    # Whether fitting may change what is forwarded (False: X-Ledger-Fit: off, or a request
+    # that continues a conversation the provider keeps).
+    fit_enabled: bool = True
 
 
 def may_compact(*, session: Session, body: dict[str, Any], model: str, enabled: bool) -> bool:
@@ -159,6 +166,16 @@ def prepare(
         context_limit=context_limit,
         default_context_limit=default_context_limit,
     )
+    # A spent budget refuses the call before anything of it is recorded. The session's
+    # look-up said whether any applies (sql.owned_session); a new session's asks.
+    found = (
+        budget.check(
+            user_id=session.owner_id,
+            client_key=session.client_key or (session_header or "").strip() or None,
+        )
+        if getattr(session, "budgeted", True)
+        else []
+    )
     if context_limit is not None and session.context_limit != context_limit:
         session = session_update(session=session, context_limit=context_limit)
     convert = Converter(wire, units)
@@ -197,10 +214,34 @@ def prepare(
         request=request,
         announced=announced,
         convert=convert,
+        budgets=found,
+        request_map=request_map(recorded, count=convert.count),
+        fit_enabled=fit_enabled,
     )
     if not may_compact(session=call.session, body=body, model=model, enabled=fit_enabled):
         call.fitted = fit_call(call=call, wire=wire, body=body, model=model, enabled=fit_enabled)
     return call
+
+
+def request_map(recorded: Recorded, *, count: int) -> dict[str, Any]:
+    """Where the request's messages are in the ledger: the last message it continued and the
+    runs of seqs its new messages occupy (sessions_app.call_story rebuilds it)."""
+    return {
+        "after": str(recorded.after_event) if recorded.after_event else None,
+        "seqs": seq_runs(recorded.new_seqs),
+        "messages": count,
+    }
+
+
+def seq_runs(seqs: Sequence[int]) -> list[list[int]]:
+    """`seqs` as [first, last] runs of consecutive numbers."""
+    runs: list[list[int]] = []
+    for seq in sorted(seqs):
+        if runs and runs[-1][1] + 1 == seq:
+            runs[-1][1] = seq
+        else:
+            runs.append([seq, seq])
+    return runs
 
 
 def fit_call(

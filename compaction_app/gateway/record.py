@@ -173,6 +173,11 @@ class Recorded:
     # Chain hash of every client message (see messages.chain_hash); the reply continues the last.
     chains: tuple[str, ...] = ()
     threads_seen: int = 1
+    # Where the request is in the ledger (the calls ledger's request map): the first event id
+    # of the last message it continued (None: it continued nothing) and the seqs of the events
+    # its new messages are (stored now or by an earlier try).
+    after_event: uuid.UUID | None = None
+    new_seqs: tuple[int, ...] = ()
 
 
 # A side call, a sub-agent or a parallel worker starts a thread of its own; this many of a
@@ -337,6 +342,7 @@ def record_request(
     ]
     created = 0
     fresh = session
+    new_seqs: tuple[int, ...] = ()
     if inputs:
         try:
             result = event_append(session=session, events=inputs)
@@ -348,6 +354,7 @@ def record_request(
         if result is not None:
             created = result.created
             fresh = result.session or Session.objects.get(pk=session.pk)
+            new_seqs = tuple(event.seq for event in result.events)
     # The thread row is brought up to date once per call, with the reply (record_reply).
     return Recorded(
         session=fresh,
@@ -356,6 +363,10 @@ def record_request(
         thread=thread,
         chains=tuple(chains),
         threads_seen=len(recent) + (0 if any(t.pk == thread.pk for t in recent) else 1),
+        after_event=event_id(session.pk, chains[start - 1], 0)
+        if 0 < start <= len(chains) and chains[start - 1]
+        else None,
+        new_seqs=new_seqs,
     )
 
 
@@ -473,6 +484,8 @@ def record_reply(
             cached_input_tokens=reply.cached_input_tokens,
             cache_write_tokens=reply.cache_write_tokens,
             cache_write_1h_tokens=reply.cache_write_1h_tokens,
+            reasoning_tokens=reply.reasoning_tokens,
+            priced_apart=usage_figures.call_usages(reply.priced_apart),
         )
     saved = saved_tokens(client_tokens=client_tokens, forwarded_tokens=forwarded_tokens)
     inputs = []

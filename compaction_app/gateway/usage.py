@@ -4,7 +4,8 @@ the result into `Reply`.
 
 The neutral figures: `prompt_tokens` is everything the model read, cached or not;
 `cached_input_tokens` (cache reads) and `cache_write_tokens` (cache writes, of which
-`cache_write_1h_tokens` at the one-hour rate) are parts of it.
+`cache_write_1h_tokens` at the one-hour rate) are parts of it. `reasoning_tokens` is the
+part of `completion_tokens` the model spent reasoning (every provider bills it as output).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ def fields(
     cached: int | None = None,
     write: int | None = None,
     write_1h: int | None = None,
+    reasoning: int | None = None,
 ) -> dict[str, int | None]:
     return {
         "prompt_tokens": prompt,
@@ -35,6 +37,7 @@ def fields(
         "cached_input_tokens": cached,
         "cache_write_tokens": write,
         "cache_write_1h_tokens": write_1h,
+        "reasoning_tokens": reasoning,
     }
 
 
@@ -49,6 +52,7 @@ _NAMES = {
     "cached_input_tokens": "cachedInputTokens",
     "cache_write_tokens": "cacheWriteTokens",
     "cache_write_1h_tokens": "cacheWrite1hTokens",
+    "reasoning_tokens": "reasoningTokens",
 }
 
 
@@ -84,4 +88,22 @@ def bounded(figures: dict[str, int | None]) -> tuple[dict[str, int | None], dict
         drop("cache_write_1h_tokens", why)
     if (kept["cache_write_1h_tokens"] or 0) > (kept["cache_write_tokens"] or 0):
         drop("cache_write_1h_tokens", "exceeds cacheWriteTokens")
+    if (kept.get("reasoning_tokens") or 0) > (kept["completion_tokens"] or 0):
+        drop("reasoning_tokens", "exceeds completionTokens")
     return kept, dropped
+
+
+def call_usages(parts: tuple[dict[str, int | None], ...]) -> tuple[Any, ...]:
+    """Neutral figures (a reply's `priced_apart`) as pricing's CallUsage."""
+    from sessions_app.pricing import CallUsage
+
+    return tuple(
+        CallUsage(
+            input_tokens=part.get("prompt_tokens") or 0,
+            output_tokens=part.get("completion_tokens") or 0,
+            cached_input_tokens=part.get("cached_input_tokens") or 0,
+            cache_write_tokens=part.get("cache_write_tokens") or 0,
+            cache_write_1h_tokens=part.get("cache_write_1h_tokens") or 0,
+        )
+        for part in parts
+    )

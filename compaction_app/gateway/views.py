@@ -33,6 +33,7 @@ from django.views.decorators.csrf import csrf_exempt
 
 from compaction_app.gateway import (
     after,
+    budget,
     calls,
     forward,
     stream_limits,
@@ -45,7 +46,7 @@ from compaction_app.gateway import (
 from compaction_app.gateway import wire as wire_kinds
 from compaction_app.gateway.fit import Fitted
 from compaction_app.gateway.messages import GatewayError, GatewayInputError, Reply
-from compaction_app.gateway.prepare import Call, fit_call, prepare
+from compaction_app.gateway.prepare import Call, fit_call, prepare, seq_runs
 from compaction_app.gateway.providers import PROVIDERS
 from compaction_app.gateway.record import authenticate
 from compaction_app.gateway.stream import StreamEnding, relay
@@ -83,7 +84,7 @@ def _error(wire: Wire, exc: GatewayError, headers: dict[str, str] | None = None)
         exc.message, status=exc.status, code=exc.code, param=exc.param, **exc.extra
     )
     response = JsonResponse(body, status=exc.status)
-    for name, value in (headers or {}).items():
+    for name, value in {**exc.headers, **(headers or {})}.items():
         response[name] = value
     return response
 
@@ -292,10 +293,13 @@ async def conversation(
         wire=wire.NAME,
         key=request.headers.get("X-Ledger-Key"),
         session_header=request.headers.get("X-Ledger-Session"),
+        # Masked and stored after the response (calls.save).
+        request_headers=request.headers,
     )
     announced = after.Announcements(trace)
     try:
         response = await _serve(request, wire, announced, params or {})
+        trace.response_headers = response.headers
         # Sent once the answer is out (a stream's when it ends: its on_end in _respond).
         after.attach(response, announced)
     except asyncio.CancelledError:
@@ -341,6 +345,9 @@ async def _serve(
     try:
         sent = _validate(request, wire, params, trace)
         trace.model_requested, trace.stream = sent.parsed.model, bool(sent.parsed.stream)
+        # A request that continues a conversation the provider keeps shows only what is new:
+        # its cache outcome cannot be predicted from it.
+        trace.continues = bool(sent.parsed.continues)
         call = await _prepare(request, wire, sent, announced)
     except GatewayError as exc:
         return _refused(wire, trace, exc)
@@ -350,12 +357,26 @@ async def _serve(
     # Freed with the announcements, once the response is out (after.py).
     announced.held += (sent, call)
     trace.session = call.session
+    trace.request_map = call.request_map
     if call.request is not None and call.request.thread is not None:
         trace.thread = call.request.thread.key
+    calls.track(trace)
+    if call.budgets:
+        assert call.fitted is not None
+        try:
+            trace.reservation = await workers.run(
+                budget.reserve,
+                found=call.budgets,
+                model=call.fitted.model,
+                tokens=call.fitted.token_count,
+                body=sent.body,
+            )
+        except GatewayError as exc:
+            return _refused(wire, trace, exc)
     forwarded = await _forward(request, wire, sent, call)
     if isinstance(forwarded, HttpResponseBase):
         return forwarded
-    return await _respond(wire, call, forwarded, stream=sent.parsed.stream)
+    return await _respond(wire, call, forwarded, stream=sent.parsed.stream, body=sent.body)
 
 
 def _context_limit(request: HttpRequest) -> int | None:
@@ -490,6 +511,7 @@ async def _forward(
         # A fitted body is sent as text too: encoded whole, it was held twice more.
         content = sent.raw if fitted.body is None else forward.Body(json.dumps(fitted.body))
         url = wire.complete_url(base, model=target, stream=sent.parsed.stream, params=sent.params)
+        trace.mark_forwarded()
         try:
             response = await forward.send(url=url, headers=headers, content=content)
         except forward.UpstreamError as exc:
@@ -517,7 +539,7 @@ async def _forward(
 
 
 async def _respond(
-    wire: Wire, call: Call, forwarded: _Forwarded, *, stream: bool
+    wire: Wire, call: Call, forwarded: _Forwarded, *, stream: bool, body: dict[str, Any]
 ) -> HttpResponseBase:
     """Relay the upstream's answer (streamed as it arrives) and record the reply."""
     response, fitted = forwarded.response, forwarded.fitted
@@ -525,10 +547,20 @@ async def _respond(
     assert trace is not None
     trace.model_served = fitted.model
     trace.fitted = fitted.body is not None
+    # What went upstream, for the call's cache outcome (computed once the answer is out).
+    trace.note_forwarded(
+        wire=wire,
+        body=body if fitted.body is None else fitted.body,
+        how=(call.request.notes.get("last_fit") if call.request is not None else None)
+        or ("compacted" if fitted.compression else ""),
+        compacted=fitted.compression is not None,
+        client_body=body if fitted.body is not None else None,
+    )
     trace.forwarded_tokens = fitted.token_count
     trace.saved_tokens = saved_tokens(
         client_tokens=call.client_tokens, forwarded_tokens=fitted.token_count
     )
+    trace.fit = _fit_note(call, fitted)
     passed = {**forward.returned_headers(response.headers), **_ledger_headers(call, fitted)}
     content_type = response.headers.get("content-type", "application/json")
     # An upstream may answer a streamed request with one JSON body (some compatible servers
@@ -599,6 +631,21 @@ async def _respond(
     for name, value in passed.items():
         streamed[name] = value
     return streamed
+
+
+def _fit_note(call: Call, fitted: Fitted) -> dict[str, Any]:
+    """How fitting treated the request, for the calls ledger: per-thread fitting's own word
+    (as_sent, fitted, compacted, pruned), else the ledger's ladder's ("ledger") or none
+    ("off"); the request indices a per-call prune dropped when fitting says which."""
+    notes = call.request.notes if call.request is not None else {}
+    how = notes.get("last_fit") or ("ledger" if fitted.compacted else "as_sent")
+    note: dict[str, Any] = {"how": how, "limit": fitted.limit}
+    if not call.fit_enabled:
+        note["how"] = "off"
+    pruned = getattr(fitted, "pruned", ())
+    if pruned:
+        note["pruned"] = seq_runs(pruned)
+    return note
 
 
 async def _record_plain(*, wire: Wire, call: Call, fitted: Fitted, data: bytes) -> None:

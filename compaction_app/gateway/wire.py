@@ -19,6 +19,8 @@ format it serves; it calls the contract, in the spirit of LiteLLM's per-provider
 - `reply_from_response` (transform_response), `usage` and `stream_accumulator` read the
   reply, plain or streamed; `error_body` / `stream_error` are the provider's error shapes,
   `count_tokens_body` its count_tokens answer.
+- `cache_rules` is the provider's prompt cache (minimum, lifetime, explicit breakpoints or
+  automatic), from its documentation: what a call's cache outcome is predicted with.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
+from compaction_app.gateway.cache_outcome import CacheRules
 from compaction_app.gateway.messages import ClientMessage, Reply
 from compaction_app.gateway.shape import Plan
 from sessions_app.storable import provider_loads
@@ -98,6 +101,7 @@ def reply_of(
     *,
     model: str,
     usage_fields: Callable[[Any], dict[str, int | None]],
+    usage_parts: Callable[[Any], tuple[dict[str, int | None], ...]] | None = None,
 ) -> Reply:
     """A non-streamed reply: `message`, the model the provider names (else the request's) and
     the payload's usage, raw and read by the format's `usage_fields`."""
@@ -106,6 +110,7 @@ def reply_of(
         message=message,
         model=str(payload.get("model") or model),
         raw_usage=usage or {},
+        priced_apart=usage_parts(usage or {}) if usage_parts is not None else (),
         **usage_fields(usage or {}),
     )
 
@@ -225,3 +230,8 @@ class Wire(Protocol):
     def stream_error(self, message: str) -> bytes: ...
 
     def count_tokens_body(self, count: int) -> dict[str, Any]: ...
+
+    def cache_rules(self, model: str) -> CacheRules:
+        """The provider's prompt cache for `model` (its package's cache.py): minimum,
+        lifetime, explicit or automatic (cache_outcome.py predicts with them)."""
+        ...

@@ -7,6 +7,7 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
+from compaction_app import metrics
 from compaction_app.realtime import messages
 from compaction_app.realtime.broadcast import STAFF_GROUP, session_group, user_group
 from compaction_app.realtime.revocation import CLOSE_FORBIDDEN, RevocableConsumerMixin
@@ -52,8 +53,13 @@ class _LedgerConsumer(RevocableConsumerMixin, AsyncJsonWebsocketConsumer):
             await self.channel_layer.group_add(group, self.channel_name)
         await self.accept()
         self.start_rechecks()
+        self.counted = True
+        metrics.websocket_changed(+1)
 
     async def disconnect(self, code: int) -> None:
+        if getattr(self, "counted", False):
+            self.counted = False
+            metrics.websocket_changed(-1)
         for group in getattr(self, "groups_joined", []):
             await self.channel_layer.group_discard(group, self.channel_name)
 

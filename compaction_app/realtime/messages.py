@@ -72,6 +72,10 @@ class CompactionComplete(_Message):
     keptPercent: float | None
     outcome: Literal["compacted", "nothing_to_fold", "failed"] | None
     reason: str | None = None
+    # What the run sheds per call, the cache write it causes and the calls to pay it back,
+    # predicted at the session's prices (compaction_app.economics; docs/costs.md); measured
+    # on the calls after it in the run's API document. None for a run that changed nothing.
+    economics: dict[str, Any] | None = None
     message: str
 
 
@@ -187,6 +191,7 @@ def compaction_start(run: CompactionRun) -> CompactionStart:
 
 
 def compaction_complete(run: CompactionRun) -> CompactionComplete:
+    from compaction_app import economics
     from compaction_app.models import RunStatus
     from compaction_app.run_documents import completion_text, outcome
 
@@ -206,6 +211,7 @@ def compaction_complete(run: CompactionRun) -> CompactionComplete:
         keptPercent=(run.loss_report or {}).get("keptPercent") if success else None,
         outcome=result,  # type: ignore[arg-type]
         reason=reason if success else None,
+        economics=economics.document(run, closed=False) if success else None,
         message=completion_text(run) if success else f"Compaction failed: {run.error}",
     )
 

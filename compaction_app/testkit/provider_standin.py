@@ -24,6 +24,7 @@ format of the endpoint that was called.
 from __future__ import annotations
 
 import base64
+import dataclasses
 import hashlib
 import json
 import re
@@ -33,6 +34,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs
+
+from compaction_app.testkit.prompt_cache import PromptCache
 
 OPENAI_PATH = "/v1/chat/completions"
 ANTHROPIC_PATH = "/v1/messages"
@@ -150,6 +153,10 @@ class Received:
 class ProviderStandIn:
     default: Step = field(default_factory=Step)
     requests: list[Received] = field(default_factory=list)
+    # A simulated prompt cache (testkit/prompt_cache.py): when set, a reply's cache figures
+    # (and its prompt size) are what that cache read and wrote for the request, unless the
+    # step scripts figures of its own.
+    prompt_cache: PromptCache | None = None
 
     def __post_init__(self) -> None:
         self._script: list[Step] = []
@@ -173,6 +180,22 @@ class ProviderStandIn:
             if self.keep_requests:
                 self.requests.append(received)
             return self._script.pop(0) if self._script else self.default
+
+    def _cached(self, step: Step, body: dict[str, Any], *, anthropic: bool) -> Step:
+        """`step` with the simulated cache's figures for `body` (see prompt_cache)."""
+        scripted = (
+            step.prompt_tokens is not None or step.cache_read_tokens or (step.cache_write_tokens)
+        )
+        if self.prompt_cache is None or step.kind == "error" or scripted:
+            return step
+        figures = (self.prompt_cache.anthropic if anthropic else self.prompt_cache.openai)(body)
+        return dataclasses.replace(
+            step,
+            prompt_tokens=figures.prompt,
+            cache_read_tokens=figures.read,
+            cache_write_tokens=figures.write,
+            cache_write_1h_tokens=figures.write_1h,
+        )
 
     def gemini_cached_tokens(self, model: str, body: dict[str, Any]) -> int:
         """Gemini's implicit caching: the tokens of the longest run of leading items
@@ -1001,6 +1024,8 @@ def _handler(standin: ProviderStandIn) -> type[BaseHTTPRequestHandler]:
                 step = Step(**{**step.__dict__, "text": f"Re: {last}"})
             is_openai = path != ANTHROPIC_PATH and path != ANTHROPIC_COUNT_PATH
             request = body if isinstance(body, dict) else {}
+            if path != ANTHROPIC_COUNT_PATH:
+                step = standin._cached(step, request, anthropic=not is_openai)
             headers = dict(step.headers)
             if step.kind == "error":
                 self._json(step.status, _error_body(is_openai, step), headers)

@@ -9,6 +9,8 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field, inline_serializer
 from rest_framework import serializers
 
+from sessions_app import pricing
+
 # The plain event document lives outside the REST layer so tasks (the memory_flush webhook)
 # send the same shape; the views answer with it through this module.
 from sessions_app.event_documents import cache_usage
@@ -277,8 +279,15 @@ class SessionOutSerializer(serializers.ModelSerializer):
     eventCount = serializers.IntegerField(source="event_count", read_only=True)
     owner = serializers.CharField(source="owner.get_username", read_only=True)
     lastCompaction = serializers.JSONField(source="last_compaction", read_only=True)
+    compactionNetUsd = serializers.SerializerMethodField(
+        help_text="What the session's compactions saved (negative: cost), measured on the "
+        "gateway calls after each (docs/costs.md)."
+    )
     createdAt = serializers.DateTimeField(source="created_at", read_only=True)
     updatedAt = serializers.DateTimeField(source="updated_at", read_only=True)
+
+    def get_compactionNetUsd(self, obj: Session) -> float:  # noqa: N802
+        return pricing.usd(obj.compaction_net_nano_usd)
 
     class Meta:
         model = Session
@@ -293,6 +302,7 @@ class SessionOutSerializer(serializers.ModelSerializer):
             "settings",
             "owner",
             "lastCompaction",
+            "compactionNetUsd",
             "createdAt",
             "updatedAt",
         ]
@@ -378,6 +388,10 @@ class UsageSerializer(serializers.Serializer):
     )
     savedUsd = serializers.FloatField(
         help_text="savedTokens priced at each call's uncached input rate."
+    )
+    compactionNetUsd = serializers.FloatField(
+        help_text="What the session's compactions saved (negative: cost), measured on the "
+        "gateway calls after each."
     )
 
 

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from sessions_app.api import call_views, search_views, views
+from sessions_app.api import budget_views, call_views, search_views, views
 
 urlpatterns = [
     path("sessions", views.SessionListView.as_view(), name="session-list"),
@@ -25,6 +25,10 @@ urlpatterns = [
         name="session-calls",
     ),
     path("calls", call_views.CallsView.as_view(), name="calls"),
+    # Spend limits on gateway calls (sessions_app/api/budget_views.py).
+    path("budgets", budget_views.BudgetListView.as_view(), name="budget-list"),
+    path("budgets/<str:budget_id>", budget_views.BudgetDetailView.as_view(), name="budget-detail"),
+    path("usage/calls", call_views.UsageOverTimeView.as_view(), name="usage-calls"),
     path("tokens/count", views.TokenCountView.as_view(), name="tokens-count"),
     path("models", views.ModelListView.as_view(), name="model-list"),
     # Search and recall (sessions_app/api/search_views.py).

@@ -39,6 +39,9 @@ USAGE_KEYS = {
     "costUnknownReason",
     "savedTokens",
     "savedUsd",
+    "compactionNetUsd",
+    "estimatedCalls",
+    "estimatedCostUsd",
     # The scope rule (sessions_app.scope): gateway calls answered and not, the calls with no
     # price, and which scope each kind of figure has.
     "calls",
@@ -144,6 +147,9 @@ def test_it_returns_exactly_the_design_fields(alice_api):
         "costUnknownReason": None,
         "savedTokens": 0,
         "savedUsd": 0.0,
+        "compactionNetUsd": 0.0,
+        "estimatedCalls": 0,
+        "estimatedCostUsd": 0.0,
         "calls": 0,
         "failedCalls": 0,
         "unpricedCalls": 0,

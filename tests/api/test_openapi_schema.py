@@ -367,6 +367,19 @@ def test_it_documents_every_response_of_every_operation(api_schema, alice, setti
     walk("GET", V + "/calls", 400, query={"since": "yesterday"})
     walk("GET", V + "/calls", 404, query={"page": "99"})
 
+    # Budgets: a user reads their own; only staff set them (403 here).
+    from sessions_app.budgets import budget_create
+
+    budget = budget_create(user=alice, period="day", limit_usd="1")
+    budget_ids = {"budget_id": str(budget.pk)}
+    walk("GET", V + "/budgets", 200)
+    walk("GET", V + "/budgets", 404, query={"page": "99"})
+    walk("POST", V + "/budgets", 403, body={"user": "alice", "period": "day", "limitUsd": 1})
+    walk("GET", V + "/budgets/{budget_id}", 200, ids=budget_ids)
+    walk("GET", V + "/budgets/{budget_id}", 404, ids={"budget_id": str(uuid.uuid4())})
+    walk("PATCH", V + "/budgets/{budget_id}", 403, ids=budget_ids, body={"limitUsd": 2})
+    walk("DELETE", V + "/budgets/{budget_id}", 403, ids=budget_ids)
+
     walk("POST", V + "/tokens/count", 200, body={"model": "gpt-4o", "text": "hello"})
     walk("POST", V + "/tokens/count", 400, body={"model": "gpt-4o"})
     walk("GET", V + "/models", 200)

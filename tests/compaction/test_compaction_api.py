@@ -40,6 +40,7 @@ DESIGN_FIELDS = {
 # Documented additions: which summarizer the run used, whether and when it was reverted, the
 # thread it compacted (docs/fitting.md).
 EXTRA_FIELDS = {
+    "economics",
     "summarizer",
     "revertedAt",
     "reverted",

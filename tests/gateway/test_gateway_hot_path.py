@@ -157,18 +157,30 @@ def test_it_records_a_steady_call_in_few_statements(gateway_url, upstream, alice
     # INSERT, which PostgreSQL runs as one statement outside a transaction. The thread's row
     # is brought up to date in the reply's append (its transaction; on PostgreSQL its one
     # statement): one commit per recorded append, none of the thread's own. Once the
-    # response is sent, the call's row and its session's call counters (one transaction), off
-    # the call's path (after.py); the usage push that follows reads counters: no statement.
-    assert "sessions_app_call" in statements.sql[-2], statements.sql
-    assert statements.sql[-1].startswith('UPDATE "sessions_app_session"'), statements.sql
-    on_path = statements.sql[:-2]
+    # response is sent, off the call's path (after.py): one SELECT of its thread's previous
+    # call (what its cache outcome is read against), then the call's row and its session's
+    # call counters in one transaction (one INSERT, one UPDATE); the usage push that follows
+    # reads counters: no statement. The caller-and-session look-up also says that no budget
+    # applies: none is read.
+    kinds = [sql.split()[0].upper() for sql in statements.sql]
+    row = next(
+        i
+        for i, sql in enumerate(statements.sql)
+        if sql.startswith('INSERT INTO "sessions_app_call"')
+    )
+    assert len(statements.sql) == row + 2, statements.sql
+    assert statements.sql[row + 1].startswith('UPDATE "sessions_app_session"'), statements.sql
+    previous = row - 1
     if connection.vendor == "sqlite":
-        assert on_path[-1].startswith("BEGIN"), statements.sql
-        on_path = on_path[:-1]
-    kinds = [sql.split()[0].upper() for sql in on_path]
+        assert kinds[previous] == "BEGIN", statements.sql
+        previous -= 1
+    assert '"prefix"' in statements.sql[previous] and kinds[previous] == "SELECT", statements.sql
+    assert not any("sessions_app_budget" in sql and "EXISTS" not in sql for sql in statements.sql)
+    kinds = kinds[:previous]
+    statements.sql[:] = statements.sql[:previous]
     if connection.vendor == "postgresql":
         assert kinds == ["SELECT", "SELECT", "WITH", "WITH"], statements.sql
-        assert "sessions_app_thread" in on_path[-1], statements.sql
+        assert "sessions_app_thread" in statements.sql[-1], statements.sql
     else:
         # SQLite's transactions start with a statement (BEGIN IMMEDIATE); their commits do
         # not run one. The thread's UPDATE is inside the reply's transaction.
@@ -179,7 +191,7 @@ def test_it_records_a_steady_call_in_few_statements(gateway_url, upstream, alice
             *("BEGIN", "UPDATE", "UPDATE", "INSERT"),
         ]
         assert kinds == expected, statements.sql
-        assert "sessions_app_thread" in on_path[-2], statements.sql
+        assert "sessions_app_thread" in statements.sql[-2], statements.sql
 
 
 @pytest.mark.django_db(transaction=True)

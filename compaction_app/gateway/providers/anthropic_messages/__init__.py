@@ -35,6 +35,7 @@ from compaction_app.gateway.messages import (
     require_str,
     text_and_json,
 )
+from compaction_app.gateway.providers.anthropic_messages.cache import cache_rules as cache_rules
 from compaction_app.gateway.providers.anthropic_messages.shape import render_fitted as render_fitted
 from sessions_app.storable import provider_loads
 
@@ -61,10 +62,70 @@ def complete_url(base: str, *, model: str, stream: bool, params: Mapping[str, st
 def usage(raw: Any) -> dict[str, int | None]:
     """`input_tokens` counts only what came after the last cache breakpoint, so the prompt is
     input + cache writes + cache reads. The write's 5-minute / 1-hour split is in
-    `cache_creation` when the API gives it."""
-    number = usage_figures.number
+    `cache_creation` when the API gives it; the thinking part of the output in
+    `output_tokens_details.thinking_tokens`.
+
+    Server-side compaction (the `compact_20260112` edit) samples twice in one request: its
+    `compaction` entries in `usage.iterations` are billed, and are not in the top-level
+    figures (the API says so of them), so they are added here. `message` entries are the
+    top-level figures' own parts and are not added again."""
     if not isinstance(raw, dict) or not raw:
         return usage_figures.fields(prompt=None, completion=None, total=None)
+    prompt, completion, read, write, write_1h = _figures(raw)
+    details = raw.get("output_tokens_details")
+    reasoning = usage_figures.number(details, "thinking_tokens")
+    iterations = raw.get("iterations")
+    if isinstance(iterations, list):
+        for entry in iterations:
+            if not isinstance(entry, dict) or entry.get("type") != "compaction":
+                continue
+            more = _figures(entry)
+            prompt += more[0]
+            completion += more[1]
+            read = _plus(read, more[2])
+            write = _plus(write, more[3])
+            write_1h = _plus(write_1h, more[4])
+    return usage_figures.fields(
+        prompt=prompt,
+        completion=completion,
+        total=prompt + completion,
+        cached=read,
+        write=write,
+        write_1h=min(write_1h, write) if write_1h is not None and write is not None else None,
+        reasoning=min(reasoning, completion) if reasoning is not None else None,
+    )
+
+
+def usage_parts(raw: Any) -> tuple[dict[str, int | None], ...]:
+    """The compaction iterations `usage` adds (see `usage`), each as its own figures: the
+    provider samples them as requests of their own, so each is priced alone."""
+    iterations = raw.get("iterations") if isinstance(raw, dict) else None
+    if not isinstance(iterations, list):
+        return ()
+    parts = []
+    for entry in iterations:
+        if isinstance(entry, dict) and entry.get("type") == "compaction":
+            prompt, completion, read, write, write_1h = _figures(entry)
+            parts.append(
+                usage_figures.fields(
+                    prompt=prompt,
+                    completion=completion,
+                    total=prompt + completion,
+                    cached=read,
+                    write=write,
+                    write_1h=write_1h,
+                )
+            )
+    return tuple(parts)
+
+
+def _plus(total: int | None, more: int | None) -> int | None:
+    return total if more is None else (total or 0) + more
+
+
+def _figures(raw: dict[str, Any]) -> tuple[int, int, int | None, int | None, int | None]:
+    """(prompt, completion, cache reads, cache writes, one-hour writes) of one usage object."""
+    number = usage_figures.number
     read = number(raw, "cache_read_input_tokens")
     write = number(raw, "cache_creation_input_tokens")
     creation = raw.get("cache_creation")
@@ -73,15 +134,7 @@ def usage(raw: Any) -> dict[str, int | None]:
         parts = [number(creation, key) for key in creation]
         write = sum(part for part in parts if part is not None) or None
     prompt = (number(raw, "input_tokens") or 0) + (write or 0) + (read or 0)
-    completion = number(raw, "output_tokens") or 0
-    return usage_figures.fields(
-        prompt=prompt,
-        completion=completion,
-        total=prompt + completion,
-        cached=read,
-        write=write,
-        write_1h=min(write_1h, write) if write_1h is not None and write is not None else None,
-    )
+    return prompt, number(raw, "output_tokens") or 0, read, write, write_1h
 
 
 def with_model(body: dict[str, Any], model: str) -> dict[str, Any]:
@@ -230,7 +283,7 @@ def reply_from_response(payload: Any, *, model: str) -> Reply | None:
         message = to_client_message({"role": "assistant", "content": payload["content"]})
     except GatewayInputError:
         return None
-    return wire.reply_of(message, payload, model=model, usage_fields=usage)
+    return wire.reply_of(message, payload, model=model, usage_fields=usage, usage_parts=usage_parts)
 
 
 _ERROR_TYPES = {

@@ -41,6 +41,7 @@ from compaction_app.gateway.messages import (
     Reply,
     canonical_json,
 )
+from compaction_app.gateway.providers.gemini.cache import cache_rules as cache_rules
 from compaction_app.gateway.providers.gemini.shape import (
     SIGNATURE,
     call_ids,
@@ -319,12 +320,17 @@ def _model_message(parts: list[dict[str, Any]], ids: list[str]) -> ClientMessage
 
 def usage(raw: Any) -> dict[str, int | None]:
     """`usageMetadata`: `promptTokenCount` is the whole prompt, `cachedContentTokenCount`
-    (served from the cache) included; the model's output is `candidatesTokenCount` plus
+    (served from the cache) included, `toolUsePromptTokenCount` beside it; the model's output is `candidatesTokenCount` plus
     `thoughtsTokenCount` (thinking is billed as output, and reported apart from it)."""
     number = usage_figures.number
     if not isinstance(raw, dict) or not raw:
         return usage_figures.fields(prompt=None, completion=None, total=None)
     prompt = number(raw, "promptTokenCount")
+    # The tool-use prompt (what the model read back from its own tool calls) is reported
+    # beside the prompt and billed as input.
+    tool_use = number(raw, "toolUsePromptTokenCount")
+    if tool_use:
+        prompt = (prompt or 0) + tool_use
     candidates = number(raw, "candidatesTokenCount")
     thoughts = number(raw, "thoughtsTokenCount")
     completion = (
@@ -338,6 +344,7 @@ def usage(raw: Any) -> dict[str, int | None]:
         completion=completion,
         total=total,
         cached=number(raw, "cachedContentTokenCount"),
+        reasoning=thoughts,
     )
 
 
@@ -378,6 +385,7 @@ def reply_from_response(payload: Any, *, model: str) -> Reply | None:
         message=message,
         model=str(payload.get("modelVersion") or model),
         raw_usage=raw,
+        priced_apart=(),
         **usage(raw),
     )
 

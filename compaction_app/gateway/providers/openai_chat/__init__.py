@@ -24,6 +24,7 @@ from compaction_app.gateway.messages import (
     require_str,
     text_and_json,
 )
+from compaction_app.gateway.providers.openai_chat.cache import cache_rules as cache_rules
 from compaction_app.gateway.providers.openai_chat.shape import render_fitted as render_fitted
 
 NAME = "openai"
@@ -49,14 +50,19 @@ def complete_url(base: str, *, model: str, stream: bool, params: Mapping[str, st
 def usage(raw: Any) -> dict[str, int | None]:
     """`prompt_tokens` includes `prompt_tokens_details.cached_tokens` (OpenAI caches prefixes
     itself and bills no writes). Streamed, this is the final chunk's usage, present when the
-    client asked for `stream_options.include_usage`."""
+    client asked for `stream_options.include_usage`. `completion_tokens` includes
+    `completion_tokens_details.reasoning_tokens` (an o-series or gpt-5 model's reasoning)."""
+    details = raw if isinstance(raw, dict) else {}
     return usage_figures.fields(
         prompt=usage_figures.number(raw, "prompt_tokens"),
         completion=usage_figures.number(raw, "completion_tokens"),
         total=usage_figures.number(raw, "total_tokens"),
-        cached=usage_figures.number((raw or {}).get("prompt_tokens_details"), "cached_tokens")
+        cached=usage_figures.number(details.get("prompt_tokens_details"), "cached_tokens")
         if isinstance(raw, dict)
         else None,
+        reasoning=usage_figures.number(
+            details.get("completion_tokens_details"), "reasoning_tokens"
+        ),
     )
 
 
@@ -210,7 +216,7 @@ def reply_from_response(payload: Any, *, model: str) -> Reply | None:
 
 
 def _reply(message: ClientMessage, model: str, raw: dict[str, Any]) -> Reply:
-    return Reply(message=message, model=model, raw_usage=raw, **usage(raw))
+    return Reply(message=message, model=model, raw_usage=raw, priced_apart=(), **usage(raw))
 
 
 def error_body(
@@ -221,7 +227,13 @@ def error_body(
     param: str | None = None,
     **extra: Any,
 ) -> dict[str, Any]:
-    kind = {401: "authentication_error", 404: "not_found_error", 413: "invalid_request_error"}
+    # 429: the gateway's own is a spent budget, OpenAI's `insufficient_quota`.
+    kind = {
+        401: "authentication_error",
+        404: "not_found_error",
+        413: "invalid_request_error",
+        429: "insufficient_quota",
+    }
     return {
         "error": {
             "message": message,

@@ -38,6 +38,7 @@ from compaction_app.gateway.messages import (
     require_str,
 )
 from compaction_app.gateway.providers import openai_chat as chat
+from compaction_app.gateway.providers.openai_chat.cache import cache_rules as cache_rules
 from compaction_app.gateway.providers.openai_responses.shape import (
     INSTRUCTIONS_UNIT,
     TURN_UNIT,
@@ -82,14 +83,17 @@ def complete_url(base: str, *, model: str, stream: bool, params: Mapping[str, st
 
 
 def usage(raw: Any) -> dict[str, int | None]:
-    """`input_tokens` includes `input_tokens_details.cached_tokens`."""
+    """`input_tokens` includes `input_tokens_details.cached_tokens`; `output_tokens`
+    includes `output_tokens_details.reasoning_tokens`."""
+    details = raw if isinstance(raw, dict) else {}
     return usage_figures.fields(
         prompt=usage_figures.number(raw, "input_tokens"),
         completion=usage_figures.number(raw, "output_tokens"),
         total=usage_figures.number(raw, "total_tokens"),
-        cached=usage_figures.number((raw or {}).get("input_tokens_details"), "cached_tokens")
+        cached=usage_figures.number(details.get("input_tokens_details"), "cached_tokens")
         if isinstance(raw, dict)
         else None,
+        reasoning=usage_figures.number(details.get("output_tokens_details"), "reasoning_tokens"),
     )
 
 
