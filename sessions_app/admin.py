@@ -91,7 +91,7 @@ class SessionAdmin(admin.ModelAdmin):
 
     @admin.display(description="bill (all threads)")
     def bill(self, obj: Session) -> str:
-        bill = scope.bill_figures(session=obj, with_calls=False)
+        bill = scope.bill_figures(session=obj)
         text = (
             f"{bill.prompt_tokens:,} prompt + {bill.completion_tokens:,} completion = "
             f"{bill.total_tokens:,} tokens · {usd_text(bill.cost_usd)}"

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.db import transaction
 from django.db.models import Count, F, OuterRef, Q, QuerySet, Subquery, Sum, Value
 from django.db.models.functions import Coalesce
 
@@ -177,9 +178,7 @@ def call_record(
         if cost is not None:
             kinds = breakdown.document()
         usage_status = usage_status or "reported"
-    # One INSERT, atomic by itself (on SQLite a transaction around it would take the write
-    # lock one statement earlier).
-    call = Call.objects.create(
+    fields: dict[str, Any] = dict(
         session_id=session_id,
         owner_id=owner_id,
         session_key=_bounded(session_key, 200),
@@ -222,6 +221,16 @@ def call_record(
         fit=fit or {},
         request_map=request_map or {},
     )
+    if session_id is None:
+        # No session to count it in: one INSERT, atomic by itself.
+        call = Call.objects.create(**fields)
+    else:
+        # The row and its session's call counters together (sessions_app.scope reads them,
+        # so a usage push costs no query): off the call's path, after its response.
+        counter = "failed_calls" if status in ERROR_STATUSES else "answered_calls"
+        with transaction.atomic():
+            call = Call.objects.create(**fields)
+            Session.objects.filter(pk=session_id).update(**{counter: F(counter) + 1})
     # A call saved after its 15-minute window was rolled up (a long stream): that window is
     # computed again on its next read.
     call_rollup.invalidate_late(started_at=started_at)
@@ -233,9 +242,20 @@ def calls_attach(*, owner_id: Any, session_key: str, session_id: uuid.UUID) -> i
     existed) join the session that key has now created; how many."""
     if not session_key:
         return 0
-    return Call.objects.filter(
+    waiting = Call.objects.filter(
         owner_id=owner_id, session__isnull=True, session_key=session_key[:200]
-    ).update(session_id=session_id)
+    )
+    counts = waiting.aggregate(
+        calls=Count("id"), failed=Count("id", filter=Q(status__in=ERROR_STATUSES))
+    )
+    moved = waiting.update(session_id=session_id)
+    if moved:
+        failed = counts["failed"] or 0
+        Session.objects.filter(pk=session_id).update(
+            answered_calls=F("answered_calls") + max((counts["calls"] or 0) - failed, 0),
+            failed_calls=F("failed_calls") + failed,
+        )
+    return moved
 
 
 # --- reads ---------------------------------------------------------------------------------------

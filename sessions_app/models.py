@@ -90,6 +90,10 @@ class Session(models.Model):
     saved_nano_usd = models.PositiveBigIntegerField(default=0)
     unpriced_calls = models.PositiveIntegerField(default=0)
     unpriced_model = models.CharField(max_length=200, blank=True, default="")
+    # Gateway calls (sessions_app.calls.call_record): those the provider answered (the bill
+    # counts each, retries included) and those it did not (refused, failed: billed nothing).
+    answered_calls = models.PositiveIntegerField(default=0)
+    failed_calls = models.PositiveIntegerField(default=0)
     # What the session's compactions saved (or cost, when negative), measured on the gateway
     # calls after each of them (compaction_app.economics), in nanodollars.
     compaction_net_nano_usd = models.BigIntegerField(default=0)

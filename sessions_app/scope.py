@@ -4,9 +4,9 @@ every surface reads (REST `/usage`, `USAGE_UPDATED`, the dashboard, MCP, the adm
 * **Context figures** (what the model sees: `contextTokens`, `contextLimit`, `percentUsed`,
   `nearLimit`, `atLimit`, and the schedule derived from them) are per *thread*, the main
   thread by default (`?thread=` picks another). A session with one writer (no gateway
-  threads, or one) has one conversation: its context is the ledger's active context. With
-  several writers the ledger interleaves them, so a thread's context is what its last call
-  forwarded (its compactions update it too).
+  threads, or one, or none answered yet) has one conversation: its context is the ledger's
+  active context. With several writers the ledger interleaves them, so a thread's context is
+  what its last call forwarded (a compaction of it shows from its next call).
 * **Bill figures** (provider-reported tokens, cost, cache reads and writes, calls) are per
   *session*, across every thread, and count every call the provider answered, retries
   included (a provider bills each one, even when the ledger already held the reply). Calls the
@@ -26,12 +26,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.core.cache import cache
-from django.db.models import Count, Q
 
 from sessions_app import pricing
 from sessions_app.context_window import WindowLevel
 from sessions_app.errors import NotFound
-from sessions_app.models import ERROR_STATUSES, Call, Session, Thread
+from sessions_app.models import Session, Thread
 from sessions_app.session_settings import SessionSettings
 from sessions_app.threads import session_threads
 
@@ -124,6 +123,10 @@ def context_figures(
     def figures(key: str, tokens: int) -> ContextFigures:
         return ContextFigures(thread=key, level=session.window_level(tokens))
 
+    if thread is None and not session.last_serving_model:
+        # No gateway call was ever answered: no writer's conversation to pick, the ledger is
+        # the context (and the many REST sessions' usage costs no look-up).
+        return figures("", session.context_tokens)
     if threads is None and thread is None:
         hint = _threads_hint(session)
         if hint == "":
@@ -227,19 +230,8 @@ def unpriced_text(count: int) -> str:
     return f"{count:,} call{'s' if count != 1 else ''} with no price"
 
 
-def call_counts(*, session: Session) -> tuple[int, int]:
-    """(calls the provider answered, calls it did not) of the session's gateway calls."""
-    counts = Call.objects.filter(session=session).aggregate(
-        calls=Count("id"), failed=Count("id", filter=Q(status__in=ERROR_STATUSES))
-    )
-    failed = counts["failed"] or 0
-    return (counts["calls"] or 0) - failed, failed
-
-
-def bill_figures(*, session: Session, with_calls: bool = True) -> BillFigures:
-    """The session's bill from its counters (O(1)); `with_calls` adds the gateway's call
-    counts (one indexed aggregate)."""
-    calls, failed = call_counts(session=session) if with_calls else (0, 0)
+def bill_figures(*, session: Session) -> BillFigures:
+    """The session's bill from its counters (O(1), no query)."""
     return BillFigures(
         prompt_tokens=session.reported_prompt_tokens,
         completion_tokens=session.reported_completion_tokens,
@@ -252,8 +244,8 @@ def bill_figures(*, session: Session, with_calls: bool = True) -> BillFigures:
         unpriced_model=session.unpriced_model,
         saved_tokens=session.saved_tokens,
         saved_nano_usd=session.saved_nano_usd,
-        calls=calls,
-        failed_calls=failed,
+        calls=session.answered_calls,
+        failed_calls=session.failed_calls,
         compaction_net_nano_usd=session.compaction_net_nano_usd,
         estimated_calls=session.estimated_calls,
         estimated_cost_nano_usd=session.estimated_cost_nano_usd,

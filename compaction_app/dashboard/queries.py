@@ -223,7 +223,7 @@ def session_row(
     return SessionRow(
         session=session,
         context=scope.context_figures(session=session, threads=threads),
-        bill=bill if bill is not None else scope.bill_figures(session=session, with_calls=False),
+        bill=bill if bill is not None else scope.bill_figures(session=session),
         active_run=active_run,
         last_compaction=session.last_compaction,
         title=display_title(session=session),
@@ -295,7 +295,7 @@ def _with_usage(queryset: QuerySet[Session]) -> QuerySet[Session]:
         .values("context_tokens")[:1]
     )
     context = Case(
-        When(thread_count__gte=2, then=main_context),
+        When(Q(thread_count__gte=2) & ~Q(last_serving_model=""), then=main_context),
         When(active_event_count=0, then=Value(0)),
         default=F("active_tokens") + REPLY_PRIMER,
     )

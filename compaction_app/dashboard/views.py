@@ -120,6 +120,7 @@ def get_started_context(request: HtmxHttpRequest) -> dict[str, Any]:
         "api_token": queries.api_token_of(user=request.user),
         "gateway_openai": request.build_absolute_uri("/gateway/openai/v1"),
         "gateway_anthropic": request.build_absolute_uri("/gateway/anthropic"),
+        "gateway_gemini": request.build_absolute_uri("/gateway/gemini"),
         "api_root": request.build_absolute_uri("/api/v1/"),
     }
 

@@ -6,7 +6,7 @@ import uuid
 from typing import Any
 
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import extend_schema_field
+from drf_spectacular.utils import extend_schema_field, inline_serializer
 from rest_framework import serializers
 
 from sessions_app import pricing
@@ -330,7 +330,37 @@ class UsageSerializer(serializers.Serializer):
     lastProviderPromptTokens = serializers.IntegerField(allow_null=True)
     countDriftPercent = serializers.FloatField(allow_null=True)
     thread = serializers.CharField(
-        required=False, help_text="The thread these figures are for (gateway sessions only)."
+        required=False,
+        help_text="The thread the context figures are for (gateway sessions only; the main "
+        "thread unless ?thread= names another).",
+    )
+    scope = inline_serializer(
+        "UsageScope",
+        {
+            "context": serializers.CharField(help_text='"thread": the context figures\' scope.'),
+            "thread": serializers.CharField(
+                allow_blank=True, help_text='Their thread ("": the whole ledger).'
+            ),
+            "bill": serializers.CharField(help_text='"session": every thread, every call.'),
+        },
+    )
+    calls = serializers.IntegerField(
+        help_text="Gateway calls the provider answered (retries included): the bill counts each."
+    )
+    failedCalls = serializers.IntegerField(
+        help_text="Gateway calls the provider did not answer (refused, failed): billed nothing."
+    )
+    threadBill = inline_serializer(
+        "ThreadBill",
+        {
+            "thread": serializers.CharField(),
+            "calls": serializers.IntegerField(),
+            "promptTokens": serializers.IntegerField(),
+            "completionTokens": serializers.IntegerField(),
+            "totalTokens": serializers.IntegerField(),
+        },
+        required=False,
+        help_text="With ?thread=: that thread's share of the session's bill.",
     )
     cachedInputTokens = serializers.IntegerField(
         help_text="Provider-reported cache reads, summed (part of totalPromptTokens)."
@@ -343,16 +373,21 @@ class UsageSerializer(serializers.Serializer):
         help_text="cachedInputTokens ÷ totalPromptTokens (0–1); null before any reported call.",
     )
     costUsd = serializers.FloatField(
-        allow_null=True,
         help_text="Every reported call priced with genai-prices (cache reads and writes at "
-        "their own rates); null when a call's model has no price (see costUnknownReason).",
+        "their own rates): the known sum; calls whose model has no price add nothing "
+        "(unpricedCalls counts them)."
     )
-    costUnknownReason = serializers.CharField(allow_null=True)
+    unpricedCalls = serializers.IntegerField(
+        help_text="Calls whose model has no price: what costUsd leaves out."
+    )
+    costUnknownReason = serializers.CharField(
+        allow_null=True, help_text='"1 call with no price (…)" when unpricedCalls > 0.'
+    )
     savedTokens = serializers.IntegerField(
         help_text="Per forwarded call, the client's request minus what the gateway forwarded."
     )
     savedUsd = serializers.FloatField(
-        allow_null=True, help_text="savedTokens priced at each call's uncached input rate."
+        help_text="savedTokens priced at each call's uncached input rate."
     )
     compactionNetUsd = serializers.FloatField(
         help_text="What the session's compactions saved (negative: cost), measured on the "

@@ -33,6 +33,32 @@
       panel.scrollIntoView({ block: "start" });
     }
   });
+  // A staff form (Compact now, Revert) may be replaced by the run's own websocket push before
+  // its answer arrives, and so may the #notice its answer goes to. htmx looks for the
+  // answer's out-of-band parts (#controls, #history, …) from the element that asked: once
+  // that is out of the page, none would be found. Such an answer is swapped from the
+  // document instead, so every part finds its place.
+  function fromTheDocument(event) {
+    var detail = event.detail || {};
+    var asked = detail.requestConfig && detail.requestConfig.elt;
+    var target = detail.target;
+    if (!detail.shouldSwap || !asked || !target || !target.id) return;
+    if (asked.isConnected && target.isConnected) return;
+    detail.shouldSwap = false;
+    window.htmx.swap("#" + CSS.escape(target.id), detail.serverResponse, { swapStyle: "outerHTML" });
+  }
+  // An event on an element no longer in the page does not reach the document: the answer's
+  // target (#notice) gets the listener too, while it is in the page (htmx:confirm comes
+  // first of all, before hx-confirm's dialog, during which a push may already land).
+  document.addEventListener("htmx:beforeSwap", fromTheDocument);
+  document.addEventListener("htmx:confirm", function (event) {
+    var asked = event.target;
+    var notice = document.getElementById("notice");
+    if (notice && asked && asked.closest && asked.closest("#controls, #history")) {
+      notice.removeEventListener("htmx:beforeSwap", fromTheDocument);
+      notice.addEventListener("htmx:beforeSwap", fromTheDocument);
+    }
+  });
   window.addEventListener("hashchange", fromHash);
   if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", fromHash);
   else fromHash();

@@ -42,6 +42,12 @@ window.__frames = [];
 window.__wsOpen = false;
 document.addEventListener('htmx:wsOpen', () => { window.__wsOpen = true; });
 document.addEventListener('htmx:wsAfterMessage', (e) => { window.__frames.push(e.detail.message); });
+// An out-of-band swap whose target is not on the page (htmx logs it as an error).
+window.__oobMisses = [];
+document.addEventListener('htmx:oobErrorNoTarget', (e) => {
+    const c = e.detail && e.detail.content;
+    window.__oobMisses.push(c && c.id ? '#' + c.id : String(c));
+});
 """
 
 
@@ -241,6 +247,8 @@ def test_it_previews_runs_and_reverts_a_compaction_live_as_staff(
     shot(page, "session-page-reverted.png")
     assert dialogs.alerts == []
     assert [kind for kind, _ in dialogs.seen] == ["confirm"]
+    # Every fragment the compaction and the revert pushed found its place on the page.
+    assert page.evaluate("window.__oobMisses") == []
     page.context.close()
 
 

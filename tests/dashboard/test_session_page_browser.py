@@ -265,6 +265,12 @@ def test_it_shows_a_new_user_how_to_start(worker, alice, live_url, browser, widt
     panel = page.locator("#get-started")
     assert panel.is_visible()
     assert f"{live_url}/gateway/openai/v1" in panel.inner_text()
+    # Every wire has its base URL there: Gemini's (SDK and CLI) too.
+    assert f"{live_url}/gateway/anthropic" in panel.inner_text()
+    assert (
+        f'"base_url": "{live_url}/gateway/gemini"' in page.locator("#gemini-base-url").inner_text()
+    )
+    assert f"GOOGLE_GEMINI_BASE_URL={live_url}/gateway/gemini" in panel.inner_text()
     # The token is shown as it is (no "show" to click before a curl line that prints it).
     assert page.locator("#api-token").is_visible()
     assert page.locator("#api-token").inner_text() == token

@@ -8,6 +8,7 @@ import re
 
 import pytest
 from rest_framework.authtoken.models import Token
+from rest_framework.test import APIClient
 
 from compaction_app.dashboard import queries
 from compaction_app.models import CompactionRun, RunningSummary
@@ -69,12 +70,24 @@ def test_it_shows_the_summarys_token_count_the_same_everywhere(alice, long_sessi
         .order_by("-created_at")
         .first()
     )
-    count = run.summary_tokens
+    # One number: what the summary costs in the context, its COMPACTION event's count, on the
+    # summary card, on the timeline's summary entry and as GET /summary's messageTokenCount.
+    count = run.compaction_event.token_count
     card = re.search(r'<span class="summary-tokens">([\d,]+)</span>', html).group(1)
     assert card == f"{count:,}"
-    # The summary's own size: the COMPACTION event's count adds the message framing.
-    assert RunningSummary.objects.get(session=long_session).token_count == count
-    assert run.compaction_event.token_count > count
+    entry = re.search(
+        rf'<li id="event-{run.compaction_event.seq}".*?<span class="tokens">([\d,]+) tok</span>',
+        html,
+        re.S,
+    )
+    assert entry is not None and entry.group(1) == f"{count:,}"
+    api = APIClient()
+    api.force_authenticate(alice)
+    summary = api.get(f"/api/v1/sessions/{long_session.pk}/summary").json()
+    assert summary["messageTokenCount"] == count
+    # tokenCount is the text alone (what maxSummaryTokens bounds): the framing is the rest.
+    assert RunningSummary.objects.get(session=long_session).token_count == run.summary_tokens
+    assert summary["tokenCount"] == run.summary_tokens < count
 
 
 def test_it_renders_the_latest_window_and_loads_earlier_events_on_demand(alice, long_session):

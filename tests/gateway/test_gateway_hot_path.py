@@ -158,23 +158,26 @@ def test_it_records_a_steady_call_in_few_statements(gateway_url, upstream, alice
     # is brought up to date in the reply's append (its transaction; on PostgreSQL its one
     # statement): one commit per recorded append, none of the thread's own. Once the
     # response is sent, off the call's path (after.py): one SELECT of its thread's previous
-    # call (what its cache outcome is read against), the call's row (one INSERT), then the
-    # usage push, which counts the session's calls. The caller-and-session look-up also says
-    # that no budget applies: none is read.
+    # call (what its cache outcome is read against), then the call's row and its session's
+    # call counters in one transaction (one INSERT, one UPDATE); the usage push that follows
+    # reads counters: no statement. The caller-and-session look-up also says that no budget
+    # applies: none is read.
     kinds = [sql.split()[0].upper() for sql in statements.sql]
     row = next(
         i
         for i, sql in enumerate(statements.sql)
         if sql.startswith('INSERT INTO "sessions_app_call"')
     )
-    assert '"prefix"' in statements.sql[row - 1] and kinds[row - 1] == "SELECT", statements.sql
-    assert all(
-        kind == "SELECT" and "sessions_app_call" in sql
-        for kind, sql in zip(kinds[row + 1 :], statements.sql[row + 1 :], strict=True)
-    ), statements.sql
+    assert len(statements.sql) == row + 2, statements.sql
+    assert statements.sql[row + 1].startswith('UPDATE "sessions_app_session"'), statements.sql
+    previous = row - 1
+    if connection.vendor == "sqlite":
+        assert kinds[previous] == "BEGIN", statements.sql
+        previous -= 1
+    assert '"prefix"' in statements.sql[previous] and kinds[previous] == "SELECT", statements.sql
     assert not any("sessions_app_budget" in sql and "EXISTS" not in sql for sql in statements.sql)
-    kinds = kinds[: row - 1]
-    statements.sql[:] = statements.sql[: row - 1]
+    kinds = kinds[:previous]
+    statements.sql[:] = statements.sql[:previous]
     if connection.vendor == "postgresql":
         assert kinds == ["SELECT", "SELECT", "WITH", "WITH"], statements.sql
         assert "sessions_app_thread" in statements.sql[-1], statements.sql

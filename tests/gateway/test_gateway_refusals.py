@@ -188,3 +188,27 @@ def test_it_refuses_forwarded_headers_with_control_characters_before_recording(
     assert "control character" in error["message"] and "\x7f" not in error["message"]
     assert upstream.requests == []
     _nothing_recorded()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_names_the_sessions_limit_as_the_sessions_not_the_models_window(
+    gateway_url, upstream, alice
+):
+    """A session limited to 2,000 tokens: a 6,000-token message is refused naming the limit as
+    the session's, beside the model's own window (never "the context window of gpt-4o is
+    2000")."""
+    import openai
+
+    from sessions_app.services import session_create
+
+    session = session_create(owner=alice, model="gpt-4o", context_limit=2000)
+    client = openai_client(gateway_url, key=token_for(alice), session=str(session.pk))
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(
+            model="gpt-4o", messages=[{"role": "user", "content": "word " * 6000}]
+        )
+    message = refused.value.body["message"]  # type: ignore[index]
+    assert refused.value.code == "context_length_exceeded"
+    assert "2,000 tokens (the session's contextLimit; gpt-4o's own window is 128,000)" in message
+    assert "context window of gpt-4o is 2000" not in message
+    assert upstream.requests == []

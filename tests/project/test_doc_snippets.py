@@ -8,20 +8,21 @@ How a block runs:
   Variables a block sets carry over to the file's next shell blocks (the walk-through's
   `$T`, `$B`, `$S`).
 - ```python blocks run each in a fresh interpreter of this environment.
-- The placeholders people replace by hand are replaced here: the server address
-  `http://127.0.0.1:8000` by the live server's, and the token placeholders (`<ledger token>`,
-  `<the token serve printed>`, `<token printed by serve>`, `<your API token>`) by a real API
-  token. The environment also holds LEDGER (the server's address), TOKEN, and the provider
-  keys the SDK examples say to export (OPENAI_API_KEY, ANTHROPIC_API_KEY, GEMINI_API_KEY:
-  the stand-in accepts anything).
+- The blocks find the server in `$LEDGER` (`os.environ.get("LEDGER", …)` in Python), as the
+  README tells people to set it: here the live server's address, on a port the test chose
+  (nothing is rewritten in the code; a block that names a port of its own fails). The token
+  placeholders people replace by hand (`<ledger token>`, `<the token serve printed>`, `<token
+  printed by serve>`, `<your API token>`) are replaced by a real API token. The environment
+  also holds TOKEN and the provider keys the SDK examples say to export (OPENAI_API_KEY,
+  ANTHROPIC_API_KEY, GEMINI_API_KEY: the stand-in accepts anything).
 - SNIPPETS_SHOW=1 prints every block's output (to keep the docs' "→ …" comments true).
 - A block can opt out with `<!-- snippet: skip (reason) -->` on the line before its fence;
   the reason is required.
 - A block marked `<!-- snippet: own-server (reason) -->` starts servers of its own (the
   README's first-five-minutes block: the stand-in and `manage.py serve` in the background). It
   runs as written from the checkout (its `.venv/bin/python`, `manage.py`), in a process group
-  of its own, with its own VAR_DIR; its ports 8000 and 9100 become free ports (other servers
-  on the machine may hold those), and nothing else is replaced. Once it returns, the session
+  of its own, with its own VAR_DIR and free ports in `$PORT` and `$STANDIN_PORT` (other
+  servers on the machine may hold 8000 and 9100), and nothing is replaced. Once it returns, the session
   it printed must compact within OWN_SERVER_COMPACTS seconds; then its process group (the
   servers it left running, and no other process) is stopped.
 """
@@ -60,7 +61,11 @@ TOKEN_PLACEHOLDERS = (
     "<token printed by serve>",
     "<your API token>",
 )
-SERVER = "http://127.0.0.1:8000"
+# A port written into a runnable line (not a comment, not the `$LEDGER` / `$PORT` fallback).
+HARD_CODED_PORT = re.compile(r"127\.0\.0\.1:(?!\$\{)\d+")
+DEFAULT_FALLBACK = re.compile(
+    r'os\.environ\.get\("LEDGER", "http://127\.0\.0\.1:8000"\)|\$\{LEDGER:-http://127\.0\.0\.1:8000\}'
+)
 BLOCK_TIMEOUT = 45
 SHELL_PRELUDE = """set -eo pipefail
 curl() { command curl --fail-with-body "$@"; }
@@ -143,15 +148,14 @@ def server():
             yield live
 
 
-def _substitute(code: str, *, base_url: str, token: str) -> str:
-    code = code.replace(SERVER, base_url)
+def _substitute(code: str, *, token: str) -> str:
     for placeholder in TOKEN_PLACEHOLDERS:
         code = code.replace(placeholder, token)
     return code
 
 
 def _run(block: Block, *, env: dict[str, str], workdir: Path, state: Path) -> None:
-    code = _substitute(block.code, base_url=env["LEDGER"], token=env["TOKEN"])
+    code = _substitute(block.code, token=env["TOKEN"])
     if block.kind == "shell":
         command = ["bash", "-c", SHELL_PRELUDE + code + SHELL_EPILOGUE]
     else:
@@ -178,6 +182,21 @@ def _run(block: Block, *, env: dict[str, str], workdir: Path, state: Path) -> No
         )
 
 
+def test_it_names_no_port_in_a_runnable_block():
+    """Every walk-through reads the server's address from `$LEDGER` (and the own-server block
+    its ports from `$PORT` / `$STANDIN_PORT`), so it runs on whatever port the server has."""
+    written = [
+        f"{block}: {line.strip()}"
+        for path in DOC_FILES
+        for block in blocks_of(path)
+        if block.skip is None
+        for line in block.code.splitlines()
+        if not line.lstrip().startswith("#")
+        and HARD_CODED_PORT.search(DEFAULT_FALLBACK.sub("", line.split(" # ")[0]))
+    ]
+    assert written == []
+
+
 def test_it_runs_the_readmes_first_five_minutes_block_as_its_own_server():
     own = [b for b in blocks_of(ROOT / "README.md") if b.own_server]
     assert len(own) == 1 and own[0].kind == "shell" and own[0].skip is None
@@ -199,10 +218,16 @@ def _get(url: str, token: str) -> dict:
 
 
 def _run_own_server(block: Block, *, env: dict[str, str], workdir: Path) -> None:
-    code = re.sub(r"\b8000\b", str(_free_port()), block.code)
-    code = re.sub(r"\b9100\b", str(_free_port()), code)
+    code = block.code
     log = workdir / f"block_{block.line}.log"
-    own_env = {**env, "VAR_DIR": str(workdir / f"var-{block.line}"), "API_THROTTLE_RATE": "off"}
+    own_env = {
+        **env,
+        "VAR_DIR": str(workdir / f"var-{block.line}"),
+        "API_THROTTLE_RATE": "off",
+        # Where it serves and where its stand-in listens: ports the test chose.
+        "PORT": str(_free_port()),
+        "STANDIN_PORT": str(_free_port()),
+    }
     for name in ("LEDGER", "TOKEN"):  # the block makes its own
         own_env.pop(name, None)
     # A file, not a pipe: the servers it leaves running would hold a pipe open.
