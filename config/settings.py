@@ -16,7 +16,15 @@ import dj_database_url
 from csp.constants import NONCE, NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
-from config.env import env_bool, env_float, env_int, env_json, env_list, env_str
+from config.env import (
+    context_windows,
+    env_bool,
+    env_float,
+    env_int,
+    env_json,
+    env_list,
+    env_str,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("VAR_DIR", str(BASE_DIR / "var")))
@@ -389,7 +397,11 @@ MODEL_CONTEXT_OVERRIDES: dict[str, int] = {
     "gemini-2.5-pro": 1_048_576,
     "gemini-3-pro-preview": 1_048_576,
     "gemini-3.1-pro-preview": 1_048_576,
-    **env_json("MODEL_CONTEXT_OVERRIDES", {}),
+    **context_windows(
+        "MODEL_CONTEXT_OVERRIDES",
+        env_json("MODEL_CONTEXT_OVERRIDES", {}),
+        maximum=100_000_000,  # sessions_app.services.MAX_CONTEXT_LIMIT
+    ),
 }
 OPENAI_API_KEY = env_str("OPENAI_API_KEY")
 OPENAI_BASE_URL = env_str("OPENAI_BASE_URL")
@@ -425,7 +437,11 @@ LEDGER_GEMINI_UPSTREAM = env_str(
 # The window of a model the registry does not know (a local model behind Ollama or vLLM), for
 # the sessions the gateway creates; 0: none (the call is refused with `unknown_model` unless
 # it sends X-Ledger-Context-Limit). MODEL_CONTEXT_OVERRIDES names windows model by model.
-LEDGER_GATEWAY_DEFAULT_CONTEXT_LIMIT = env_int("LEDGER_GATEWAY_DEFAULT_CONTEXT_LIMIT", 0, minimum=0)
+# A window the API itself accepts (sessions_app.services.MAX_CONTEXT_LIMIT, 100,000,000): a
+# larger one started the server and then failed every unknown model's call (issue 42, row 12).
+LEDGER_GATEWAY_DEFAULT_CONTEXT_LIMIT = env_int(
+    "LEDGER_GATEWAY_DEFAULT_CONTEXT_LIMIT", 0, minimum=0, maximum=100_000_000
+)
 # The bytes of recent request bodies a server process keeps so an agent's next call reads only
 # the messages it adds (compaction_app/gateway/body.py, KnownBodies); 0 turns it off.
 LEDGER_GATEWAY_KNOWN_BODY_BYTES = env_int(
