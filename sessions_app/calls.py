@@ -16,6 +16,7 @@ from django.db.models import Count, OuterRef, Q, QuerySet, Subquery, Sum
 
 from sessions_app import pricing
 from sessions_app.models import ERROR_STATUSES, Call, CallStatus, Event, Session
+from sessions_app.storable import storable_text
 
 # Percentiles are computed over at most this many of the range's most recent calls (the
 # database engines share no percentile function); the totals cover the whole range.
@@ -23,8 +24,9 @@ PERCENTILE_SAMPLE = 20_000
 
 
 def _bounded(text: str, size: int) -> str:
-    # Stored strings hold no NUL (PostgreSQL cannot store it).
-    return text.replace("\x00", "\ufffd")[:size]
+    # Stored strings hold no NUL (PostgreSQL cannot store it) and no lone surrogate (no
+    # database encoding holds one): a refused model name's row was lost to them (issue 42).
+    return storable_text(text)[:size]
 
 
 def call_record(

@@ -18,6 +18,7 @@ import hashlib
 import io
 import json
 import logging
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -225,13 +226,41 @@ def _too_deep() -> GatewayError:
     )
 
 
+# What an HTTP header value cannot carry: control characters (a NUL made the SDK fail with
+# `illegal header line`) and lone surrogates (no encoding holds them: a 500). Model names come
+# from the client's body or path and go back in X-Ledger-Model.
+_UNFIT_FOR_HEADER = re.compile(r"[\x00-\x1f\x7f\ud800-\udfff]")
+
+
+def _check_model(model: str) -> None:
+    """Refuse a model name no response header can carry (issue 42, row 6): 400 `invalid_model`
+    in the provider's shape, before anything is recorded or forwarded (the call's row is)."""
+    found = _UNFIT_FOR_HEADER.search(model)
+    if found is not None:
+        raise GatewayError(
+            f"the model name holds {_CHARACTER_NAMES.get(found.group(), 'a character')} "
+            f"(U+{ord(found.group()):04X} at {found.start()}), which no model is named with",
+            code="invalid_model",
+            param="model",
+        )
+
+
+_CHARACTER_NAMES = {"\x00": "a NUL", "\t": "a tab", "\n": "a line break", "\r": "a line break"}
+
+
+def _header_safe(value: str) -> str:
+    """`value` as a response header can carry it: whatever was let through, never a broken
+    response (a refused model name never gets here)."""
+    return _UNFIT_FOR_HEADER.sub("?", value) if _UNFIT_FOR_HEADER.search(value) else value
+
+
 def _ledger_headers(call: Call, fitted: Fitted) -> dict[str, str]:
     return {
         "X-Ledger-Session": str(call.session.pk),
         "X-Ledger-Context-Tokens": str(fitted.token_count),
         "X-Ledger-Percent-Used": f"{fitted.percent_used:.1f}",
         "X-Ledger-Compacted": "true" if fitted.compacted else "false",
-        "X-Ledger-Model": fitted.model,
+        "X-Ledger-Model": _header_safe(fitted.model),
     }
 
 
@@ -317,6 +346,7 @@ async def _serve(
     try:
         sent = _validate(request, wire, params)
         trace.model_requested, trace.stream = sent.parsed.model, bool(sent.parsed.stream)
+        _check_model(sent.parsed.model)
         call = await _prepare(request, wire, sent, announced)
     except GatewayError as exc:
         return _refused(wire, trace, exc)

@@ -280,3 +280,94 @@ def test_it_still_passes_through_a_path_with_dots_inside_a_segment(gateway_url, 
     )
     assert answer.status_code == 200
     assert upstream.requests[-1].path == "/v1/responses/resp_a..b"
+
+
+# --- what goes into a response header (issue 42, row 6) -------------------------------------
+
+RESPONSES = "/gateway/openai/v1/responses"
+
+
+def _conversation_body(path: str, model: str) -> bytes:
+    if path == MESSAGES:
+        body: dict[str, Any] = {
+            "model": model,
+            "max_tokens": 50,
+            "messages": [{"role": "user", "content": "hello"}],
+        }
+    elif path == RESPONSES:
+        body = {"model": model, "input": "hello"}
+    else:
+        body = {"model": model, "messages": [{"role": "user", "content": "hello"}]}
+    # json.dumps writes a lone surrogate as its escape, as a client's JSON encoder would.
+    return json.dumps(body).encode()
+
+
+@pytest.mark.parametrize("bad", ["gpt\u0000-4o", "gpt\ud800-4o", "gpt\n-4o", "gpt\x7f-4o"])
+@pytest.mark.parametrize("path", [CHAT, RESPONSES, MESSAGES])
+def test_it_refuses_a_model_name_no_header_can_carry_and_records_the_call(
+    gateway_url, upstream, alice, path, bad
+):
+    """Issue 42, row 6: on an existing session, `"model": "gpt\\u0000-4o"` was forwarded and its
+    NUL went into X-Ledger-Model (the SDK failed with `illegal header line`); a lone surrogate
+    gave a 500 HTML page; neither the reply nor the call was recorded. Now: 400 invalid_model
+    in the provider's shape, nothing forwarded, the call's row stored."""
+    from sessions_app.models import Call
+
+    key = token_for(alice)
+    good = "claude-3-5-sonnet-20241022" if path == MESSAGES else "gpt-4o"
+    first = _post(gateway_url, path, _conversation_body(path, good), key=key, session="headers")
+    assert first.status_code == 200, first.text
+    forwarded = len(upstream.requests)
+    answer = _post(gateway_url, path, _conversation_body(path, bad), key=key, session="headers")
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error.get("code") == "invalid_model"
+    if path != MESSAGES:
+        assert error["param"] == "model"
+    else:
+        assert answer.json()["type"] == "error"
+    assert len(upstream.requests) == forwarded
+    session = Session.objects.get(owner=alice, client_key="headers")
+    refused = wait_until(lambda: Call.objects.filter(session=session, status="refused").first())
+    assert refused.http_status == 400 and refused.error_code == "invalid_model"
+    assert refused.model_requested.startswith("gpt") or refused.model_requested.startswith("claude")
+    # The conversation goes on.
+    again = _post(gateway_url, path, _conversation_body(path, good), key=key, session="headers")
+    assert again.status_code == 200, again.text
+
+
+@pytest.mark.parametrize("model", ["gem%00ini-2.5-pro", "gem%0Aini-2.5-pro", "gem%7Fini"])
+def test_it_refuses_a_gemini_model_in_the_path_no_header_can_carry(
+    gateway_url, upstream, alice, model
+):
+    from sessions_app.models import Call
+
+    key = token_for(alice)
+    body = json.dumps({"contents": [{"role": "user", "parts": [{"text": "hello"}]}]}).encode()
+    headers = {
+        "Content-Type": "application/json",
+        "x-goog-api-key": CANARY,
+        "X-Ledger-Key": key,
+        "X-Ledger-Session": "gemini-headers",
+    }
+    ok = httpx.post(
+        f"{gateway_url}/gateway/gemini/v1beta/models/gemini-2.5-pro:generateContent",
+        content=body,
+        headers=headers,
+        timeout=30,
+    )
+    assert ok.status_code == 200, ok.text
+    forwarded = len(upstream.requests)
+    parts = urlsplit(gateway_url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+    connection.request(
+        "POST", f"/gateway/gemini/v1beta/models/{model}:generateContent", body, headers
+    )
+    answer = connection.getresponse()
+    data = answer.read()
+    connection.close()
+    assert answer.status == 400, data
+    assert json.loads(data)["error"]["status"] == "INVALID_ARGUMENT"
+    assert len(upstream.requests) == forwarded
+    session = Session.objects.get(owner=alice, client_key="gemini-headers")
+    wait_until(lambda: Call.objects.filter(session=session, status="refused").exists())
