@@ -17,6 +17,7 @@ from django.db.models import Count, OuterRef, Q, QuerySet, Subquery, Sum
 from sessions_app import pricing
 from sessions_app.models import ERROR_STATUSES, Call, CallStatus, Event, Session
 from sessions_app.storable import storable_text
+from sessions_app.usage_bounds import bound_usage
 
 # Percentiles are computed over at most this many of the range's most recent calls (the
 # database engines share no percentile function); the totals cover the whole range.
@@ -54,10 +55,30 @@ def call_record(
     saved_tokens: int = 0,
     attempts: Sequence[dict[str, Any]] = (),
     reply_event_id: uuid.UUID | None = None,
+    usage_dropped: dict[str, str] | None = None,
 ) -> Call:
-    """Store one gateway call. Its cost is priced here, as the session's bill prices it."""
+    """Store one gateway call. Its cost is priced here, as the session's bill prices it.
+
+    Its usage figures go through the one bound (usage_bounds.bound_usage) the reply's events
+    went through: a figure past it is dropped and named in `usage_dropped`, never a bigint
+    overflow that loses the row (issue 42, row 4)."""
     if status not in CallStatus.values:
         raise ValueError(f"unknown call status {status!r}")
+    figures, dropped = bound_usage(
+        {
+            "prompt_tokens": prompt_tokens,
+            "cached_input_tokens": cached_input_tokens,
+            "cache_write_tokens": cache_write_tokens,
+            "cache_write_1h_tokens": cache_write_1h_tokens,
+            "completion_tokens": completion_tokens,
+        }
+    )
+    prompt_tokens = figures["prompt_tokens"]
+    cached_input_tokens = figures["cached_input_tokens"]
+    cache_write_tokens = figures["cache_write_tokens"]
+    cache_write_1h_tokens = figures["cache_write_1h_tokens"]
+    completion_tokens = figures["completion_tokens"]
+    dropped = {**(usage_dropped or {}), **dropped}
     cost = None
     if prompt_tokens is not None or completion_tokens is not None:
         cost = pricing.price_call(
@@ -96,6 +117,7 @@ def call_record(
         saved_tokens=max(saved_tokens, 0),
         attempts=list(attempts),
         reply_event_id=reply_event_id,
+        usage_dropped={str(k)[:40]: _bounded(str(v), 200) for k, v in list(dropped.items())[:10]},
     )
 
 
@@ -252,4 +274,5 @@ def call_document(call: Call) -> dict[str, Any]:
         "failovers": call.failovers,
         "attempts": call.attempts,
         "replySeq": getattr(call, "reply_seq", None),
+        "usageDropped": call.usage_dropped or {},
     }

@@ -300,6 +300,9 @@ class Call(models.Model):
     # Every model tried, in order: [{"model", "outcome", "httpStatus"?}]; more than one is a
     # failover.
     attempts = models.JSONField(default=list, blank=True)
+    # Usage figures the provider reported that are not in the token columns, with why
+    # (sessions_app/usage_bounds.py): {"promptTokens": "10000000000000 is out of range ..."}.
+    usage_dropped = models.JSONField(default=dict, blank=True)
     # The reply's first event (its id is derived before it is stored, so the call is written
     # without looking it up; None: no reply). Readers resolve its seq (calls.with_reply_seq).
     reply_event_id = models.UUIDField(null=True, blank=True)

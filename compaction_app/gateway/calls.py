@@ -134,4 +134,5 @@ def _save(trace: Trace) -> None:
         attempts=trace.attempts,
         # None when the reply's append failed: then no event has this id (readers check).
         reply_event_id=trace.reply_event,
+        usage_dropped=reply.usage_dropped if reply else None,
     )

@@ -25,7 +25,6 @@ from django.utils.functional import SimpleLazyObject
 from rest_framework.authtoken.models import Token
 
 from compaction_app import thread_scope
-from compaction_app.gateway import usage as usage_figures
 from compaction_app.gateway.messages import (
     ClientMessage,
     GatewayError,
@@ -445,11 +444,10 @@ def record_reply(
     if incomplete:
         meta["incomplete"] = True
     # Figures no real reply holds (past the ledger's bound, cache parts larger than the
-    # prompt) are dropped per field and noted, so the reply itself is always recorded.
-    figures, dropped = usage_figures.bounded(usage_figures.of_reply(reply))
-    if dropped:
-        reply = dataclasses.replace(reply, **cast(dict[str, Any], figures))
-        meta["usageDropped"] = dropped
+    # prompt, unreadable ones) were dropped per field when the reply was read (Reply), and
+    # are noted, so the reply itself is always recorded.
+    if reply.usage_dropped:
+        meta["usageDropped"] = dict(reply.usage_dropped)
     usage = None
     if reply.prompt_tokens is not None or reply.completion_tokens is not None:
         usage = TokenUsage(

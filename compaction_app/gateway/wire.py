@@ -97,7 +97,7 @@ def reply_of(
     payload: dict[str, Any],
     *,
     model: str,
-    usage_fields: Callable[[Any], dict[str, int | None]],
+    usage_fields: Callable[[Any], dict[str, Any]],
 ) -> Reply:
     """A non-streamed reply: `message`, the model the provider names (else the request's) and
     the payload's usage, raw and read by the format's `usage_fields`."""
@@ -206,7 +206,7 @@ class Wire(Protocol):
         model: str,
     ) -> dict[str, Any]: ...
 
-    def usage(self, raw: Any) -> dict[str, int | None]: ...
+    def usage(self, raw: Any) -> dict[str, Any]: ...
 
     def reply_from_response(self, payload: Any, *, model: str) -> Reply | None: ...
 

@@ -114,7 +114,9 @@ def test_it_refuses_a_malformed_filter(alice_api, calls, query, field):
 
 
 @pytest.mark.parametrize("size", ["501", str(2**63 - 1), "99999999999999999999999"])
-@pytest.mark.parametrize("path", ["/api/v1/calls", "/api/v1/sessions/{id}/calls", "/api/v1/sessions"])
+@pytest.mark.parametrize(
+    "path", ["/api/v1/calls", "/api/v1/sessions/{id}/calls", "/api/v1/sessions"]
+)
 def test_it_refuses_a_page_size_past_the_cap(alice_api, calls, path, size):
     """Issue 42, row 13: `pageSize` 2**63 - 1 on /calls was accepted. The cap (500) is the
     documented one: past it is a 400 naming the parameter, as any out-of-range number."""

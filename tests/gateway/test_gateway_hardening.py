@@ -187,7 +187,7 @@ def _openai_answer(usage_json: bytes) -> bytes:
         (
             b'{"prompt_tokens": 1e400, "completion_tokens": 3, "total_tokens": -1E999}',
             {"completionTokens": 3},
-            set(),
+            {"promptTokens", "totalTokens"},
         ),
     ],
 )
@@ -371,3 +371,74 @@ def test_it_refuses_a_gemini_model_in_the_path_no_header_can_carry(
     assert len(upstream.requests) == forwarded
     session = Session.objects.get(owner=alice, client_key="gemini-headers")
     wait_until(lambda: Call.objects.filter(session=session, status="refused").exists())
+
+
+# --- usage figures bounded once, for the reply's events and its call's row (issue 42, row 4) ---
+
+
+def _anthropic_answer(usage_json: bytes) -> bytes:
+    return (
+        b'{"id": "msg_x", "type": "message", "role": "assistant", "model": '
+        b'"claude-3-5-sonnet-20241022", "content": [{"type": "text", "text": "Counted."}],'
+        b' "stop_reason": "end_turn", "usage": ' + usage_json + b"}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("path", "answer", "dropped"),
+    [
+        (
+            CHAT,
+            _openai_answer(
+                b'{"prompt_tokens": 10000000000000, "completion_tokens": 100000000000000}'
+            ),
+            {"promptTokens", "completionTokens"},
+        ),
+        (
+            CHAT,
+            _openai_answer(
+                b'{"prompt_tokens": 10000000000000000000, "completion_tokens": '
+                b"10000000000000000000000000, "
+                b'"total_tokens": 5, "prompt_tokens_details": {"cached_tokens": -3}}'
+            ),
+            {"promptTokens", "completionTokens", "cachedInputTokens"},
+        ),
+        (
+            MESSAGES,
+            _anthropic_answer(b'{"input_tokens": 10000000000000000000, "output_tokens": 7}'),
+            {"promptTokens", "totalTokens"},
+        ),
+        (
+            MESSAGES,
+            _anthropic_answer(b'{"input_tokens": -4, "output_tokens": 1e400}'),
+            {"promptTokens", "completionTokens"},
+        ),
+    ],
+)
+def test_it_bounds_usage_once_for_the_reply_and_the_calls_row(
+    gateway_url, upstream, alice, alice_api, path, answer, dropped
+):
+    """Issue 42, row 4: usage of 10^13 / 10^14 went into the calls ledger raw (`costUsd`
+    700,000,000); 10^19 / 10^25 lost the call's row (`bigint out of range`); Anthropic's
+    impossible figures became 0 without a `usageDropped` note. Now the same bound drops each
+    such figure from the reply's event and the call's row alike, and both name it."""
+    from sessions_app.models import Call
+
+    upstream.script(Step(kind="raw", raw_body=answer))
+    body = _conversation_body(path, "claude-3-5-sonnet-20241022" if path == MESSAGES else "gpt-4o")
+    response = _post(gateway_url, path, body, key=token_for(alice), session="huge-usage")
+    assert response.status_code == 200, response.text
+    session = Session.objects.get(owner=alice, client_key="huge-usage")
+    call = wait_until(lambda: Call.objects.filter(session=session).first())
+    assert call.status == "ok"
+    for figure in (call.prompt_tokens, call.completion_tokens, call.cached_input_tokens):
+        assert figure is None or figure <= 10**12
+    assert set(call.usage_dropped) == dropped
+    reply = Event.objects.get(session=session, type="AGENT_MESSAGE")
+    assert set(reply.metadata["usageDropped"]) == dropped
+    assert reply.prompt_tokens == call.prompt_tokens
+    assert reply.completion_tokens == call.completion_tokens
+    listed = alice_api.get(f"/api/v1/sessions/{session.pk}/calls").json()
+    assert set(listed["results"][0]["usageDropped"]) == dropped
+    assert listed["summary"]["costUsd"] < 10
+    assert alice_api.get(f"/api/v1/sessions/{session.pk}/usage").json()["costUsd"] < 10

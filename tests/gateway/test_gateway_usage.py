@@ -60,7 +60,33 @@ def test_it_reads_anthropic_cache_reads_writes_and_the_one_hour_split():
     )
     assert split_only["cache_write_tokens"] == 15
     assert anthropic_messages.usage({})["prompt_tokens"] is None
-    assert anthropic_messages.usage({"input_tokens": True})["prompt_tokens"] == 0
+    # An unreadable part makes the prompt unknown and is named; it used to count as 0.
+    unreadable = anthropic_messages.usage({"input_tokens": True, "output_tokens": 4})
+    assert unreadable["prompt_tokens"] is None and unreadable["completion_tokens"] == 4
+    assert set(unreadable["usage_dropped"]) == {"promptTokens"}
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        {"input_tokens": -5, "output_tokens": 3},
+        {"input_tokens": 10, "cache_read_input_tokens": 2.5, "output_tokens": 3},
+        {"input_tokens": 10, "output_tokens": "3"},
+        {"input_tokens": 10**19, "output_tokens": 10**25},
+        {"input_tokens": 10**13, "output_tokens": 10**14},
+    ],
+)
+def test_it_never_reads_an_impossible_anthropic_figure_as_zero(raw):
+    """Issue 42, row 4: Anthropic's impossible figures became 0, with no usageDropped note."""
+    from compaction_app.gateway.messages import ClientMessage, Reply
+
+    message = ClientMessage(role="assistant", hash_text="x", tool_ids=(), drafts=())
+    reply = Reply(message=message, model="claude", raw_usage=raw, **anthropic_messages.usage(raw))
+    assert reply.usage_dropped, reply
+    for name in ("prompt_tokens", "completion_tokens", "total_tokens"):
+        value = getattr(reply, name)
+        assert value is None or 0 < value <= usage.MAX_FIGURE, (name, value)
+    assert reply.prompt_tokens != 0 and reply.completion_tokens != 0
 
 
 def test_it_drops_impossible_usage_figures_per_field_and_says_why():

@@ -113,4 +113,6 @@ def test_it_refuses_a_window_the_api_would_refuse_at_start_up(variable, value):
     started = _start(**{variable: value})
     assert started.returncode != 0
     assert "ImproperlyConfigured" in started.stderr and variable in started.stderr
-    assert _start(**{variable: "128000" if "LIMIT" in variable else '{"m": 128000}'}).returncode == 0
+    assert (
+        _start(**{variable: "128000" if "LIMIT" in variable else '{"m": 128000}'}).returncode == 0
+    )

@@ -58,7 +58,7 @@ def complete_url(base: str, *, model: str, stream: bool, params: Mapping[str, st
     return base + "/v1/messages"
 
 
-def usage(raw: Any) -> dict[str, int | None]:
+def usage(raw: Any) -> dict[str, Any]:
     """`input_tokens` counts only what came after the last cache breakpoint, so the prompt is
     input + cache writes + cache reads. The write's 5-minute / 1-hour split is in
     `cache_creation` when the API gives it."""
@@ -72,16 +72,35 @@ def usage(raw: Any) -> dict[str, int | None]:
     if write is None and isinstance(creation, dict):
         parts = [number(creation, key) for key in creation]
         write = sum(part for part in parts if part is not None) or None
-    prompt = (number(raw, "input_tokens") or 0) + (write or 0) + (read or 0)
-    completion = number(raw, "output_tokens") or 0
+    # A part that is there but unreadable (negative, a fraction, `1e400`) makes the prompt
+    # unknown, not smaller: it used to count as 0 (issue 42, row 4).
+    dropped = usage_figures.unreadable(raw, _INPUT_PARTS)
+    prompt: int | None = None
+    if not dropped:
+        prompt = (number(raw, "input_tokens") or 0) + (write or 0) + (read or 0)
+    else:
+        dropped = {"promptTokens": "; ".join(dropped.values())}
+    dropped.update(usage_figures.unreadable(raw, {"output_tokens": "completionTokens"}))
+    completion = number(raw, "output_tokens")
+    if completion is None and "completionTokens" not in dropped:
+        completion = 0
     return usage_figures.fields(
         prompt=prompt,
         completion=completion,
-        total=prompt + completion,
+        total=prompt + completion if prompt is not None and completion is not None else None,
         cached=read,
         write=write,
         write_1h=min(write_1h, write) if write_1h is not None and write is not None else None,
+        dropped=dropped,
     )
+
+
+# The parts of Anthropic's prompt (input_tokens counts only what follows the last breakpoint).
+_INPUT_PARTS = {
+    "input_tokens": "promptTokens",
+    "cache_read_input_tokens": "promptTokens",
+    "cache_creation_input_tokens": "promptTokens",
+}
 
 
 def with_model(body: dict[str, Any], model: str) -> dict[str, Any]:

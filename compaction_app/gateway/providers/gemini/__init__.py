@@ -317,7 +317,7 @@ def _model_message(parts: list[dict[str, Any]], ids: list[str]) -> ClientMessage
     )
 
 
-def usage(raw: Any) -> dict[str, int | None]:
+def usage(raw: Any) -> dict[str, Any]:
     """`usageMetadata`: `promptTokenCount` is the whole prompt, `cachedContentTokenCount`
     (served from the cache) included; the model's output is `candidatesTokenCount` plus
     `thoughtsTokenCount` (thinking is billed as output, and reported apart from it)."""
@@ -338,6 +338,16 @@ def usage(raw: Any) -> dict[str, int | None]:
         completion=completion,
         total=total,
         cached=number(raw, "cachedContentTokenCount"),
+        dropped=usage_figures.unreadable(
+            raw,
+            {
+                "promptTokenCount": "promptTokens",
+                "candidatesTokenCount": "completionTokens",
+                "thoughtsTokenCount": "completionTokens",
+                "totalTokenCount": "totalTokens",
+                "cachedContentTokenCount": "cachedInputTokens",
+            },
+        ),
     )
 
 

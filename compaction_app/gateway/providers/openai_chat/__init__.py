@@ -46,7 +46,7 @@ def complete_url(base: str, *, model: str, stream: bool, params: Mapping[str, st
     return base + "/chat/completions"
 
 
-def usage(raw: Any) -> dict[str, int | None]:
+def usage(raw: Any) -> dict[str, Any]:
     """`prompt_tokens` includes `prompt_tokens_details.cached_tokens` (OpenAI caches prefixes
     itself and bills no writes). Streamed, this is the final chunk's usage, present when the
     client asked for `stream_options.include_usage`."""
@@ -57,7 +57,25 @@ def usage(raw: Any) -> dict[str, int | None]:
         cached=usage_figures.number((raw or {}).get("prompt_tokens_details"), "cached_tokens")
         if isinstance(raw, dict)
         else None,
+        dropped=_unreadable(raw),
     )
+
+
+def _unreadable(raw: Any) -> dict[str, str]:
+    return {
+        **usage_figures.unreadable(raw, _FIGURES),
+        **usage_figures.unreadable(
+            (raw or {}).get("prompt_tokens_details") if isinstance(raw, dict) else None,
+            {"cached_tokens": "cachedInputTokens"},
+        ),
+    }
+
+
+_FIGURES = {
+    "prompt_tokens": "promptTokens",
+    "completion_tokens": "completionTokens",
+    "total_tokens": "totalTokens",
+}
 
 
 def with_model(body: dict[str, Any], model: str) -> dict[str, Any]:

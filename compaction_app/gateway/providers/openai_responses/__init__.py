@@ -81,7 +81,7 @@ def complete_url(base: str, *, model: str, stream: bool, params: Mapping[str, st
     return base + "/responses"
 
 
-def usage(raw: Any) -> dict[str, int | None]:
+def usage(raw: Any) -> dict[str, Any]:
     """`input_tokens` includes `input_tokens_details.cached_tokens`."""
     return usage_figures.fields(
         prompt=usage_figures.number(raw, "input_tokens"),
@@ -90,6 +90,20 @@ def usage(raw: Any) -> dict[str, int | None]:
         cached=usage_figures.number((raw or {}).get("input_tokens_details"), "cached_tokens")
         if isinstance(raw, dict)
         else None,
+        dropped={
+            **usage_figures.unreadable(
+                raw,
+                {
+                    "input_tokens": "promptTokens",
+                    "output_tokens": "completionTokens",
+                    "total_tokens": "totalTokens",
+                },
+            ),
+            **usage_figures.unreadable(
+                (raw or {}).get("input_tokens_details") if isinstance(raw, dict) else None,
+                {"cached_tokens": "cachedInputTokens"},
+            ),
+        },
     )
 
 
