@@ -27,7 +27,6 @@ from sessions_app.models import Event, EventType
 from sessions_app.signals import compaction_command
 from sessions_app.threads import session_threads, thread_usage
 
-
 # The largest page any list serves (sessions, compactions, calls): a larger pageSize is a
 # 400, as any number out of its documented range (DRF alone would quietly serve 500).
 MAX_PAGE_SIZE = 500
