@@ -48,8 +48,8 @@ from compaction_app.gateway.messages import GatewayError, GatewayInputError, Rep
 from compaction_app.gateway.prepare import Call, fit_call, prepare
 from compaction_app.gateway.providers import PROVIDERS
 from compaction_app.gateway.record import authenticate
-from compaction_app.gateway.stream import StreamEnding, relay
-from compaction_app.gateway.wire import ParsedRequest, Wire
+from compaction_app.gateway.stream import MALFORMED, StreamEnding, relay
+from compaction_app.gateway.wire import ParsedRequest, StreamAccumulator, Wire
 from compaction_app.realtime import broadcast
 from sessions_app import tokens
 from sessions_app.api.parsers import (
@@ -571,15 +571,20 @@ async def _respond(
 
     async def on_end(incomplete: bool) -> None:
         try:
-            reply_message = accumulator.reply()
+            reply_message = _reply_of(accumulator)
             if reply_message is not None:
                 await _record(call=call, fitted=fitted, reply=reply_message, incomplete=incomplete)
         finally:
             # The first chunk, not the headers: what a streaming client waits for.
             trace.first_byte = ending.first_chunk
+            malformed = ending.reason == MALFORMED
             trace.end(
                 _STREAM_STATUS.get(ending.reason, CallStatus.OK),
                 http_status=response.status_code,
+                code="malformed_event" if malformed else "",
+                error=f"the provider sent an event the gateway could not read: {ending.detail}"
+                if malformed
+                else "",
             )
             call.announced.send_later()
 
@@ -607,14 +612,28 @@ async def _record_plain(*, wire: Wire, call: Call, fitted: Fitted, data: bytes) 
     except ValueError:
         logger.warning("gateway: the upstream's reply is not JSON; nothing recorded")
         return
-    reply = wire.reply_from_response(payload, model=fitted.model)
+    try:
+        reply = wire.reply_from_response(payload, model=fitted.model)
+    except Exception:  # any shape a provider may send: relayed as it came, not recorded
+        logger.warning("gateway: the upstream's reply has a shape the gateway cannot read")
+        return
     if reply is None:
         logger.warning("gateway: the upstream's reply has no message; nothing recorded")
         return
     await _record(call=call, fitted=fitted, reply=reply, incomplete=False)
 
 
+def _reply_of(accumulator: StreamAccumulator) -> Reply | None:
+    """The reply the stream carried, as far as it could be read (None when nothing could)."""
+    try:
+        return accumulator.reply()
+    except Exception:  # what was read does not make a reply (an odd shape): nothing recorded
+        logger.warning("gateway: a streamed reply could not be rebuilt; nothing recorded")
+        return None
+
+
 _STREAM_STATUS = {
+    MALFORMED: CallStatus.PROVIDER_ERROR,
     "provider_error": CallStatus.PROVIDER_ERROR,
     "interrupted": CallStatus.INTERRUPTED,
     "client_disconnected": CallStatus.CLIENT_DISCONNECTED,

@@ -134,7 +134,11 @@ def _gateway_count(gateway_url: str, wire: str, key: str) -> object:
         )
     return httpx.post(
         f"{gateway_url}/gateway/gemini/v1beta/models/gemini-2.5-pro:countTokens",
-        json={"contents": [{"role": "user", "parts": [{"text": m["content"]}]} for m in _LONG_MESSAGES]},
+        json={
+            "contents": [
+                {"role": "user", "parts": [{"text": m["content"]}]} for m in _LONG_MESSAGES
+            ]
+        },
         headers={"X-Ledger-Key": key},
         timeout=60,
     )
