@@ -331,6 +331,10 @@ FILE_UPLOAD_MAX_MEMORY_SIZE = 256 * 1024
 # nothing to send is closed after HTTP_IDLE_TIMEOUT_SECONDS.
 HTTP_BODY_TIMEOUT_SECONDS = env_int("HTTP_BODY_TIMEOUT_SECONDS", 20, minimum=1)
 HTTP_IDLE_TIMEOUT_SECONDS = env_int("HTTP_IDLE_TIMEOUT_SECONDS", 60, minimum=1)
+# Past this many open connections (and never past half the process's file descriptors), the
+# one that has waited longest without a request in progress is closed for each new one
+# (compaction_app/http_server.py): half-written requests cannot exhaust the descriptors.
+HTTP_MAX_CONNECTIONS = env_int("HTTP_MAX_CONNECTIONS", 4096, minimum=16)
 API_THROTTLE_RATE = env_str("API_THROTTLE_RATE", "1200/min")
 # Heavy requests (/context, compaction dry runs, recall) one user may have running at once,
 # counted across processes in the cache (Redis on the production profile); a slot a crashed
@@ -458,7 +462,15 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    # No line shows a provider key sent in a URI (config/redact.py).
+    "filters": {"redact_keys": {"()": "config.redact.RedactKeys"}},
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": "plain",
+            "filters": ["redact_keys"],
+        }
+    },
     "root": {"handlers": ["console"], "level": "WARNING"},
     "loggers": {
         "sessions_app": {"level": LOG_LEVEL},

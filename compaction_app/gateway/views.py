@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlencode
+from urllib.parse import parse_qsl, quote, unquote, urlencode
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
@@ -704,7 +704,9 @@ async def passthrough(request: HttpRequest, wire: Wire, rest: str) -> HttpRespon
             ),
         )
     headers, query = _upstream_headers(request, wire)
-    url = f"{_upstream_base(wire)}/{rest}"
+    # The path as the client encoded it: Django hands it over decoded, and `files%3Fkey=K`
+    # sent as `files?key=K` became a query holding a key (issue 42, row 8).
+    url = f"{_upstream_base(wire)}/{quote(rest, safe=_PATH_SAFE)}"
     if query:
         url += "?" + query
     try:
@@ -756,6 +758,10 @@ async def passthrough(request: HttpRequest, wire: Wire, rest: str) -> HttpRespon
     for name, value in passed.items():
         answer[name] = value
     return answer
+
+
+# What a path segment holds unencoded (RFC 3986's pchar, and `/` between segments).
+_PATH_SAFE = "/:@!$&'()*+,;=-._~"
 
 
 def _leaves_the_base(rest: str) -> bool:
