@@ -285,6 +285,9 @@ LOGOUT_REDIRECT_URL = "login"
 # and its permissions this often (compaction_app/realtime/revocation.py): what no signal of
 # this process reports (another process's change, SQL) closes it within this time.
 WS_AUTH_RECHECK_SECONDS = env_float("WS_AUTH_RECHECK_SECONDS", 15.0, minimum=0.1)
+# Websockets one user may hold open at once, across server processes; the next handshake is
+# closed with 4429 (compaction_app/realtime/ws_limits.py). 0: no cap.
+WS_MAX_CONNECTIONS_PER_USER = env_int("WS_MAX_CONNECTIONS_PER_USER", 64, minimum=0)
 
 # Content-Security-Policy on every page (django-csp). Scripts only from this origin, or inline
 # with the response's nonce (`{{ request.csp_nonce }}`); the pages' own scripts are files.
