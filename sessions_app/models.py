@@ -225,6 +225,9 @@ class Thread(models.Model):
     length = models.PositiveIntegerField(default=0)
     last_hash = models.CharField(max_length=32, blank=True, default="")
     last_chain = models.CharField(max_length=32, blank=True, default="")
+    # The chain hash of the history before the last call's reply (the request it answered):
+    # a retry of that call (the same request again) is matched from it, not message by message.
+    request_chain = models.CharField(max_length=32, blank=True, default="")
     # The thread's first own message (where and its hash): a request must carry it as well
     # as the last one to continue the thread the cheap way (parallel workers may share
     # replies word for word, never their first own message: that names the thread).

@@ -65,9 +65,7 @@ def _own_pid() -> int:
         return int(cursor.fetchone()[0])
 
 
-def test_a_run_survives_a_database_restart_while_its_summarizer_works(
-    worker, alice_api, settings
-):
+def test_a_run_survives_a_database_restart_while_its_summarizer_works(worker, alice_api, settings):
     settings.COMPACTION_RETRY_BACKOFF_SECONDS = 0.02
     settings.SUMMARIZER_TIMEOUT_SECONDS = 30
     database = connection.settings_dict["NAME"]
