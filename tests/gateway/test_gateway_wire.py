@@ -366,7 +366,7 @@ def test_every_wires_reader_survives_any_json_shape(name):
     could not read it (`malformed`, `cut`) and never raises."""
     from compaction_app.gateway.providers import PROVIDERS
 
-    (found,) = [w for w in PROVIDERS if w.NAME == name]
+    (found,) = [w for w in PROVIDERS if name == w.NAME]
     shapes = [5, "x", None, [], [5], {"a": 5}, True, 1.5]
     keys = [
         "choices",
