@@ -265,7 +265,15 @@ def _child(
                 rows.append(_row(profile, "8 concurrent clients", f"failed: {exc}"[:300], ok=False))
         try:
             rows += _slow_path(
-                profile, slow_size, slow_calls, token, gateways, direct, bare + "/v1", lite
+                profile,
+                slow_size,
+                slow_calls,
+                token,
+                gateways,
+                direct,
+                bare + "/v1",
+                lite,
+                [process.pid for process in processes[: len(ports)]],
             )
         except Exception as exc:
             traceback.print_exc()
@@ -611,6 +619,10 @@ def _cleared(history: list[dict[str, Any]], keep: int) -> list[dict[str, Any]]:
     return [{**m, "content": CLEARED} if i in old else m for i, m in enumerate(history)]
 
 
+# LiteLLM's proxy refuses to start without a master key; callers send it as their bearer token.
+LITELLM_KEY = "sk-" + os.urandom(32).hex()
+
+
 def _start_litellm(executable: str, upstream: str, processes: list, log: Any) -> str:
     """LiteLLM's proxy in front of the stand-in (its own venv: `executable`), no database,
     no network (the bundled model-cost map)."""
@@ -630,6 +642,7 @@ def _start_litellm(executable: str, upstream: str, processes: list, log: Any) ->
     env = {
         **{k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")},
         "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "LITELLM_MASTER_KEY": LITELLM_KEY,
         "LITELLM_LOG": "ERROR",
     }
     processes.append(
@@ -641,6 +654,22 @@ def _start_litellm(executable: str, upstream: str, processes: list, log: Any) ->
         )
     )
     return f"http://127.0.0.1:{port}"
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _settle(pids: list[int], *, at_most: float = 90.0) -> None:
+    """Until the servers are idle (under 5% of a core for a second): what the preparation
+    set off (search indexing of its messages) must not weigh on the measured calls."""
+    deadline = time.monotonic() + at_most
+    while time.monotonic() < deadline:
+        before = [_cpu_seconds(pid) for pid in pids]
+        time.sleep(1)
+        if all(_cpu_seconds(pid) - was < 0.05 for pid, was in zip(pids, before, strict=True)):
+            return
 
 
 def _wait_http(url: str, *, deadline: float) -> None:
@@ -665,6 +694,7 @@ def _slow_path(
     direct: str,
     bare: str,
     litellm: str | None,
+    servers: list[int] | None = None,
 ) -> list[Row]:
     """At `size` messages: the agent loop's next call, a retry of the call before, and the
     next call of a history whose old tool results were cleared meanwhile; each sent direct,
@@ -693,6 +723,7 @@ def _slow_path(
                 # holds now, unless it retries the call it made.
                 reply = {"role": "assistant", "content": f"Re: {history[-1]['content']}"}
                 sent[(workload, call)] = history if workload == "retry" else [*history, reply]
+        _settle(servers or [])
         for mode in ("plain", "stream"):
             timer = _timed_plain if mode == "plain" else _timed_first_chunk
             for call in range(calls):
@@ -722,7 +753,13 @@ def _slow_path(
                         ("bare proxy", bare + "/chat/completions", key),
                     ]
                     if litellm is not None:
-                        turns.append(("LiteLLM", litellm + "/v1/chat/completions", key))
+                        turns.append(
+                            (
+                                "LiteLLM",
+                                litellm + "/v1/chat/completions",
+                                {"Authorization": f"Bearer {LITELLM_KEY}"},
+                            )
+                        )
                     shift = call % len(turns)
                     for who, url, sent_headers in turns[shift:] + turns[:shift]:
                         results.setdefault((mode, workload, who), []).append(
