@@ -196,7 +196,7 @@ def _child(
         bases = [f"http://127.0.0.1:{port}/gateway/openai/v1" for port in ports]
         gateways = [base + "/chat/completions" for base in bases]
         direct = standin.openai_url + "/chat/completions"
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120  # the servers start beside LiteLLM
         for probe in [f"http://127.0.0.1:{port}/gateway/openai/v1/models" for port in ports] + [
             bare + "/v1/models"
         ]:
