@@ -221,9 +221,9 @@ def _context_text(client: Any, session_id: str) -> tuple[str, dict[str, Any]]:
 
 
 def _auto_budget(limit: int) -> int:
-    from sessions_app.session_settings import resolve_max_summary_tokens
+    from compaction_app.policy import summary_bound
 
-    return resolve_max_summary_tokens(None, limit)
+    return summary_bound(context_limit=limit, max_summary_tokens=None)
 
 
 def _bench_retention(

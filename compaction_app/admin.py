@@ -10,21 +10,25 @@ from django.db.models import Q, QuerySet
 from django.http import HttpRequest
 
 from compaction_app.models import CompactionRun
+from compaction_app.run_documents import tokens_text
 from compaction_app.sweeper import clear_runs
 
 
 @admin.register(CompactionRun)
 class CompactionRunAdmin(admin.ModelAdmin):
+    # Narrow columns (a short id, a shortened title; the heartbeat on the run's own page) so
+    # the list fits a 1,400 px window with the admin's sidebar open.
     list_display = (
-        "id",
-        "session",
+        "short_id",
+        "session_title",
+        "scope",
         "strategy",
         "trigger",
         "status",
         "created_at",
-        "heartbeat_at",
         "tokens",
     )
+    list_display_links = ("short_id",)
     list_filter = ("status", "trigger", "strategy")
     list_select_related = ("session",)
     # A UUID in the search box matches the run id or the session id (get_search_results).
@@ -36,12 +40,23 @@ class CompactionRunAdmin(admin.ModelAdmin):
         f.name for f in CompactionRun._meta.get_fields() if f.concrete and not f.many_to_many
     )
 
+    @admin.display(description="id", ordering="id")
+    def short_id(self, run: CompactionRun) -> str:
+        return str(run.pk)[:8]
+
+    @admin.display(description="session", ordering="session__title")
+    def session_title(self, run: CompactionRun) -> str:
+        title = str(run.session)
+        return title if len(title) <= 32 else title[:31] + "…"
+
+    @admin.display(description="context of")
+    def scope(self, run: CompactionRun) -> str:
+        # A run's tokens are its thread's context (sessions_app.scope), or the whole ledger's.
+        return f"thread {run.thread[:16]}" if run.thread else "session"
+
     @admin.display(description="Tokens before → after", ordering="tokens_before")
     def tokens(self, run: CompactionRun) -> str:
-        if run.tokens_before is None:
-            return "—"
-        after = "—" if run.tokens_after is None else f"{run.tokens_after:,}"
-        return f"{run.tokens_before:,} → {after}"
+        return tokens_text(run)
 
     def get_search_results(
         self, request: HttpRequest, queryset: QuerySet[CompactionRun], search_term: str

@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from functools import lru_cache
 
+import ahocorasick
+
 __all__ = [
     "FILE_PATH",
     "KINDS",
@@ -1020,14 +1022,32 @@ def collapsed_shapes(text: str) -> set[str]:
     return shapes
 
 
-def held(item: Evidence, *, keys: set[str], text: str, shapes: set[str]) -> bool:
-    """Whether a context whose evidence `keys`, lowercased `text` and collapsed `shapes` are
-    given still holds `item`: the same key, the literal itself, or (for a repeated pattern)
-    a line standing for all repeats of its shape."""
+def _literal(item: Evidence) -> str:
+    return item.key.split(":", 1)[1]
+
+
+def present_literals(literals: Iterable[str], text: str) -> set[str]:
+    """Which of `literals` occur in `text`: one Aho-Corasick pass over the text (in C), so a
+    loss report over thousands of items and megabytes of context stays linear, where a
+    substring search per item read the whole context once per item."""
+    wanted = {literal for literal in literals if len(literal) >= 4}
+    if not wanted or not text:
+        return set()
+    automaton = ahocorasick.Automaton()
+    for literal in wanted:
+        automaton.add_word(literal, literal)
+    automaton.make_automaton()
+    return {literal for _end, literal in automaton.iter(text)}
+
+
+def held(item: Evidence, *, keys: set[str], present: set[str], shapes: set[str]) -> bool:
+    """Whether a context whose evidence `keys`, literals found in its lowercased text
+    (`present`, see `present_literals`) and collapsed `shapes` are given still holds `item`:
+    the same key, the literal itself, or (for a repeated pattern) a line standing for all
+    repeats of its shape."""
     if item.key in keys:
         return True
-    literal = item.key.split(":", 1)[1]
-    if len(literal) >= 4 and literal in text:
+    if _literal(item) in present:
         return True
     return bool(item.shape) and item.shape in shapes
 
@@ -1082,10 +1102,12 @@ def _series_collapsed(items: list[Evidence]) -> list[Evidence | _Series]:
     return result
 
 
-def _held_any(item: Evidence | _Series, *, keys: set[str], text: str, shapes: set[str]) -> bool:
+def _held_any(
+    item: Evidence | _Series, *, keys: set[str], present: set[str], shapes: set[str]
+) -> bool:
     if isinstance(item, _Series):
-        return any(held(m, keys=keys, text=text, shapes=shapes) for m in item.members)
-    return held(item, keys=keys, text=text, shapes=shapes)
+        return any(held(m, keys=keys, present=present, shapes=shapes) for m in item.members)
+    return held(item, keys=keys, present=present, shapes=shapes)
 
 
 def loss_report(
@@ -1103,10 +1125,13 @@ def loss_report(
     for text in active_texts:
         keys.update(item.key for item in extract(text))
     joined = "\n".join(active_texts)
-    lowered = joined.lower()
+    members = [
+        m for item in before for m in (item.members if isinstance(item, _Series) else (item,))
+    ]
+    present = present_literals((_literal(m) for m in members), joined.lower())
     shapes = collapsed_shapes(joined)
     dropped = [
-        item for item in before if not _held_any(item, keys=keys, text=lowered, shapes=shapes)
+        item for item in before if not _held_any(item, keys=keys, present=present, shapes=shapes)
     ]
     kept = len(before) - len(dropped)
     return {

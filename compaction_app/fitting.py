@@ -5,7 +5,7 @@ gateway/fit.py, a thread's own request in gateway/thread_fit.py) and the synchro
 compactions they run all go through this module:
 
 - `window_level`: the one window decision (ok / approaching / hard) of a cost against a
-  window under a session's thresholds (`FitPolicy`);
+  window under a session's thresholds (`policy.Policy`);
 - `keep_newest`: the one prune, keeping the newest whole units (a tool call with its
   results on the ledger, a turn in a thread's request) that fit next to what must stay;
 - `compact_to_fit`: the one call-path compaction, a `RunOutcome` (typed, never an API dict);
@@ -19,67 +19,37 @@ calls it (the REST `/context` view is compaction_app's, see compaction_app/api/c
 from __future__ import annotations
 
 import logging
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NoReturn, Protocol, TypeVar
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 
 from compaction_app import services
 from compaction_app.models import CompactionRun, RunStatus, Trigger
+from compaction_app.policy import Policy
 from sessions_app import context_window
 from sessions_app import tokens as token_counting
 from sessions_app.errors import Conflict, Unprocessable
 from sessions_app.event_types import EventType
 from sessions_app.models import Event, Session
 from sessions_app.render import Repair
-from sessions_app.selectors import active_events, render_context
+from sessions_app.selectors import EventHead, active_heads, events_of, render_context
 from sessions_app.session_settings import SessionSettings
 
 logger = logging.getLogger("compaction_app.fitting")
 audit = logging.getLogger("context")
 
-OK = "ok"
-APPROACHING = "approaching"
-HARD = "hard"
+OK = context_window.OK
+APPROACHING = context_window.APPROACHING
+HARD = context_window.HARD
 
 K = TypeVar("K", bound=Hashable)
 
 
-@dataclass(frozen=True)
-class FitPolicy:
-    """A session's fitting thresholds, as ratios of the window."""
-
-    compact_threshold: float
-    hard_threshold: float
-    fit_target_ratio: float
-
-    @classmethod
-    def of(cls, session: Session) -> FitPolicy:
-        settings = SessionSettings.of(session.settings)
-        return cls(
-            compact_threshold=settings.compact_threshold,
-            hard_threshold=settings.hard_limit_threshold,
-            fit_target_ratio=settings.fit_target_ratio,
-        )
-
-    @property
-    def target(self) -> float:
-        """The low-water mark a crossing compacts down to: never above the compact threshold
-        itself (a session may lower compactThreshold below fitTargetRatio)."""
-        return min(self.fit_target_ratio, self.compact_threshold)
-
-
-@dataclass(frozen=True)
-class FitRequest:
-    """What is fitted: `items` (in order; their costs are message costs) into `window`
-    tokens under `policy`; `thread` names the gateway thread a compaction is scoped to ("":
-    the whole ledger)."""
-
-    window: int
-    items: tuple[context_window.WindowItem, ...]
-    policy: FitPolicy
-    thread: str = ""
+def session_policy(session: Session) -> Policy:
+    """The session's compaction policy (compaction_app/policy.py), from its settings."""
+    return Policy.of(SessionSettings.of(session.settings))
 
 
 @dataclass(frozen=True)
@@ -130,31 +100,18 @@ class FitOutcome:
 # --- the decision and the prune (pure) --------------------------------------------------------
 
 
-def window_level(*, tokens: int, window: int, policy: FitPolicy) -> str:
+def window_level(*, tokens: int, window: int, policy: Policy) -> str:
     """OK below the compact threshold, APPROACHING between the thresholds, HARD at or above
-    the hard threshold (an empty window counts as HARD)."""
-    if window <= 0:
-        return HARD
-    ratio = tokens / window
-    if ratio >= policy.hard_threshold:
-        return HARD
-    if ratio >= policy.compact_threshold:
-        return APPROACHING
-    return OK
+    the hard threshold (an empty window counts as HARD): `context_window.window_level`'s."""
+    return policy.level(tokens=tokens, window=window).level
 
 
-def passes_through(*, tokens: int, window: int, policy: FitPolicy, compacted: bool) -> bool:
+def passes_through(*, tokens: int, window: int, policy: Policy, compacted: bool) -> bool:
     """Whether the gateway forwards the client's own messages as they are: the ledger holds
     exactly them (nothing compacted) and they fit under the compact threshold. Otherwise they
     come from the ledger (a compacted session's active context, pruned or compacted as
     needed)."""
     return not compacted and window_level(tokens=tokens, window=window, policy=policy) == OK
-
-
-def measure(request: FitRequest, *, extra: int = 0) -> tuple[int, str]:
-    """The request's cost (its items, plus `extra` sent besides them) and its level."""
-    cost = context_window.context_cost([item.cost for item in request.items]) + extra
-    return cost, window_level(tokens=cost, window=request.window, policy=request.policy)
 
 
 def keep_newest(
@@ -264,18 +221,90 @@ def compact_to_fit(
     return RunOutcome.of(run) if run is not None else None
 
 
+# --- the one sequence ------------------------------------------------------------------------
+
+
+class Fittable(Protocol):
+    """What one fitting works on: the ledger's active context (`/context`, the gateway's
+    fallback) or one thread's own request (the gateway, gateway/thread_fit.py). Each answers
+    the cost of what it would send now, compacts once, prunes to a budget and refuses."""
+
+    def cost(self) -> int:
+        """What sending it now costs (the context-cost rule, what goes out besides included)."""
+        ...
+
+    def compact(self) -> RunOutcome | None:
+        """One compaction, re-reading what it left; None when none ran."""
+        ...
+
+    def prune(self, budget: int) -> bool:
+        """Drop the oldest whole units until the cost is within `budget`; False when what must
+        stay alone does not fit (nothing dropped then)."""
+        ...
+
+    def refuse(self) -> NoReturn:
+        """Raise the refusal for what must stay not fitting the window."""
+        ...
+
+
+@dataclass(frozen=True)
+class Fit:
+    """What the sequence did: the cost it leaves, the level it decided on (after any
+    compaction, before pruning), the run it made and whether it pruned."""
+
+    tokens: int
+    level: context_window.WindowLevel
+    run: RunOutcome | None
+    pruned: bool
+
+
+def fit_sequence(
+    subject: Fittable,
+    *,
+    window: int,
+    policy: Policy,
+    may_compact: Callable[[context_window.WindowLevel], bool],
+    session_id: Any,
+) -> Fit:
+    """The one fitting sequence, for the ledger and for a thread alike: measure; past what
+    `may_compact` allows, compact once and measure again; still at or past the compact
+    threshold, prune the oldest whole units of this one call (the compact threshold's share
+    of the window first, then the whole window; logged as `context_window_approaching`), and
+    refuse when even what must stay does not fit."""
+    tokens = subject.cost()
+    level = policy.level(tokens=tokens, window=window)
+    run: RunOutcome | None = None
+    if may_compact(level):
+        run = subject.compact()
+        tokens = subject.cost()
+        level = policy.level(tokens=tokens, window=window)
+    pruned = False
+    if level.level != OK:
+        audit.info(
+            "context_window_approaching %s",
+            {"tokenCount": tokens, "limit": window},
+            extra={"session_id": str(session_id), "tokenCount": tokens, "limit": window},
+        )
+        for budget in (level.compact_at, window):
+            if subject.prune(budget):
+                break
+        else:
+            subject.refuse()
+        after = subject.cost()
+        pruned = after < tokens
+        tokens = after
+    return Fit(tokens=tokens, level=level, run=run, pruned=pruned)
+
+
 # --- the ledger's ladder ---------------------------------------------------------------------
 
 
-def _items(events: list[Event]) -> tuple[context_window.WindowItem, ...]:
+def _items(heads: Sequence[EventHead]) -> tuple[context_window.WindowItem, ...]:
     return tuple(
         context_window.WindowItem(
-            key=str(event.id),
-            type=event.type,
-            cost=event.effective_token_count,
-            tool_call_id=event.tool_call_id,
+            key=head.id, type=head.type, cost=head.cost, tool_call_id=head.tool_call_id
         )
-        for event in events
+        for head in heads
     )
 
 
@@ -288,6 +317,63 @@ def _repair_cost(session: Session, events: list[Event], repairs: list[Repair]) -
         if repair.replaces is not None:
             delta -= costs.get(repair.replaces, 0)
     return delta
+
+
+class _Ledger:
+    """The ledger's active context as a `Fittable`, measured and pruned from its events'
+    heads (no content): only what is kept is read whole, so a pruned view of a long session
+    costs what it returns."""
+
+    def __init__(
+        self,
+        *,
+        session: Session,
+        user: AbstractBaseUser | AnonymousUser,
+        limit: int,
+        trigger: str,
+        target_ratio: float | None,
+        respect_cooldown: bool,
+    ) -> None:
+        self.session = session
+        self.user = user
+        self.limit = limit
+        self.trigger = trigger
+        self.target_ratio = target_ratio
+        self.respect_cooldown = respect_cooldown
+        self.heads = active_heads(session=session)
+
+    def cost(self) -> int:
+        return context_window.context_cost([head.cost for head in self.heads])
+
+    def compact(self) -> RunOutcome | None:
+        # Compaction never folds the system prompt or the last user message: when those alone
+        # exceed the window, compacting would write (and fire the memory flush) for a 422.
+        _raise_if_exhausted(self.session, self.heads, self.limit, exclude_summary=True)
+        run = compact_to_fit(
+            session=self.session,
+            user=self.user,
+            trigger=self.trigger,
+            target_ratio=self.target_ratio,
+            respect_cooldown=self.respect_cooldown,
+        )
+        self.heads = active_heads(session=self.session)
+        return run
+
+    def prune(self, budget: int) -> bool:
+        kept = prune(_items(self.heads), budget=budget)
+        if kept is None:
+            return False
+        keep = set(kept)
+        self.heads = [head for head in self.heads if head.id in keep]
+        return True
+
+    def refuse(self) -> NoReturn:
+        _raise_if_exhausted(self.session, self.heads, self.limit, exclude_summary=False)
+        raise AssertionError("unreachable: the must-keep events fit")
+
+    def events(self) -> list[Event]:
+        """The events kept, whole, in send order."""
+        return events_of(session=self.session, heads=self.heads)
 
 
 def fit_context(
@@ -315,60 +401,41 @@ def fit_context(
     read or a cross-site navigation cannot start a run. `respect_cooldown` skips a run when
     the session had a hard-limit run within its cooldown (it prunes instead).
     """
-    events = active_events(session=session)
-    request = FitRequest(
-        window=context_window.effective_limit(
-            context_limit=session.context_limit,
-            max_tokens=max_tokens,
-            reserve_tokens=reserve_tokens,
-        ),
-        items=_items(events),
-        policy=FitPolicy.of(session),
+    limit = context_window.effective_limit(
+        context_limit=session.context_limit,
+        max_tokens=max_tokens,
+        reserve_tokens=reserve_tokens,
     )
-    limit, policy = request.window, request.policy
-    tokens, level = measure(request)
-    run: RunOutcome | None = None
+    policy = session_policy(session)
     # On the session's own window, crossing compactThreshold compacts once, down to
     # fitTargetRatio, instead of pruning another oldest slice on every call: what this returns
     # then stays the previous answer plus the new events until the next crossing (a client
     # that sends it keeps a stable prefix for the provider's cache). A client's own smaller
     # cap (maxTokens) keeps the per-call view, compacting only at the hard limit.
     own_window = max_tokens is None or max_tokens >= session.context_limit
-    target_ratio = None
-    if compact and own_window and level != OK and events:
-        target = policy.target * limit
-        target_ratio = max(min(target / session.context_limit, 1.0), 0.01)
-    if compact and (level == HARD or target_ratio is not None) and events:
-        # Compaction never folds the system prompt or the last user message: when those alone
-        # exceed the window, compacting would write (and fire the memory flush) for a 422.
-        _raise_if_exhausted(session, events, limit, exclude_summary=True)
-        run = compact_to_fit(
-            session=session,
-            user=user,
-            trigger=trigger or Trigger.HARD_LIMIT,
-            target_ratio=target_ratio,
-            respect_cooldown=respect_cooldown,
-        )
-        events = active_events(session=session)
-        request = FitRequest(window=limit, items=_items(events), policy=policy)
-        tokens, level = measure(request)
-    pruned = False
-    if level != OK and events:
-        audit.info(
-            "context_window_approaching %s",
-            {"tokenCount": tokens, "limit": limit},
-            extra={"session_id": str(session.pk), "tokenCount": tokens, "limit": limit},
-        )
-        kept = prune(request.items, budget=int(limit * policy.compact_threshold))
-        if kept is None:
-            kept = prune(request.items, budget=limit)
-        if kept is None:
-            _raise_if_exhausted(session, events, limit, exclude_summary=False)
-            kept = []  # unreachable: the must-keep items exceed the budget
-        keep = set(kept)
-        pruned = len(keep) < len(events)
-        events = [event for event in events if str(event.id) in keep]
-        tokens = context_window.context_cost([event.effective_token_count for event in events])
+    ledger = _Ledger(
+        session=session,
+        user=user,
+        limit=limit,
+        trigger=trigger or Trigger.HARD_LIMIT,
+        target_ratio=(
+            policy.call_path_ratio(window=limit, context_limit=session.context_limit)
+            if own_window
+            else None
+        ),
+        respect_cooldown=respect_cooldown,
+    )
+
+    def may_compact(level: context_window.WindowLevel) -> bool:
+        if not compact or not ledger.heads or level.level == OK:
+            return False
+        return own_window or level.level == HARD
+
+    done = fit_sequence(
+        ledger, window=limit, policy=policy, may_compact=may_compact, session_id=session.pk
+    )
+    events, tokens, level = ledger.events(), done.tokens, done.level.level
+    run, pruned = done.run, done.pruned
     rendered = render_context(events, fmt=fmt)
     if rendered.repairs:
         # The renderer rewrote or added messages to keep the list valid: price them, so
@@ -389,17 +456,16 @@ def fit_context(
 
 
 def _raise_if_exhausted(
-    session: Session, events: list[Event], limit: int, *, exclude_summary: bool
+    session: Session, heads: Sequence[EventHead], limit: int, *, exclude_summary: bool
 ) -> None:
     """422 `context_window_exhausted` when the must-keep events alone exceed `limit`.
     `exclude_summary`: count only what no compaction can shrink (before compacting)."""
-    required = set(context_window.required_keys(_items(events)))
+    required = set(context_window.required_keys(_items(heads)))
     needed = context_window.context_cost(
         [
-            event.effective_token_count
-            for event in events
-            if str(event.id) in required
-            and not (exclude_summary and event.type == EventType.COMPACTION)
+            head.cost
+            for head in heads
+            if head.id in required and not (exclude_summary and head.type == EventType.COMPACTION)
         ]
     )
     if needed > limit:

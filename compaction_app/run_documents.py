@@ -1,33 +1,16 @@
-"""What a run tells the outside when it ends: the `COMPACTION_COMPLETE` message (websocket and
-dashboard) and the snapshot the session keeps of its latest run. Shared by the services and
-the sweeper, which fails stale runs with the same words."""
+"""What a run tells the outside when it ends: its outcome and the words for it (the
+`COMPACTION_COMPLETE` message is built from them in compaction_app.realtime.messages), and the
+snapshot the session keeps of its latest run. Shared by the services and the sweeper, which
+fails stale runs with the same words."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from compaction_app.models import CompactionRun, RunStatus
-
-
-def complete_message(run: CompactionRun) -> dict[str, Any]:
-    success = run.status == RunStatus.COMPLETED
-    text = completion_text(run) if success else f"Compaction failed: {run.error}"
-    return {
-        "type": "COMPACTION_COMPLETE",
-        "sessionId": str(run.session_id),
-        "compactionId": str(run.pk),
-        "success": success,
-        "tokensBefore": run.tokens_before,
-        "tokensAfter": run.tokens_after,
-        "eventsBefore": run.events_before,
-        "eventsAfter": run.events_after,
-        "reductionPercent": run.reduction_percent,
-        "error": run.error or None,
-        "keptPercent": (run.loss_report or {}).get("keptPercent") if success else None,
-        "outcome": outcome(run)[0],
-        "message": text,
-    }
-
+from compaction_app.policy import Policy
+from sessions_app.models import Session
+from sessions_app.session_settings import SessionSettings
 
 NOTHING_TO_FOLD = "nothing_to_fold"
 
@@ -42,14 +25,37 @@ def outcome(run: CompactionRun) -> tuple[str | None, str | None]:
         return None, None
     if run.folded_count:
         return "compacted", None
-    if run.strategy == "clear_tool_results":
-        reason = "no tool result is old enough to clear; the context is unchanged"
-    else:
-        reason = (
-            "no event may be folded now (the system prompt, the last user message, pinned "
-            "events and the newest events are kept); the context is unchanged"
+    target = None
+    if run.strategy == "trim" and run.tokens_before is not None:
+        target = trim_target(run.session, target_ratio=run.target_ratio)
+    return NOTHING_TO_FOLD, nothing_to_fold_reason(
+        strategy=run.strategy, tokens=run.tokens_before, target=target
+    )
+
+
+def trim_target(session: Session, *, target_ratio: float | None = None) -> int:
+    """The tokens a trim run reaches (the compaction policy's target for it)."""
+    policy = Policy.of(SessionSettings.of(session.settings))
+    return policy.budget(
+        context_limit=session.context_limit, target_ratio=target_ratio
+    ).target_tokens
+
+
+def nothing_to_fold_reason(
+    *, strategy: str, tokens: int | None = None, target: int | None = None
+) -> str:
+    """Why a strategy folds nothing now (a run's `reason`, the dashboard's dry run)."""
+    if strategy == "clear_tool_results":
+        return "no tool result is old enough to clear; the context is unchanged"
+    if strategy == "trim" and tokens is not None and target is not None and tokens <= target:
+        return (
+            f"the context ({tokens:,} tokens) is already within trim's target ({target:,} "
+            "tokens, the compact threshold of the limit); the context is unchanged"
         )
-    return NOTHING_TO_FOLD, reason
+    return (
+        "no event may be folded now (the system prompt, the last user message, pinned "
+        "events and the newest events are kept); the context is unchanged"
+    )
 
 
 def completion_text(run: CompactionRun) -> str:
@@ -60,13 +66,35 @@ def completion_text(run: CompactionRun) -> str:
     effect = f"{change}% reduction" if change >= 0 else f"{-change}% increase"
     count = run.folded_count
     if not count:
-        return f"Compaction complete! Nothing to fold: {before:,} tokens unchanged"
+        # Not a success to celebrate: what happened and why, in the words the run's JSON uses.
+        reason = outcome(run)[1] or ""
+        return f"Nothing to fold: {before:,} tokens unchanged — {reason.split(';')[0]}."
     # clear_tool_results folds nothing: what it counts are the results it cleared.
     if run.strategy == "clear_tool_results":
         what = "tool result cleared" if count == 1 else "tool results cleared"
     else:
         what = "event folded" if count == 1 else "events folded"
     return f"Compaction complete! {before:,} → {after:,} tokens ({effect}), {count:,} {what}"
+
+
+def tokens_text(run: CompactionRun) -> str:
+    """A run's tokens before → after as every page writes them: "1,616 → 992 (−38.6 %)", or
+    "1,616 (nothing to fold)"; "—" before it has figures."""
+    if run.tokens_before is None:
+        return "—"
+    if run.tokens_after is None:
+        return f"{run.tokens_before:,} → —"
+    if (
+        run.status == RunStatus.COMPLETED
+        and not run.folded_count
+        and run.tokens_before == run.tokens_after
+    ):
+        return f"{run.tokens_before:,} (nothing to fold)"
+    text = f"{run.tokens_before:,} → {run.tokens_after:,}"
+    reduction = run.reduction_percent
+    if reduction is not None:
+        text += f" (−{reduction} %)" if reduction >= 0 else f" (+{-reduction} %)"
+    return text
 
 
 def run_snapshot(run: CompactionRun) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from django.db.models import QuerySet
 
 from compaction_app.models import CompactionRun, RunningSummary, RunStatus
 from sessions_app.errors import NotFound
-from sessions_app.models import Session
+from sessions_app.models import Event, EventType, Session
 from sessions_app.selectors import sessions_visible_to
 
 
@@ -47,3 +47,30 @@ def running_summary_get(*, session: Session) -> RunningSummary:
     if summary is None:
         raise NotFound("this session has no summary yet", code="no_summary")
     return summary
+
+
+def summary_message_tokens(*, session: Session) -> int | None:
+    """What the running summary costs in the context: its COMPACTION event's tokenCount (the
+    summary text plus the message framing), the figure the dashboard's summary card and the
+    timeline's summary entry show. The running summary is the main thread's (thread_scope)."""
+    from compaction_app import thread_scope
+    from sessions_app.threads import main_thread
+
+    main = main_thread(session=session)
+    events = Event.objects.filter(
+        session=session, type=EventType.COMPACTION, reverted=False, compacted_by__isnull=True
+    ).exclude(content="")
+    scoped = thread_scope.scoped(events, session=session, thread=main.key if main else "")
+    return scoped.order_by("-seq").values_list("token_count", flat=True).first()
+
+
+def latest_completed_run(*, session: Session) -> CompactionRun | None:
+    """The session's newest completed run that is not reverted, whatever it did: the run the
+    "what this compaction dropped" panel and the loss-report resource describe."""
+    return (
+        CompactionRun.objects.filter(
+            session=session, status=RunStatus.COMPLETED, reverted_at__isnull=True
+        )
+        .order_by("-finished_at", "-created_at")
+        .first()
+    )

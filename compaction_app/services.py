@@ -18,15 +18,15 @@ from typing import Any, TypeVar
 from django import db
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import IntegrityError, transaction
-from django.db.models import Q
 from django.utils import timezone
 
-from compaction_app import evidence, thread_scope
+from compaction_app import evidence, telemetry, thread_scope
 from compaction_app.enqueue import enqueue_memory_flush, enqueue_run_on_commit
 from compaction_app.heartbeat import beating
 from compaction_app.models import ACTIVE_STATUSES, CompactionRun, RunningSummary, RunStatus, Trigger
-from compaction_app.realtime import broadcast
-from compaction_app.run_documents import complete_message, run_snapshot
+from compaction_app.policy import Policy
+from compaction_app.realtime import broadcast, messages
+from compaction_app.run_documents import run_snapshot
 from compaction_app.selectors import latest_revertible_run
 from compaction_app.signals import memory_flush
 from compaction_app.strategies import SUMMARY_MESSAGE_OVERHEAD, context_cost, plan_compaction
@@ -37,7 +37,7 @@ from compaction_app.types import Budget, Plan, PlanEvent
 from sessions_app import tokens
 from sessions_app.errors import Conflict, InvalidInput, ServiceUnavailable
 from sessions_app.models import Event, EventType, Session, Thread
-from sessions_app.selectors import event_content, usage_for_session
+from sessions_app.selectors import event_content
 from sessions_app.services import (
     Clearing,
     EventInput,
@@ -51,7 +51,6 @@ from sessions_app.services import (
     session_take_cumulative,
 )
 from sessions_app.session_settings import (
-    AUTO_SUMMARY_MAX,
     STRATEGY_NAMES,
     SUMMARIZER_NAMES,
     SessionSettings,
@@ -95,48 +94,20 @@ def _plan_events(session: Session, thread: str = "") -> list[PlanEvent]:
     ]
 
 
-# A remote summarizer writes its summary as one reply: the auto budget never asks it for more
-# than a model's usual output limit. The local one is extractive and fills any room.
-REMOTE_SUMMARY_CEILING = AUTO_SUMMARY_MAX
+def _policy(session: Session) -> Policy:
+    return Policy.of(SessionSettings.of(session.settings))
 
 
-def _budget(
-    session: Session,
-    *,
-    target_ratio: float | None,
-    strict: bool = False,
-    summarizer: str | None = None,
-) -> Budget:
-    """What a run must reach and the room its summary may fill.
-
-    The summary's budget is the room the target leaves: `fitTargetRatio` of the window (or the
-    run's own lower mark) less what stays verbatim, computed by the strategy once it knows what
-    it keeps; `maxSummaryTokens` set to a number is obeyed exactly instead, and auto's old
-    floor (2 % of the window within 256 … 8,192) is the least the summary gets."""
-    settings = SessionSettings.of(session.settings)
-    ratio = target_ratio if target_ratio is not None else settings.compact_threshold
-    limit = session.context_limit
-    auto = settings.max_summary_tokens is None
-    room_ratio = min(settings.fit_target_ratio, ratio)
-    name = summarizer or settings.summarizer
-    return Budget(
-        context_limit=limit,
-        target_tokens=int(limit * ratio),
-        max_summary_tokens=_max_summary_tokens(session),
-        room_target_tokens=int(limit * room_ratio) if auto else None,
-        summary_ceiling=None if name == "local" else REMOTE_SUMMARY_CEILING,
-        keep_recent_events=settings.keep_recent_events,
-        strict_target=strict,
+def _budget(session: Session, *, target_ratio: float | None, strict: bool = False) -> Budget:
+    """What a run must reach and the room it gives recent work (compaction_app/policy.py)."""
+    return _policy(session).budget(
+        context_limit=session.context_limit, target_ratio=target_ratio, call_path=strict
     )
 
 
 def _strict(run: CompactionRun) -> bool:
     """A call path's compaction down to its low-water mark (fitTargetRatio) must reach it."""
     return run.target_ratio is not None and run.trigger in (Trigger.GATEWAY, Trigger.HARD_LIMIT)
-
-
-def _max_summary_tokens(session: Session) -> int:
-    return SessionSettings.of(session.settings).summary_budget(session.context_limit)
 
 
 def _check_choice(value: str | None, choices: Sequence[str], field: str) -> None:
@@ -169,7 +140,7 @@ def compaction_plan(
     plan = plan_compaction(
         strategy=strategy,
         events=events,
-        budget=_budget(session, target_ratio=target_ratio, strict=strict, summarizer=summarizer),
+        budget=_budget(session, target_ratio=target_ratio, strict=strict),
         count_tokens=counter.count,
     )
     if project and plan.needs_summary and summarizer == "local":
@@ -261,13 +232,10 @@ def _running_summary(session: Session) -> RunningSummary:
 
 
 def broadcast_usage(session: Session) -> None:
-    """Push the session's usage document (USAGE_UPDATED) to everyone watching it: its main
-    thread's for a session with several writers, like REST /usage."""
-    usage = thread_scope.session_usage(session=session, usage=usage_for_session(session=session))
+    """Push the session's usage document (USAGE_UPDATED) to everyone watching it: exactly
+    REST /usage's (the main thread's context, the session's bill)."""
     broadcast.broadcast(
-        session_id=session.pk,
-        owner_id=session.owner_id,
-        message={"type": "USAGE_UPDATED", "sessionId": str(session.pk), "usage": usage},
+        session_id=session.pk, owner_id=session.owner_id, message=messages.usage_updated(session)
     )
 
 
@@ -399,16 +367,7 @@ def compaction_execute(
     session = run.session
     if first_start:
         broadcast.broadcast(
-            session_id=session.pk,
-            owner_id=session.owner_id,
-            message={
-                "type": "COMPACTION_START",
-                "sessionId": str(session.pk),
-                "compactionId": str(run.id),
-                "strategy": run.strategy,
-                "trigger": run.trigger,
-                "message": "Compacting conversation to reduce size…",
-            },
+            session_id=session.pk, owner_id=session.owner_id, message=messages.compaction_start(run)
         )
     try:
         with beating(run.pk):
@@ -436,11 +395,12 @@ def _fail(run: CompactionRun, error: str) -> CompactionRun:
         if not failed:
             return run
         session_record_compaction(session_id=run.session_id, snapshot=run_snapshot(run))
+    telemetry.run_span(run)
     session = run.session
     broadcast.broadcast(
         session_id=session.pk,
         owner_id=session.owner_id,
-        message=complete_message(run),
+        message=messages.compaction_complete(run),
     )
     return run
 
@@ -477,9 +437,7 @@ def _execute(run: CompactionRun) -> CompactionRun:
     plan = plan_compaction(
         strategy=run.strategy,
         events=events,
-        budget=_budget(
-            session, target_ratio=target_ratio, strict=_strict(run), summarizer=run.summarizer
-        ),
+        budget=_budget(session, target_ratio=target_ratio, strict=_strict(run)),
         count_tokens=counter.count,
     )
     tokens_before = session.context_tokens
@@ -708,9 +666,12 @@ def _complete(
 def _announce_complete(run_id: uuid.UUID) -> None:
     run = CompactionRun.objects.select_related("session").get(pk=run_id)
     broadcast.broadcast(
-        session_id=run.session_id, owner_id=run.session.owner_id, message=complete_message(run)
+        session_id=run.session_id,
+        owner_id=run.session.owner_id,
+        message=messages.compaction_complete(run),
     )
     broadcast_usage(run.session)
+    telemetry.run_span(run)
 
 
 def compaction_revert(*, run: CompactionRun) -> CompactionRun:
@@ -750,13 +711,12 @@ def compaction_revert(*, run: CompactionRun) -> CompactionRun:
         session_record_compaction(
             session_id=locked.pk, snapshot={**run_snapshot(run), "reverted": True}
         )
-        reverted_message = {
-            "type": "COMPACTION_REVERTED",
-            "sessionId": str(locked.pk),
-            "compactionId": str(run.pk),
-            "tokensBefore": tokens_before,
-            "tokensAfter": locked.context_tokens,
-        }
+        reverted_message = messages.compaction_reverted(
+            session_id=locked.pk,
+            compaction_id=run.pk,
+            tokens_before=tokens_before,
+            tokens_after=locked.context_tokens,
+        )
         session_id, owner_id = locked.pk, locked.owner_id
 
         def announce() -> None:
@@ -794,30 +754,29 @@ def maybe_auto_compact(
                 )
                 logger.info("refresh for %s postponed: a compaction is already active", session_id)
                 return None
-        if not settings.auto_compact or not session.context_limit:
-            return None
-        if session.usage_ratio < settings.compact_threshold:
+        policy = Policy.of(settings)
+        level = session.window_level()
+        if not policy.auto_compact or not level.near_limit:
             return None
         if Thread.objects.filter(session_id=session_id).exists():
             # The gateway compacts its threads in the call path, each when it crosses the
             # threshold (docs/fitting.md); a run here, judged on the whole ledger (side
             # threads included), would only break the forwarded prefix in between.
             return None
-        cooldown = settings.cooldown_seconds
-        since = timezone.now() - timedelta(seconds=cooldown)
-        trigger = Trigger.AUTO
-        if CompactionRun.objects.filter(
-            Q(created_at__gte=since) | Q(status__in=ACTIVE_STATUSES),
-            session=session,
-            trigger=Trigger.AUTO,
-        ).exists():
-            # The cooldown only spaces threshold-triggered runs. Past the hard limit the
-            # context no longer fits: compact now, unless there is nothing left to fold.
-            if session.usage_ratio < settings.hard_limit_threshold:
-                return None
-            if compaction_plan(session=session).plan.is_empty:
-                return None
-            trigger = Trigger.HARD_LIMIT
+        autos = CompactionRun.objects.filter(session=session, trigger=Trigger.AUTO)
+        decision = policy.auto_trigger(
+            level=level,
+            last_auto_at=autos.order_by("-created_at").values_list("created_at", flat=True).first(),
+            auto_active=autos.filter(status__in=ACTIVE_STATUSES).exists(),
+            now=timezone.now(),
+            auto=Trigger.AUTO,
+            hard_limit=Trigger.HARD_LIMIT,
+        )
+        if decision.trigger is None:
+            return None
+        trigger = decision.trigger
+        if decision.needs_plan and compaction_plan(session=session).plan.is_empty:
+            return None
         if CompactionRun.objects.filter(
             session=session, status__in=ACTIVE_STATUSES
         ).exists() and not _recovered(session):
@@ -826,11 +785,7 @@ def maybe_auto_compact(
         broadcast.broadcast(
             session_id=session.pk,
             owner_id=session.owner_id,
-            message={
-                "type": "COMPACTION_PENDING",
-                "sessionId": str(session.pk),
-                "percentUsed": session.percent_used,
-            },
+            message=messages.compaction_pending(session),
         )
         try:
             return compaction_request(session=session, user=None, trigger=trigger)
@@ -880,8 +835,8 @@ def compaction_run_sync(
             target_ratio=target_ratio,
             thread=thread,
         ).plan
-        if not clearing.is_empty and clearing.tokens_after <= int(
-            session.context_limit * target_ratio
+        if not clearing.is_empty and _policy(session).reaches(
+            tokens=clearing.tokens_after, window=session.context_limit, ratio=target_ratio
         ):
             strategy = "clear_tool_results"
     # A clearing plan was just found not empty: planning it again would only repeat the

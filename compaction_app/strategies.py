@@ -22,6 +22,7 @@ from sessions_app.tokens import MESSAGE_OVERHEAD, REPLY_PRIMER, context_tokens
 
 from .evidence import Candidate, Salience, quoted_line
 from .types import (
+    AGENT_MESSAGE,
     COMPACTION,
     CONTEXT_REFRESH,
     SYSTEM_PROMPT,
@@ -225,29 +226,38 @@ def summarize(
     budget: Budget,
     count_tokens: TokenCounter | None = None,
 ) -> Plan:
-    """Fold older agent / tool events into a new running summary.
+    """Fold older agent / tool events into a new running summary, bounded, and keep the newest
+    turns whole in the room the target leaves.
 
-    Kept: system prompts, every user message (USER_MESSAGE, CONTEXT_REFRESH), pinned events
-    and the `budget.keep_recent_events` newest foldable events (rounded up to whole tool
-    groups). Everything else is folded, and so is the existing summary (COMPACTION event),
+    Kept: system prompts, every user message (USER_MESSAGE, CONTEXT_REFRESH), pinned events,
+    the `budget.keep_recent_events` newest foldable events (rounded up to whole tool groups),
+    and then, newest first, whole turns (an agent message with the tool calls it made and
+    their results) while they fit the room: `budget.room_target_tokens` less what is kept and
+    the summary's bound, and outside the call path at most `budget.recent_share` of the
+    context before. The kept tail is contiguous: the fill stops at the first turn that does
+    not fit. Everything older is folded, and so is the existing summary (COMPACTION event),
     which the new summary supersedes. The summary message is reserved
-    `max_summary_tokens + SUMMARY_MESSAGE_OVERHEAD` tokens.
+    `max_summary_tokens + SUMMARY_MESSAGE_OVERHEAD` tokens: the summary never grows into the
+    room.
 
-    The kept events plus that reserve must fit `budget.context_limit`; when they do not, the
-    oldest user messages are folded too (never the latest), then the oldest of the recent
-    events. If nothing folds, the plan is empty.
+    The kept events plus that reserve must fit `budget.context_limit` (with
+    `budget.strict_target`, `budget.target_tokens`); when they do not, the oldest user
+    messages are folded too (never the latest), then the oldest of the recent events. If
+    nothing folds, the plan is empty.
     """
     del count_tokens
     events = _sorted(events)
     reserve = max(budget.max_summary_tokens, 0) + SUMMARY_MESSAGE_OVERHEAD
     units = list(_units(events))
 
-    # Agent / tool units, newest first, split into "recent" (kept) and "old" (folded).
     def is_agent_unit(unit: _Unit) -> bool:
         return not (unit.types & (_USER_TYPES | {SYSTEM_PROMPT, COMPACTION}))
 
+    # Agent / tool units, newest first: the `keep_recent_events` newest are kept, the rest
+    # folded (some come back below, in the room).
     keep_n = max(budget.keep_recent_events, 0)
     recent: list[_Unit] = []
+    older: list[_Unit] = []  # newest first
     kept_events = 0
     folded: set[str] = set()
     for unit in reversed(units):
@@ -257,6 +267,7 @@ def summarize(
             recent.append(unit)
             kept_events += len(unit.events)
         else:
+            older.append(unit)
             folded.update(unit.ids)
     recent.reverse()
 
@@ -302,12 +313,27 @@ def summarize(
                 f"context limit {budget.context_limit} unreachable: kept events cost "
                 f"{kept_total} tokens plus a {reserve}-token summary reserve"
             )
+    elif older:
+        # The room rule: recent work, whole turns, newest first, contiguous.
+        room = _recent_room(
+            budget,
+            kept_total=kept_total,
+            reserve=reserve,
+            work=sum(u.cost for u in older) + sum(u.cost for u in recent),
+        )
+        for turn in _turns_newest_first(older):
+            cost = sum(u.cost for u in turn)
+            if cost > room:
+                break
+            room -= cost
+            kept_total += cost
+            for unit in turn:
+                folded.difference_update(unit.ids)
 
     if not folded:
         return _plan(strategy="summarize", events=events, folded=set(), notes=notes)
     for unit in summaries:
         folded.update(unit.ids)
-    reserve = _summary_reserve(budget, kept_total=kept_total, floor=reserve, limit=limit)
     return _plan(
         strategy="summarize",
         events=events,
@@ -320,19 +346,50 @@ def summarize(
     )
 
 
-def _summary_reserve(budget: Budget, *, kept_total: int, floor: int, limit: int) -> int:
-    """The summary message's reserve: the user's number exactly (`floor`), or, on the auto
-    budget, the room the kept events leave below `budget.room_target_tokens` (the evidence a
-    compaction keeps grows with the room it was given: a window left half empty while facts
-    are dropped wastes it), never below the floor, never past the window or the ceiling."""
+def _recent_room(budget: Budget, *, kept_total: int, reserve: int, work: int) -> int:
+    """The room recent work may take: what the kept events and the summary's reserve leave
+    below `budget.room_target_tokens` (never past the window), and outside the call path at
+    most `budget.recent_share` of the agent's and the tools' work (`work`, the tokens of the
+    foldable agent / tool events): the rest of that work is folded, so the run compacts."""
     if budget.room_target_tokens is None:
-        return floor
-    target = min(budget.room_target_tokens, limit)
-    room = target - kept_total - REPLY_PRIMER
-    reserve = max(floor, room)
-    if budget.summary_ceiling is not None:
-        reserve = min(reserve, max(budget.summary_ceiling + SUMMARY_MESSAGE_OVERHEAD, floor))
-    return reserve
+        return 0
+    target = min(budget.room_target_tokens, budget.context_limit)
+    if budget.strict_target:
+        target = min(target, budget.target_tokens)
+    room = target - kept_total - reserve - REPLY_PRIMER
+    if budget.recent_share is not None:
+        room = min(room, int(work * budget.recent_share))
+    return max(room, 0)
+
+
+def _turns_newest_first(older: Sequence[_Unit]) -> Iterator[list[_Unit]]:
+    """`older` (agent / tool units, newest first) grouped into turns: the tool calls of one
+    assistant message (their events interleave: calls first, then results) go together, with
+    the agent message just before them (the words a model said beside its calls)."""
+    pending: list[_Unit] = []
+    for unit in older:
+        if pending and not _same_turn(unit, pending[-1]):
+            yield list(reversed(pending))
+            pending = []
+        pending.append(unit)
+    if pending:
+        yield list(reversed(pending))
+
+
+def _same_turn(earlier: _Unit, later: _Unit) -> bool:
+    """Whether `earlier` belongs to `later`'s assistant message: parallel calls whose events
+    interleave, or the agent message right before a call."""
+    if not _is_call_group(later):
+        return False
+    first = min(e.seq for e in later.events)
+    last_of_earlier = max(e.seq for e in earlier.events)
+    if _is_call_group(earlier):
+        return last_of_earlier > first
+    return earlier.types == {AGENT_MESSAGE} and last_of_earlier == first - 1
+
+
+def _is_call_group(unit: _Unit) -> bool:
+    return TOOL_CALL in unit.types
 
 
 # --- clear_tool_results ----------------------------------------------------------------------
@@ -489,13 +546,25 @@ def clear_tool_results(
         )
     before = context_cost(events)
     if salience is not None and cleared:
-        cleared = _grow_into_room(
-            count_tokens,
-            cleared=cleared,
-            events=clearable,
-            salience=salience,
-            room=budget.target_tokens - (before - sum(c.tokens_freed for c in cleared)),
+        room = _clearing_room(
+            budget,
+            after=before - sum(c.tokens_freed for c in cleared),
+            work=sum(e.token_count for e in clearable),
         )
+        # The room rule: the newest outputs come back whole first (newest first, while they
+        # fit, contiguous), then the placeholders left keep more of their lines.
+        while cleared and cleared[-1].tokens_freed <= room:
+            room -= cleared[-1].tokens_freed
+            cleared.pop()
+            clearable.pop()
+        if cleared:
+            cleared = _grow_into_room(
+                count_tokens,
+                cleared=cleared,
+                events=clearable,
+                salience=salience,
+                room=room,
+            )
     return Plan(
         strategy="clear_tool_results",
         cleared=tuple(cleared),
@@ -504,6 +573,20 @@ def clear_tool_results(
         events_before=len(events),
         events_after=len(events),
     )
+
+
+def _clearing_room(budget: Budget, *, after: int, work: int) -> int:
+    """The room clearing leaves below its target (`room_target_tokens`, else the run's
+    target) for recent outputs kept whole and fuller placeholders; outside the call path at
+    most `recent_share` of the outputs it clears (`work`)."""
+    target = budget.room_target_tokens
+    if target is None:
+        target = budget.target_tokens
+    target = min(target, budget.target_tokens, budget.context_limit)
+    room = target - after
+    if budget.recent_share is not None:
+        room = min(room, int(work * budget.recent_share))
+    return max(room, 0)
 
 
 # Of the room clearing leaves below its target, what placeholders may take back (the rest is

@@ -34,8 +34,8 @@ from kombu.exceptions import KombuError
 
 from compaction_app.enqueue import send_run
 from compaction_app.models import ACTIVE_STATUSES, CompactionRun, RunStatus
-from compaction_app.realtime import broadcast
-from compaction_app.run_documents import complete_message, run_snapshot
+from compaction_app.realtime import broadcast, messages
+from compaction_app.run_documents import run_snapshot
 from sessions_app.models import Session
 from sessions_app.services import session_record_compaction
 
@@ -149,7 +149,7 @@ def fail_run(
             lambda: broadcast.broadcast(
                 session_id=run.session_id,
                 owner_id=run.session.owner_id,
-                message=complete_message(run),
+                message=messages.compaction_complete(run),
             )
         )
     return run

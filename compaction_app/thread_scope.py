@@ -12,12 +12,12 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from django.core.cache import cache
 from django.db.models import Q, QuerySet
 
+from sessions_app import scope
 from sessions_app.errors import InvalidInput
 from sessions_app.models import Event, EventType, Session
-from sessions_app.threads import main_thread, session_threads, thread_usage
+from sessions_app.threads import main_thread, session_threads
 
 logger = logging.getLogger("compaction_app")
 
@@ -73,44 +73,7 @@ def requested_thread(*, session: Session, key: str | None) -> str:
     return key
 
 
-# What the usage push needs to know of a session's threads, kept in the cache so that a
-# gateway call's push costs no query: "" no threads, "1:<key>" one thread, "n" several. The
-# gateway forgets it whenever it creates a thread (forget_threads).
-_THREADS_KEY = "ledger:threads:{}"
-
-
 def forget_threads(*, session_id: Any) -> None:
-    try:
-        cache.delete(_THREADS_KEY.format(session_id))
-    except Exception:
-        logger.warning("thread cache: forgetting session %s failed", session_id)
-
-
-def session_usage(*, session: Session, usage: dict[str, Any]) -> dict[str, Any]:
-    """The session's usage document as the dashboard and USAGE_UPDATED show it: its main
-    thread's for a session with several threads, exactly as REST /usage answers."""
-    if not session.last_serving_model:
-        # No gateway reply was ever recorded: no thread has answered, and the ledger's
-        # figures are the session's (no look-up on the REST append path).
-        return usage
-    key = _THREADS_KEY.format(session.pk)
-    try:
-        known = cache.get(key)
-    except Exception:
-        known = None
-    if known == "":
-        return usage
-    if isinstance(known, str) and known.startswith("1:"):
-        return {**usage, "thread": known[2:]}
-    threads = session_threads(session=session)
-    if len(threads) < 2:
-        try:
-            cache.set(key, f"1:{threads[0].key}" if threads else "", timeout=3600)
-        except Exception:
-            logger.warning("thread cache: remembering session %s failed", session.pk)
-    elif known is None:
-        try:
-            cache.set(key, "n", timeout=3600)
-        except Exception:
-            logger.warning("thread cache: remembering session %s failed", session.pk)
-    return thread_usage(session=session, usage=usage, key=None)
+    """The usage push's cached knowledge of the session's threads is stale (sessions_app.scope
+    keeps it)."""
+    scope.forget_threads(session_id=session_id)

@@ -50,14 +50,15 @@ class Budget:
 
     context_limit: int
     target_tokens: int
-    # The summary's budget: exactly this when `room_target_tokens` is None (a number the user
-    # set), else the least it gets (the auto floor).
+    # The summary's bound (compaction_app/policy.py): the summary never holds more.
     max_summary_tokens: int = 256
-    # Auto budget: the summary fills the room that the events kept verbatim leave below this
-    # context size (`fitTargetRatio` of the window), never less than `max_summary_tokens`, and
-    # never more than `summary_ceiling` when one is set (a remote model's output limit).
+    # The room rule: what the kept events and the summary's bound leave below this context
+    # size (`fitTargetRatio` of the window) goes to the newest turns kept whole, then to more
+    # lines in the placeholders of cleared outputs; never to the summary. None: no room.
     room_target_tokens: int | None = None
-    summary_ceiling: int | None = None
+    # Outside the call path, recent work takes at most this share of what the context held
+    # before the run (None: all of the room).
+    recent_share: float | None = None
     keep_recent_events: int = 2
     # clear_tool_results keeps this many of the newest tool results untouched.
     keep_recent_tool_results: int = 3

@@ -88,6 +88,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    # The dashboard shows times in the viewer's zone (the ledger_tz cookie).
+    "compaction_app.dashboard.timezone.ViewerTimezoneMiddleware",
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -429,6 +431,8 @@ LEDGER_ANTHROPIC_COUNT_BACKOFF_SECONDS = env_float(
 SUMMARIZER_TIMEOUT_SECONDS = env_float("SUMMARIZER_TIMEOUT_SECONDS", 60.0, minimum=0.1)
 SUMMARIZER_WINDOW_TOKENS = env_int("SUMMARIZER_WINDOW_TOKENS", 100_000, minimum=2_000)
 MEMORY_FLUSH_WEBHOOK_URL = env_str("MEMORY_FLUSH_WEBHOOK_URL")
+# A Prometheus scraper's bearer token for /metrics (staff API tokens work too).
+METRICS_TOKEN = env_str("METRICS_TOKEN")
 MEMORY_FLUSH_WEBHOOK_TIMEOUT_SECONDS = env_float(
     "MEMORY_FLUSH_WEBHOOK_TIMEOUT_SECONDS", 10.0, minimum=0.1
 )

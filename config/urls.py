@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerSplitView
 
+from compaction_app.api.metrics import metrics_view
 from compaction_app.api.root import ApiRootView
 
 urlpatterns = [
@@ -12,6 +13,7 @@ urlpatterns = [
     path("api/v1/", include("sessions_app.api.urls")),
     path("api/v1/", include("compaction_app.api.urls")),
     path("gateway/", include("compaction_app.gateway.urls")),
+    path("metrics", metrics_view, name="metrics"),
     path("accounts/", include("django.contrib.auth.urls")),
     path("", include("compaction_app.dashboard.urls")),
 ]

@@ -12,9 +12,10 @@ from django.http import HttpRequest
 from django.urls import reverse
 from django.utils.html import format_html
 
-from sessions_app import services
+from sessions_app import scope, services
 from sessions_app.errors import LedgerError
 from sessions_app.models import Call, Event, Session
+from sessions_app.pricing import usd_text
 from sessions_app.signals import session_compaction_requested
 
 
@@ -27,7 +28,15 @@ def _as_uuid(term: str) -> uuid.UUID | None:
 
 @admin.register(Session)
 class SessionAdmin(admin.ModelAdmin):
-    list_display = ("display_title", "owner", "model", "context_usage", "events_link", "updated_at")
+    list_display = (
+        "display_title",
+        "owner",
+        "model",
+        "context_usage",
+        "bill",
+        "events_link",
+        "updated_at",
+    )
     list_filter = ("model",)
     list_select_related = ("owner",)
     # A UUID in the search box matches the session id (see get_search_results).
@@ -44,6 +53,7 @@ class SessionAdmin(admin.ModelAdmin):
         "context_limit",
         "settings",
         "context_usage",
+        "bill",
         "event_count",
         "active_event_count",
         "active_tokens",
@@ -70,10 +80,23 @@ class SessionAdmin(admin.ModelAdmin):
     def display_title(self, obj: Session) -> str:
         return obj.title or str(obj.pk)
 
-    @admin.display(description="context tokens / limit")
+    @admin.display(description="context tokens / limit (main thread)")
     def context_usage(self, obj: Session) -> str:
-        percent = 100 * obj.context_tokens / obj.context_limit if obj.context_limit else 0.0
-        return f"{obj.context_tokens:,} / {obj.context_limit:,} ({percent:.1f}%)"
+        # sessions_app.scope: the figure REST /usage, the dashboard and MCP show.
+        context = scope.context_figures(session=obj)
+        text = f"{context.context_tokens:,} / {context.context_limit:,} ({context.percent_used}%)"
+        return f"{text} · thread {context.thread}" if context.thread else text
+
+    @admin.display(description="bill (all threads)")
+    def bill(self, obj: Session) -> str:
+        bill = scope.bill_figures(session=obj, with_calls=False)
+        text = (
+            f"{bill.prompt_tokens:,} prompt + {bill.completion_tokens:,} completion = "
+            f"{bill.total_tokens:,} tokens · {usd_text(bill.cost_usd)}"
+        )
+        if bill.unpriced_calls:
+            text += f" + {scope.unpriced_text(bill.unpriced_calls)}"
+        return text
 
     @admin.display(description="events", ordering="event_count")
     def events_link(self, obj: Session) -> str:

@@ -14,7 +14,9 @@ Three write paths, tried in order:
 The first two guess that every id is new; when they cannot decide alone (a stored id, the
 reported totals' bound, no such session) nothing was written and they raise
 `_TakeCarefulPath`, and the careful path decides. Either way `seq` is gap-free and the counters
-on the session always equal the sums over its stored events. The statements themselves are in
+on the session always equal the sums over its stored events, except the bill's: a call the
+provider answered again (a retry whose reply the ledger already holds) is billed again
+(`bill_again`), as the provider bills it. The statements themselves are in
 `sessions_app.sql`.
 """
 
@@ -231,6 +233,49 @@ class _Added:
     def values(self) -> dict[str, Any]:
         """Plain values to set with the counters: the last model without a price."""
         return {"unpriced_model": self.unpriced_model} if self.unpriced else {}
+
+
+def bill_again(
+    *, session_id: uuid.UUID, model: str, usage: TokenUsage, saved_tokens: int = 0
+) -> bool:
+    """Add one more provider call's usage to the session's bill (tokens, cache, cost, savings)
+    without storing an event: a retried call whose reply the ledger already held. The bill's
+    bounds hold as for an append: past one, nothing is added (False)."""
+    added = _Added(model=model)
+    added.prompt = usage.prompt_tokens or 0
+    added.completion = usage.completion_tokens or 0
+    added.total = (
+        usage.total_tokens if usage.total_tokens is not None else added.prompt + added.completion
+    )
+    added._bill(
+        EventInput(type=EventType.AGENT_MESSAGE, content="", saved_tokens=saved_tokens), usage
+    )
+    deltas = {
+        name: value
+        for name, value in added.deltas().items()
+        if name.startswith(("reported_", "cost_", "saved_", "unpriced_"))
+        and name != "reported_event_count"
+        and value
+    }
+    if not deltas:
+        return True
+    bounds = {
+        name: bound - value
+        for name, value, bound in (
+            ("reported_prompt_tokens", added.prompt, MAX_REPORTED_TOTAL),
+            ("reported_completion_tokens", added.completion, MAX_REPORTED_TOTAL),
+            ("reported_total_tokens", added.total, MAX_REPORTED_TOTAL),
+            ("cost_nano_usd", added.cost_nano, pricing.MAX_TOTAL_NANO_USD),
+            ("saved_nano_usd", added.saved_nano, pricing.MAX_TOTAL_NANO_USD),
+        )
+        if value
+    }
+    if min(bounds.values(), default=0) < 0:
+        return False
+    row = sql.update_session_returning(
+        session_id, deltas=deltas, values=added.values(), at_most=bounds
+    )
+    return row is not None
 
 
 def _same_event(stored: Event, item: EventInput, text: str, is_json: bool) -> bool:

@@ -7,14 +7,15 @@ from __future__ import annotations
 import datetime
 import math
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
-from django.db.models import Count, OuterRef, Q, QuerySet, Subquery, Sum
+from django.db.models import Count, F, OuterRef, Q, QuerySet, Subquery, Sum, Value
+from django.db.models.functions import Coalesce
 
-from sessions_app import pricing
+from sessions_app import call_rollup, pricing
 from sessions_app.models import ERROR_STATUSES, Call, CallStatus, Event, Session
 from sessions_app.storable import storable_text
 from sessions_app.usage_bounds import bound_usage
@@ -30,10 +31,95 @@ def _bounded(text: str, size: int) -> str:
     return storable_text(text)[:size]
 
 
+# Headers the call page shows (lower case); any other is not stored. Credentials among them are
+# masked whole: no part of a key is kept.
+REQUEST_HEADERS = frozenset(
+    {
+        "accept",
+        "anthropic-beta",
+        "anthropic-version",
+        "authorization",
+        "content-length",
+        "content-type",
+        "openai-beta",
+        "openai-organization",
+        "openai-project",
+        "traceparent",
+        "user-agent",
+        "x-api-key",
+        "x-goog-api-client",
+        "x-goog-api-key",
+        "x-ledger-context-limit",
+        "x-ledger-fallback-models",
+        "x-ledger-fit",
+        "x-ledger-key",
+        "x-ledger-session",
+        "x-ledger-thread",
+        "x-stainless-arch",
+        "x-stainless-lang",
+        "x-stainless-os",
+        "x-stainless-package-version",
+        "x-stainless-retry-count",
+        "x-stainless-runtime",
+        "x-stainless-runtime-version",
+    }
+)
+RESPONSE_HEADERS_PREFIXES = ("anthropic-ratelimit-", "x-ratelimit-", "x-ledger-")
+RESPONSE_HEADERS = frozenset(
+    {
+        "content-type",
+        "openai-processing-ms",
+        "openai-version",
+        "request-id",
+        "retry-after",
+        "x-request-id",
+    }
+)
+SECRET_HEADERS = frozenset(
+    {
+        "api-key",
+        "authorization",
+        "cookie",
+        "proxy-authorization",
+        "set-cookie",
+        "x-api-key",
+        "x-goog-api-key",
+        "x-ledger-key",
+    }
+)
+MASK = "••••••"
+# Authorization schemes kept before the mask (the scheme names no secret).
+_SCHEMES = frozenset({"bearer", "basic", "token"})
+MAX_HEADER_VALUE = 200
+MAX_HEADERS = 60
+
+
+def masked_headers(headers: Mapping[str, str], allowed: frozenset[str]) -> dict[str, str]:
+    """The allowed `headers` (lower-cased names, in order), each credential masked: an
+    `Authorization` keeps its scheme ("Bearer ••••••"), any other secret is the mask alone."""
+    out: dict[str, str] = {}
+    for name, value in headers.items():
+        key = str(name).lower()
+        if key not in allowed and not (
+            allowed is RESPONSE_HEADERS and key.startswith(RESPONSE_HEADERS_PREFIXES)
+        ):
+            continue
+        text = str(value)
+        if key in SECRET_HEADERS:
+            scheme = text.strip().split(" ", 1)[0]
+            text = f"{scheme} {MASK}" if scheme.lower() in _SCHEMES and " " in text else MASK
+        out[key] = _bounded(text, MAX_HEADER_VALUE)
+        if len(out) >= MAX_HEADERS:
+            break
+    return out
+
+
 def call_record(
     *,
-    session_id: uuid.UUID,
+    session_id: uuid.UUID | None,
+    owner_id: Any,
     started_at: datetime.datetime,
+    session_key: str = "",
     wire: str,
     status: str,
     thread: str = "",
@@ -55,9 +141,16 @@ def call_record(
     saved_tokens: int = 0,
     attempts: Sequence[dict[str, Any]] = (),
     reply_event_id: uuid.UUID | None = None,
+    gateway_ms: int | None = None,
+    request_headers: Mapping[str, str] | None = None,
+    response_headers: Mapping[str, str] | None = None,
+    fit: dict[str, Any] | None = None,
+    request_map: dict[str, Any] | None = None,
     usage_dropped: dict[str, str] | None = None,
 ) -> Call:
-    """Store one gateway call. Its cost is priced here, as the session's bill prices it.
+    """Store one gateway call (`session_id` None: refused before any session existed; its
+    owner still sees it). Its cost is priced here, as the session's bill prices it; its
+    headers are kept masked (masked_headers), never as they came.
 
     Its usage figures go through the one bound (usage_bounds.bound_usage) the reply's events
     went through: a figure past it is dropped and named in `usage_dropped`, never a bigint
@@ -93,8 +186,10 @@ def call_record(
         ).nano_usd
     # One INSERT, atomic by itself (on SQLite a transaction around it would take the write
     # lock one statement earlier).
-    return Call.objects.create(
+    call = Call.objects.create(
         session_id=session_id,
+        owner_id=owner_id,
+        session_key=_bounded(session_key, 200),
         started_at=started_at,
         wire=_bounded(wire, 32),
         status=status,
@@ -117,8 +212,29 @@ def call_record(
         saved_tokens=max(saved_tokens, 0),
         attempts=list(attempts),
         reply_event_id=reply_event_id,
+        gateway_ms=gateway_ms,
+        headers={
+            "request": masked_headers(request_headers or {}, REQUEST_HEADERS),
+            "response": masked_headers(response_headers or {}, RESPONSE_HEADERS),
+        },
+        fit=fit or {},
+        request_map=request_map or {},
         usage_dropped={str(k)[:40]: _bounded(str(v), 200) for k, v in list(dropped.items())[:10]},
     )
+    # A call saved after its 15-minute window was rolled up (a long stream): that window is
+    # computed again on its next read.
+    call_rollup.invalidate_late(started_at=started_at)
+    return call
+
+
+def calls_attach(*, owner_id: Any, session_key: str, session_id: uuid.UUID) -> int:
+    """The owner's session-less calls made under `session_key` (refused before the session
+    existed) join the session that key has now created; how many."""
+    if not session_key:
+        return 0
+    return Call.objects.filter(
+        owner_id=owner_id, session__isnull=True, session_key=session_key[:200]
+    ).update(session_id=session_id)
 
 
 # --- reads ---------------------------------------------------------------------------------------
@@ -133,9 +249,14 @@ class CallFilters:
     statuses: tuple[str, ...] = ()
     model: str | None = None
     thread: str | None = None
+    # Text in the model (asked for or served), the session's title or the error message.
+    search: str | None = None
+    session_id: Any = None
+    # Staff: one user's calls.
+    user_id: int | None = None
 
     def apply(self, queryset: QuerySet[Call]) -> QuerySet[Call]:
-        if any("\x00" in (value or "") for value in (self.model, self.thread)):
+        if any("\x00" in (value or "") for value in (self.model, self.thread, self.search)):
             # No stored string holds a NUL (and PostgreSQL cannot compare one): no match.
             return queryset.none()
         if self.since is not None:
@@ -149,7 +270,58 @@ class CallFilters:
             queryset = queryset.filter(Q(model_requested=self.model) | Q(model_served=self.model))
         if self.thread:
             queryset = queryset.filter(thread=self.thread)
+        if self.search:
+            text = self.search
+            queryset = queryset.filter(
+                Q(model_requested__icontains=text)
+                | Q(model_served__icontains=text)
+                | Q(session__title__icontains=text)
+                | Q(error__icontains=text)
+                | Q(error_code__icontains=text)
+            )
+        if self.session_id is not None:
+            queryset = queryset.filter(session_id=self.session_id)
+        if self.user_id is not None:
+            queryset = queryset.filter(owner_id=self.user_id)
         return queryset
+
+
+# The calls tables' sort keys (`sort=key` ascending, `sort=-key` descending) and the columns
+# they order by; ties go newest first, then by id (a stable page order).
+SORTS: dict[str, tuple[str, ...]] = {
+    "started": ("started_at",),
+    "session": ("session__title",),
+    "thread": ("thread",),
+    "model": ("model_requested", "model_served"),
+    "status": ("status", "http_status"),
+    "ttfb": ("ttfb_ms",),
+    "total": ("total_ms",),
+    "gateway": ("gateway_ms",),
+    "tokens": ("total_tokens",),
+    "prompt": ("prompt_tokens",),
+    "completion": ("completion_tokens",),
+    "cost": ("cost_nano_usd",),
+    "fitted": ("fitted", "saved_tokens"),
+    "saved": ("saved_tokens",),
+}
+
+
+def ordered(queryset: QuerySet[Call], sort: str | None) -> QuerySet[Call]:
+    """`queryset` in the order `sort` names (default: newest first); None sorts last."""
+    key = (sort or "-started").strip()
+    descending = key.startswith("-")
+    columns = SORTS.get(key.lstrip("-"))
+    if columns is None:
+        raise ValueError(f"sort must be one of {', '.join(SORTS)} (a leading - reverses)")
+    if "total_tokens" in columns:
+        queryset = queryset.annotate(
+            total_tokens=Coalesce("prompt_tokens", Value(0))
+            + Coalesce("completion_tokens", Value(0))
+        )
+    order = [
+        (F(c).desc(nulls_last=True) if descending else F(c).asc(nulls_last=True)) for c in columns
+    ]
+    return queryset.order_by(*order, "-started_at", "id")
 
 
 def calls_visible_to(
@@ -158,14 +330,14 @@ def calls_visible_to(
     session: Session | None = None,
     filters: CallFilters | None = None,
 ) -> QuerySet[Call]:
-    """Calls of `session`, or of every session the user may see (staff: every user's),
-    newest first."""
+    """Calls of `session`, or every call the user may see (their own, session-less refusals
+    included; staff: every user's), newest first."""
     if session is not None:
         queryset = Call.objects.filter(session=session)
     elif getattr(user, "is_staff", False):
         queryset = Call.objects.all()
     else:
-        queryset = Call.objects.filter(session__owner_id=user.pk)
+        queryset = Call.objects.filter(owner_id=user.pk)
     if filters is not None:
         queryset = filters.apply(queryset)
     return with_reply_seq(queryset).order_by("-started_at", "id")
@@ -247,7 +419,9 @@ def call_document(call: Call) -> dict[str, Any]:
     """A call as the API shows it."""
     return {
         "id": str(call.id),
-        "sessionId": str(call.session_id),
+        # None: refused before any session existed (sessionKey is what the client sent).
+        "sessionId": str(call.session_id) if call.session_id else None,
+        "sessionKey": call.session_key,
         "startedAt": call.started_at.isoformat().replace("+00:00", "Z"),
         "wire": call.wire,
         "thread": call.thread,
@@ -276,3 +450,76 @@ def call_document(call: Call) -> dict[str, Any]:
         "replySeq": getattr(call, "reply_seq", None),
         "usageDropped": call.usage_dropped or {},
     }
+
+
+# --- export ---------------------------------------------------------------------------------------
+
+CSV_COLUMNS = (
+    "id",
+    "sessionId",
+    "startedAt",
+    "wire",
+    "thread",
+    "modelRequested",
+    "modelServed",
+    "status",
+    "httpStatus",
+    "errorCode",
+    "error",
+    "stream",
+    "gatewayMs",
+    "ttfbMs",
+    "totalMs",
+    "promptTokens",
+    "cachedInputTokens",
+    "cacheWriteTokens",
+    "completionTokens",
+    "totalTokens",
+    "costUsd",
+    "fitted",
+    "forwardedTokens",
+    "savedTokens",
+    "failovers",
+    "replySeq",
+)
+
+
+def export_rows(queryset: QuerySet[Call], *, chunk: int = 2000) -> Iterator[dict[str, Any]]:
+    """Every call of `queryset` as the API shows it (plus gatewayMs), read in chunks: an
+    export of a million calls holds one chunk at a time."""
+    for call in queryset.iterator(chunk_size=chunk):
+        document = call_document(call)
+        document["gatewayMs"] = call.gateway_ms
+        yield document
+
+
+def _csv_cell(value: Any) -> Any:
+    if value is None:
+        return ""
+    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
+        # A spreadsheet would run it as a formula: kept as text.
+        return "'" + value
+    return value
+
+
+def csv_lines(queryset: QuerySet[Call]) -> Iterator[str]:
+    """The calls as CSV text, a header line first, one line per call."""
+    import csv
+    import io
+
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(CSV_COLUMNS)
+    yield buffer.getvalue()
+    for document in export_rows(queryset):
+        buffer.seek(0)
+        buffer.truncate()
+        writer.writerow([_csv_cell(document.get(name)) for name in CSV_COLUMNS])
+        yield buffer.getvalue()
+
+
+def ndjson_lines(queryset: QuerySet[Call]) -> Iterator[str]:
+    import json
+
+    for document in export_rows(queryset):
+        yield json.dumps(document, ensure_ascii=False) + "\n"

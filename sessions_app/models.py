@@ -5,7 +5,9 @@ import uuid
 from django.conf import settings
 from django.db import models
 
+from sessions_app.context_window import WindowLevel, window_level
 from sessions_app.event_types import EventType
+from sessions_app.session_settings import SessionSettings
 from sessions_app.tokens import REPLY_PRIMER
 
 
@@ -123,14 +125,21 @@ class Session(models.Model):
         # The reply primer is counted only when there is something to send.
         return self.active_tokens + REPLY_PRIMER if self.active_event_count else 0
 
-    @property
-    def usage_ratio(self) -> float:
-        return self.context_tokens / self.context_limit if self.context_limit else 0.0
+    def window_level(self, context_tokens: int | None = None) -> WindowLevel:
+        """How full the session's window is at `context_tokens` (default: the whole active
+        context), under its own thresholds: `context_window.window_level`, the one place."""
+        settings = SessionSettings.of(self.settings)
+        return window_level(
+            tokens=self.context_tokens if context_tokens is None else context_tokens,
+            window=self.context_limit,
+            compact_threshold=settings.compact_threshold,
+            hard_threshold=settings.hard_limit_threshold,
+        )
 
     @property
     def percent_used(self) -> float:
         """`percentUsed`: 100 × contextTokens / contextLimit, one decimal."""
-        return round(100 * self.usage_ratio, 1)
+        return self.window_level().percent_used
 
 
 class Event(models.Model):
@@ -272,7 +281,21 @@ class Call(models.Model):
     hot path); the reply itself is in the session's events (`reply_seq`)."""
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
-    session = models.ForeignKey(Session, on_delete=models.CASCADE, related_name="calls")
+    # None: refused before any session existed (a first call naming an unknown model, bad
+    # JSON, no X-Ledger-Session); its `session_key` joins it to the session that key later
+    # creates. Every call has the owner of the API token it came with: who may see it.
+    session = models.ForeignKey(
+        Session, on_delete=models.CASCADE, related_name="calls", null=True, blank=True
+    )
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.CASCADE,
+        related_name="ledger_calls",
+        null=True,
+        blank=True,
+    )
+    # The X-Ledger-Session the client sent (a session id or its own key).
+    session_key = models.CharField(max_length=200, blank=True, default="")
     started_at = models.DateTimeField()
     wire = models.CharField(max_length=32)
     thread = models.CharField(max_length=200, blank=True, default="")
@@ -309,17 +332,88 @@ class Call(models.Model):
     # The reply's first event (its id is derived before it is stored, so the call is written
     # without looking it up; None: no reply). Readers resolve its seq (calls.with_reply_seq).
     reply_event_id = models.UUIDField(null=True, blank=True)
+    # Milliseconds from the request's arrival to its first send upstream: the gateway's own
+    # time before the provider (None: never forwarded).
+    gateway_ms = models.PositiveIntegerField(null=True, blank=True)
+    # The request's and the response's headers the call page shows: an allowlist, every
+    # credential masked before it is stored (sessions_app.call_story.masked_headers).
+    headers = models.JSONField(default=dict, blank=True)
+    # How fitting treated the request: {"how": as_sent|fitted|compacted|pruned|ledger|off,
+    # "pruned": [[first, last], ...] request indices a per-call prune dropped, when known}.
+    fit = models.JSONField(default=dict, blank=True)
+    # Where the request's messages are in the ledger, so the call page rebuilds them without a
+    # second copy of any body: {"after": the event id of the last message it continued (a
+    # previous call's reply or message), "seqs": [[first, last], ...] the events of its own new
+    # messages, "messages": how many it sent, "replyParts": events of its reply}.
+    request_map = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["-started_at", "id"]
         indexes = [
             models.Index(fields=["session", "-started_at"], name="call_session_time_idx"),
             models.Index(fields=["-started_at"], name="call_time_idx"),
+            models.Index(fields=["owner", "-started_at"], name="call_owner_time_idx"),
         ]
 
     def __str__(self) -> str:
-        return f"{self.session_id} {self.started_at:%Y-%m-%d %H:%M:%S} {self.status}"
+        where = self.session_id or f"(no session) {self.session_key}"
+        return f"{where} {self.started_at:%Y-%m-%d %H:%M:%S} {self.status}"
 
     @property
     def failovers(self) -> int:
         return max(len(self.attempts or []) - 1, 0)
+
+
+class CallRollupBucket(models.Model):
+    """A 15-minute window of calls (by start) whose rollup rows are stored. Written first in
+    the transaction that stores them, so a late call (one saved after its window closed)
+    that deletes it waits for that transaction and the window is computed again on the next
+    read (sessions_app.call_rollup)."""
+
+    bucket = models.DateTimeField(primary_key=True)
+    computed_at = models.DateTimeField(auto_now_add=True)
+
+    def __str__(self) -> str:
+        return f"{self.bucket:%Y-%m-%d %H:%M}"
+
+
+class CallRollup(models.Model):
+    """The calls of one 15-minute window for one session, model, status, wire and stream:
+    counts, tokens by kind, cost and latency histograms. What the usage pages and /metrics
+    read instead of every call (sessions_app.call_rollup). A deleted session's rows stay,
+    without it: the money was spent."""
+
+    bucket = models.ForeignKey(
+        CallRollupBucket, on_delete=models.CASCADE, related_name="rows", db_column="bucket"
+    )
+    session = models.ForeignKey(
+        Session, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    model = models.CharField(max_length=200, blank=True, default="")
+    status = models.CharField(max_length=32)
+    wire = models.CharField(max_length=32)
+    stream = models.BooleanField(default=False)
+    calls = models.PositiveIntegerField(default=0)
+    prompt_tokens = models.PositiveBigIntegerField(default=0)
+    cached_input_tokens = models.PositiveBigIntegerField(default=0)
+    cache_write_tokens = models.PositiveBigIntegerField(default=0)
+    completion_tokens = models.PositiveBigIntegerField(default=0)
+    cost_nano_usd = models.PositiveBigIntegerField(default=0)
+    unpriced_calls = models.PositiveIntegerField(default=0)
+    fitted = models.PositiveIntegerField(default=0)
+    saved_tokens = models.PositiveBigIntegerField(default=0)
+    # {"total" | "ttfb" | "gateway": {"sum": ms, "count": n, "h": {edge index: n}}}
+    latency = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["bucket", "owner"], name="call_rollup_bucket_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.bucket_id} {self.model} {self.status} × {self.calls}"

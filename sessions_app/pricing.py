@@ -61,6 +61,26 @@ def usd(nano: int) -> float:
     return round(nano / NANO_PER_USD, 9)
 
 
+def usd_text(amount: float | Decimal | None) -> str:
+    """A dollar amount as every page shows it: thousands separators, cents from a dollar up,
+    four decimals below it, and two significant digits below a cent, so a small cost is never
+    "$0.0000" ("$0.000042"); None is "—"."""
+    if amount is None:
+        return "—"
+    value = Decimal(str(amount))
+    if value == 0:
+        return "$0.00"
+    sign, value = ("−", -value) if value < 0 else ("", value)
+    if value >= 1:
+        return f"{sign}${value:,.2f}"
+    if value >= Decimal("0.01"):
+        return f"{sign}${value:.4f}"
+    if value < Decimal("0.000000001"):
+        return f"{sign}<$0.000000001"
+    digits = max(2 - value.adjusted() - 1, 2)  # two significant digits
+    return f"{sign}${value:.{digits}f}"
+
+
 def _clean(value: int) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
 

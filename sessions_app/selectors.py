@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db.models import QuerySet
 
-from sessions_app import pricing, render, tokens
+from sessions_app import render, scope, tokens
 from sessions_app.errors import NotFound
 from sessions_app.exact_counts import exact_counting_enabled
 from sessions_app.models import Event, EventType, Session, TokenProvenance
-from sessions_app.session_settings import SessionSettings
 from sessions_app.storable import load_stored
 
 
@@ -44,61 +45,12 @@ def event_get(*, session: Session, event_id: Any) -> Event:
         raise NotFound("event not found") from None
 
 
-def usage_for_session(*, session: Session) -> dict[str, Any]:
-    """The usage document of the design, from counters only (O(1) in session size)."""
-    settings = SessionSettings.of(session.settings)
-    ratio = session.usage_ratio
-    return {
-        "totalPromptTokens": session.reported_prompt_tokens,
-        "totalCompletionTokens": session.reported_completion_tokens,
-        "totalTokens": session.reported_total_tokens,
-        "reportedEventCount": session.reported_event_count,
-        "contextTokens": session.context_tokens,
-        "contextLimit": session.context_limit,
-        "percentUsed": session.percent_used,
-        "nearLimit": ratio >= settings.compact_threshold,
-        "atLimit": ratio >= settings.hard_limit_threshold,
-        "model": session.model,
-        "encoding": session.encoding,
-        "exact": counter_is_exact(session=session),
-        "cumulativeTokens": session.cumulative_tokens,
-        "refreshThresholdTokens": settings.refresh_threshold_tokens,
-        "lastCompaction": session.last_compaction,
-        "lastProviderPromptTokens": session.last_provider_prompt_tokens,
-        "countDriftPercent": count_drift_percent(session=session),
-        **bill_for_session(session=session),
-    }
-
-
-def bill_for_session(*, session: Session) -> dict[str, Any]:
-    """The provider bill from the session's counters: cache figures, cost and savings."""
-    unknown = None
-    if session.unpriced_calls:
-        unknown = (
-            f"no price is known for model {session.unpriced_model!r} "
-            f"({session.unpriced_calls} call{'s' if session.unpriced_calls != 1 else ''})"
-        )
-    return {
-        "cachedInputTokens": session.reported_cached_input_tokens,
-        "cacheWriteTokens": session.reported_cache_write_tokens,
-        "cacheHitRate": pricing.hit_rate(
-            cached=session.reported_cached_input_tokens,
-            input_tokens=session.reported_prompt_tokens,
-        ),
-        "costUsd": None if unknown else pricing.usd(session.cost_nano_usd),
-        "costUnknownReason": unknown,
-        "savedTokens": session.saved_tokens,
-        "savedUsd": None if unknown else pricing.usd(session.saved_nano_usd),
-    }
-
-
-def count_drift_percent(*, session: Session) -> float | None:
-    """How far the provider's reported prompt tokens for the last gateway call were from our
-    count of what was forwarded: 100 × (provider − ours) / ours, one decimal."""
-    ours, theirs = session.last_forwarded_tokens, session.last_provider_prompt_tokens
-    if not ours or theirs is None:
-        return None
-    return round(100 * (theirs - ours) / ours, 1)
+def usage_for_session(*, session: Session, thread: str | None = None) -> dict[str, Any]:
+    """The usage document of the design under the scope rule (sessions_app.scope): context
+    figures of `thread` (None: the main thread), the session's bill; from counters only."""
+    return scope.usage_document(
+        session=session, thread=thread, extra={"exact": counter_is_exact(session=session)}
+    )
 
 
 def counter_is_exact(*, session: Session) -> bool:
@@ -145,6 +97,66 @@ def active_events(*, session: Session) -> list[Event]:
     return render.context_order(
         list(Event.objects.filter(session=session).active().order_by("seq"))
     )
+
+
+@dataclass(frozen=True)
+class EventHead:
+    """What the window math needs of an active event, without its content: a session of a
+    million tokens is measured and pruned from these, and only the events kept are read
+    whole (`events_by_id`)."""
+
+    id: str
+    seq: int
+    type: str
+    cost: int
+    tool_call_id: str
+
+
+def active_heads(*, session: Session) -> list[EventHead]:
+    """The active context's events, content left out, in send order (system prompts, the
+    summary, then every other event by seq, as `render.context_order`)."""
+    rows = (
+        Event.objects.filter(session=session)
+        .active()
+        .order_by("seq")
+        .values_list("id", "seq", "type", "token_count", "cleared_token_count", "tool_call_id")
+    )
+    heads = [
+        EventHead(
+            id=str(pk),
+            seq=seq,
+            type=kind,
+            cost=cleared if cleared is not None else cost,
+            tool_call_id=call,
+        )
+        for pk, seq, kind, cost, cleared, call in rows
+    ]
+    first = (EventType.SYSTEM_PROMPT, EventType.COMPACTION)
+    return (
+        [h for h in heads if h.type == EventType.SYSTEM_PROMPT]
+        + [h for h in heads if h.type == EventType.COMPACTION]
+        + [h for h in heads if h.type not in first]
+    )
+
+
+def events_of(*, session: Session, heads: Sequence[EventHead]) -> list[Event]:
+    """The events `heads` stand for, whole, in send order (`render.context_order`). Read as
+    the system prompts and the summary by seq, then one range from the oldest other event on:
+    what fitting keeps is a recent tail, and a list of thousands of ids in one IN costs more
+    than the rows."""
+    if not heads:
+        return []
+    wanted = {head.id for head in heads}
+    first = (EventType.SYSTEM_PROMPT, EventType.COMPACTION)
+    leading = [head.seq for head in heads if head.type in first]
+    tail = [head.seq for head in heads if head.type not in first]
+    events: list[Event] = []
+    for start in range(0, len(leading), 500):
+        events += Event.objects.filter(session=session, seq__in=leading[start : start + 500])
+    if tail:
+        events += Event.objects.filter(session=session, seq__gte=min(tail)).active()
+    chosen = sorted({e.pk: e for e in events if str(e.pk) in wanted}.values(), key=lambda e: e.seq)
+    return render.context_order(chosen)
 
 
 def event_content(event: Event) -> Any:

@@ -11,6 +11,7 @@ lock is taken: it is the expensive part and needs no database.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import uuid
 from collections.abc import Mapping, Sequence
@@ -25,7 +26,7 @@ from django.db.models import Count, F, Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from sessions_app import tokens
+from sessions_app import scope, tokens
 from sessions_app.append import (
     MAX_REPORTED_TOTAL,
     AppendResult,
@@ -33,13 +34,17 @@ from sessions_app.append import (
     Prepared,
     TokenUsage,
     append_prepared,
+    bill_again,
 )
+from sessions_app.calls import calls_attach
 from sessions_app.errors import InvalidInput
 from sessions_app.model_registry import ModelRegistry
 from sessions_app.models import Event, EventType, Session, Thread
 from sessions_app.session_settings import validate_settings
 from sessions_app.sql import RowUpdate
 from sessions_app.storable import SURROGATE
+
+logger = logging.getLogger("sessions_app")
 
 __all__ = [
     "COMPACT_COMMAND",
@@ -158,6 +163,9 @@ def session_create(
             settings=resolved,
             client_key=client_key,
         )
+        if client_key:
+            # Calls refused before this key had a session (a typo'd model, bad JSON) join it.
+            calls_attach(owner_id=owner.pk, session_key=client_key, session_id=session.pk)
         if system_prompt:
             event_append(
                 session=session,
@@ -445,6 +453,8 @@ def thread_get_or_create(
                 anchor_index=anchor_index,
                 anchor_hash=anchor_hash,
             )
+        # The usage figures' cached view of the session's threads is stale (scope.py).
+        transaction.on_commit(lambda: scope.forget_threads(session_id=session.pk))
         return created, True
     except IntegrityError:
         return Thread.objects.get(session=session, key=key), False
@@ -470,6 +480,16 @@ def thread_note_error(*, session: Session, thread: Thread | None, text: str, mai
         created = True
     Thread.objects.filter(pk=target.pk).update(last_error=text[:500])
     return created
+
+
+def session_bill_call_again(
+    *, session_id: uuid.UUID, model: str, usage: TokenUsage, saved_tokens: int = 0
+) -> None:
+    """A call the provider answered whose reply the ledger already held (a retry, the same
+    request sent twice): the provider billed it, so the session's bill counts it (tokens,
+    cache, cost, savings); no event is stored (sessions_app.scope)."""
+    if not bill_again(session_id=session_id, model=model, usage=usage, saved_tokens=saved_tokens):
+        logger.warning("session %s: a retried call's usage is past the bill's bound", session_id)
 
 
 def session_note_reply(*, session_id: uuid.UUID, updates: Mapping[str, Any]) -> None:

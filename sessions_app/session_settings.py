@@ -30,7 +30,8 @@ class SessionSettings:
     cooldown_seconds: int = 60
     strategy: str = "summarize"
     summarizer: str = "local"
-    max_summary_tokens: int | None = None  # auto: see resolve_max_summary_tokens
+    # None: auto, the bound compaction_app/policy.py computes from the window.
+    max_summary_tokens: int | None = None
     keep_recent_events: int = 2
     refresh_threshold_tokens: int = 800_000
 
@@ -52,10 +53,6 @@ class SessionSettings:
             refresh_threshold_tokens=int(value["refresh_threshold_tokens"]),
         )
 
-    def summary_budget(self, context_limit: int) -> int:
-        """The summary budget `max_summary_tokens` stands for in a window of `context_limit`."""
-        return resolve_max_summary_tokens(self.max_summary_tokens, context_limit)
-
 
 def _camel(name: str) -> str:
     head, *rest = name.split("_")
@@ -69,21 +66,6 @@ _FIELD_FOR_KEY: dict[str, str] = {_camel(f.name): f.name for f in fields(Session
 DEFAULTS: dict[str, Any] = {
     key: getattr(SessionSettings(), name) for key, name in _FIELD_FOR_KEY.items()
 }
-
-
-# maxSummaryTokens null ("auto"): 2 % of the context limit, at least 256 and at most 8,192.
-AUTO_SUMMARY_SHARE = 0.02
-AUTO_SUMMARY_MIN = 256
-AUTO_SUMMARY_MAX = 8_192
-
-
-def resolve_max_summary_tokens(value: Any, context_limit: int) -> int:
-    """The summary budget a session's `maxSummaryTokens` setting stands for: a number is
-    obeyed exactly; null means auto, 2 % of `context_limit` within 256 … 8,192."""
-    if value is not None:
-        return int(value)
-    auto = int(context_limit * AUTO_SUMMARY_SHARE)
-    return max(AUTO_SUMMARY_MIN, min(AUTO_SUMMARY_MAX, auto))
 
 
 def _check_bool(key: str, value: Any) -> bool:

@@ -1,17 +1,15 @@
 """Threads of a session (selectors, read only): which writer's conversation is the main one.
 
 The main thread is the one the client named `main` (`X-Ledger-Thread: main`), else the
-longest-lived: the most calls, the earliest on a tie. The session's usage is its main
-thread's; side calls, sub-agents and workers are listed after it.
+longest-lived: the most calls, the earliest on a tie. The session's context figures are its
+main thread's (sessions_app.scope); side calls, sub-agents and workers are listed after it.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from sessions_app.errors import NotFound
 from sessions_app.models import Session, Thread
-from sessions_app.session_settings import SessionSettings
 
 MAIN_NAME = "main"
 
@@ -35,33 +33,12 @@ def main_thread(*, session: Session) -> Thread | None:
     return threads[0] if threads else None
 
 
-def thread_usage(*, session: Session, usage: dict[str, Any], key: str | None) -> dict[str, Any]:
-    """`/usage` for one thread: the session's usage document with the thread's own context
-    (what its last call forwarded) and provider totals. `key` None: the main thread's, when
-    the session has several writers (one thread, or none: the session's own figures)."""
-    threads = session_threads(session=session)
-    if key is None:
-        if not threads:
-            return usage  # no gateway threads: the design's document as it is
-        if len(threads) < 2:
-            return {**usage, "thread": threads[0].key}
-        thread = threads[0]
-    else:
-        found = next((t for t in threads if t.key == key), None)
-        if found is None:
-            raise NotFound("thread not found")
-        thread = found
-    settings = SessionSettings.of(session.settings)
-    limit = session.context_limit
-    ratio = thread.context_tokens / limit if limit else 0.0
-    return {
-        **usage,
-        "thread": thread.key,
-        "contextTokens": thread.context_tokens,
-        "percentUsed": round(100 * ratio, 1),
-        "nearLimit": ratio >= settings.compact_threshold,
-        "atLimit": ratio >= settings.hard_limit_threshold,
-        "totalPromptTokens": thread.prompt_tokens,
-        "totalCompletionTokens": thread.completion_tokens,
-        "totalTokens": thread.prompt_tokens + thread.completion_tokens,
-    }
+def threads_by_session(*, session_ids: list[Any]) -> dict[Any, list[Thread]]:
+    """Each session's threads, main first (one query for a page of sessions)."""
+    grouped: dict[Any, list[Thread]] = {}
+    for thread in Thread.objects.filter(session_id__in=session_ids).order_by("created_at", "id"):
+        grouped.setdefault(thread.session_id, []).append(thread)
+    for key, threads in grouped.items():
+        main = min(threads, key=_rank)
+        grouped[key] = [main, *[t for t in threads if t.pk != main.pk]]
+    return grouped

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import faulthandler
 import os
 import sys
@@ -32,6 +33,28 @@ def pytest_sessionfinish(session, exitstatus):
     _exit_status = int(exitstatus)
 
 
+def _remove_sqlite_companions(config) -> None:
+    """Django removes the embedded profile's test database file, not SQLite's WAL companions
+    (`-wal`, `-shm`) that a live server or worker thread's connection left beside it: remove
+    them once the run (this process's: each xdist worker has its own database) is over."""
+    if not config.pluginmanager.hasplugin("django"):
+        return
+    try:
+        from django.conf import settings
+
+        database = settings.DATABASES["default"]
+    except Exception:
+        return
+    if database.get("ENGINE") != "django.db.backends.sqlite3":
+        return
+    name = str((database.get("TEST") or {}).get("NAME") or "")
+    if not name or os.path.exists(name):
+        return  # kept (--reuse-db) or never made
+    for suffix in ("-wal", "-shm", "-journal"):
+        with contextlib.suppress(OSError):
+            os.remove(name + suffix)
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_unconfigure(config):
     """A test that leaves a thread which never ends (an event loop whose task ignores its
@@ -40,6 +63,7 @@ def pytest_unconfigure(config):
 
     Not in a pytest-xdist worker: a worker that is done waits, alive, for the controller to
     end the run, and the controller terminates a worker that does not exit (10 s)."""
+    _remove_sqlite_companions(config)
     if os.environ.get("PYTEST_XDIST_WORKER"):
         return
 

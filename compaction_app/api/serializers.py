@@ -144,9 +144,20 @@ class RunningSummarySerializer(serializers.Serializer):
     summary = serializers.CharField()
     summarizedMessageIds = serializers.ListField(child=serializers.UUIDField())
     lastSummarizedMessageId = serializers.UUIDField(allow_null=True)
-    tokenCount = serializers.IntegerField()
+    tokenCount = serializers.IntegerField(
+        help_text="The summary text's own tokens (what maxSummaryTokens bounds)."
+    )
+    messageTokenCount = serializers.IntegerField(
+        allow_null=True,
+        help_text="What the summary costs in the context: its COMPACTION event's tokenCount "
+        "(the text plus the message framing), as the dashboard shows it.",
+    )
     updatedAt = serializers.DateTimeField()
 
 
-def summary_to_dict(summary: RunningSummary) -> dict[str, Any]:
-    return {**summary.snapshot(), "updatedAt": iso_datetime(summary.updated_at)}
+def summary_to_dict(summary: RunningSummary, *, message_tokens: int | None) -> dict[str, Any]:
+    return {
+        **summary.snapshot(),
+        "messageTokenCount": message_tokens,
+        "updatedAt": iso_datetime(summary.updated_at),
+    }

@@ -1,8 +1,9 @@
 from django.urls import path
 
-from compaction_app.api import context, views
+from compaction_app.api import calls, context, views
 
 urlpatterns = [
+    path("calls/<str:call_id>", calls.CallDetailView.as_view(), name="call-detail"),
     path(
         "sessions/<str:session_id>/context",
         context.SessionContextView.as_view(),

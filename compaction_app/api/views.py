@@ -87,4 +87,9 @@ class SessionSummaryView(APIView):
     @extend_schema(responses={200: s.RunningSummarySerializer, **errors(404)})
     def get(self, request: Request, session_id: str) -> Response:
         session = session_get(user=request.user, session_id=session_id)
-        return Response(s.summary_to_dict(selectors.running_summary_get(session=session)))
+        return Response(
+            s.summary_to_dict(
+                selectors.running_summary_get(session=session),
+                message_tokens=selectors.summary_message_tokens(session=session),
+            )
+        )

@@ -218,9 +218,15 @@ class ChartGeometry:
     thresholds: tuple[tuple[float, str, str], ...] = ()
     axis: str = "seq"
     # The drop labels drawn ("−1,234" above a mark, or beside it): x (middle), y (baseline),
-    # text. Only those that overlap no other label, no threshold, limit or axis label and no
+    # text. Only those that overlap no other label, no line (threshold, limit, data) and no
     # mark (place_mark_labels).
     mark_labels: tuple[tuple[float, float, str], ...] = ()
+    # The thresholds' labels, each where it crosses no line and no other label: x (start), y
+    # (baseline), text, css class; a label with no free place is left out (the gauge's legend
+    # names the thresholds too).
+    threshold_labels: tuple[tuple[float, float, str, str], ...] = ()
+    # The limit's label ("limit 128,000"): x (end), y (baseline), text; None when no free place.
+    limit_label: tuple[float, float, str] | None = None
 
 
 # Label boxes are estimated in the viewBox's units (the SVG scales as a whole): the CSS sets
@@ -248,20 +254,118 @@ def _label_box(center_x: float, baseline: float, text: str) -> Box:
     return (center_x - half, baseline - LABEL_HEIGHT + 1, center_x + half, baseline + 2)
 
 
+Segment = tuple[float, float, float, float]  # x1, y1, x2, y2
+# Half the data line's stroke, and a little air: a label this close reads as struck through.
+LINE_CLEARANCE = 2.0
+
+
+def _crosses(box: Box, segment: Segment) -> bool:
+    """Whether the segment passes through the box (Liang–Barsky clipping), the box grown by
+    the line's clearance."""
+    left, top, right, bottom = (
+        box[0] - LINE_CLEARANCE,
+        box[1] - LINE_CLEARANCE,
+        box[2] + LINE_CLEARANCE,
+        box[3] + LINE_CLEARANCE,
+    )
+    x1, y1, x2, y2 = segment
+    dx, dy = x2 - x1, y2 - y1
+    start, end = 0.0, 1.0
+    for p, q in ((-dx, x1 - left), (dx, right - x1), (-dy, y1 - top), (dy, bottom - y1)):
+        if p == 0:
+            if q < 0:
+                return False
+            continue
+        u = q / p
+        if p < 0:
+            start = max(start, u)
+        else:
+            end = min(end, u)
+        if start > end:
+            return False
+    return True
+
+
+def _free(box: Box, taken: Sequence[Box], segments: Sequence[Segment]) -> bool:
+    return not any(_overlaps(box, other) for other in taken) and not any(
+        _crosses(box, segment) for segment in segments
+    )
+
+
+def place_line_labels(
+    *,
+    lines: Sequence[tuple[float, str, str]],
+    limit: tuple[float, str] | None,
+    taken: list[Box],
+    segments: Sequence[Segment],
+    left: float,
+    right: float,
+    top: float,
+    bottom: float,
+) -> tuple[tuple[tuple[float, float, str, str], ...], tuple[float, float, str] | None]:
+    """Places for the threshold labels and the limit's: for each, the first spot along its
+    line (below it, then above it; from the left, then the right, then between) where it
+    crosses no line and no label placed before it. Boxes placed are added to `taken`."""
+    placed: list[tuple[float, float, str, str]] = []
+    # A line label's box from its baseline: the axis font (up to 12 px on the phone's
+    # drawing) rises about 11 px above it and descends 3 below; a pixel of air each way.
+    rise, fall = 12.0, 4.0
+
+    def spot(y: float, text: str) -> tuple[float, float] | None:
+        width = len(text) * CHAR_WIDTH + 2
+        starts = [left + 4, right - 4 - width]
+        span = right - 4 - width - (left + 4)
+        if span > 0:
+            starts += [left + 4 + span * k / 6 for k in range(1, 6)]
+        # Below the line (the box's top clear of it), then above it.
+        for baseline in (y + rise + 2, y - fall - 2):
+            for start in starts:
+                box = (start - 1, baseline - rise, start + width, baseline + fall)
+                if box[1] < top - 12 or box[3] > bottom or box[0] < 0:
+                    continue
+                if _free(box, taken, segments):
+                    taken.append(box)
+                    return start, baseline
+        return None
+
+    for y, text, css in lines:
+        where = spot(y, text)
+        if where is not None:
+            placed.append((round(where[0], 1), round(where[1], 1), text, css))
+    limit_label = None
+    if limit is not None:
+        y, text = limit
+        width = len(text) * CHAR_WIDTH + 2
+        for baseline in (y - fall - 2, y + rise + 2):
+            for end in (right, left + 4 + width):
+                box = (end - width, baseline - rise, end + 1, baseline + fall)
+                if box[1] < -4 or box[3] > bottom:
+                    continue
+                if _free(box, taken, segments):
+                    taken.append(box)
+                    limit_label = (round(end, 1), round(baseline, 1), text)
+                    break
+            if limit_label is not None:
+                break
+    return tuple(placed), limit_label
+
+
 def place_mark_labels(
     *,
     marks: Sequence[tuple[float, float, float, Mark]],
     fixed: Sequence[Box],
     width: float,
     height: float | None = None,
+    segments: Sequence[Segment] = (),
 ) -> tuple[tuple[float, float, str], ...]:
     """The drop labels that fit: newest first (the run people look for), each kept only if
     its box overlaps no label already kept, none of the `fixed` boxes (threshold, limit and
     axis labels) and no other mark's line or dot, inside the chart. A label sits above its
     drop; where that is taken it sits beside the drop, left or right of its line, so runs
     close together (twelve in a minute after an idle day, on a time axis) stack their labels
-    down the column instead of dropping all but one. Returned in the marks' order; text
-    anchored at its middle."""
+    down the column instead of dropping all but one. No label crosses one of `segments` (the
+    data line; its own drop excepted, which the label sits beside). Returned in the marks'
+    order; text anchored at its middle."""
     # Every mark's line and dot: a label on them would be read as crossed out.
     glyphs: list[Box] = []
     for x, y_before, y_after, _ in marks:
@@ -284,7 +388,7 @@ def place_mark_labels(
             box = _label_box(center, baseline, text)
             if box[0] < 0 or box[2] > width or box[1] < 0 or box[3] > bottom:
                 continue
-            if any(_overlaps(box, other) for other in taken):
+            if not _free(box, taken, segments):
                 continue
             taken.append(box)
             kept.append((index, round(center, 1), round(baseline, 1), text))
@@ -327,7 +431,7 @@ def chart_geometry(
     height: int = 200,
     pad_left: int = 56,
     pad_right: int = 40,
-    pad_top: int = 12,
+    pad_top: int = 18,  # room above the limit line for its label
     pad_bottom: int = 28,
     thresholds: Sequence[tuple[float, str]] = (),
     axis: str = "seq",
@@ -387,20 +491,21 @@ def chart_geometry(
         else:
             x_ticks = tuple((x_of(v), f"#{round(v)}") for v in values)
     lines = tuple(
+        # Through the window's threshold tokens, as the policy's window level puts them.
         (y(int(limit * ratio)), label, f"threshold-{index}")
         for index, (ratio, label) in enumerate(thresholds)
         if limit and 0 < ratio < 1
     )
-    # Where the template draws the threshold labels (left, below their line) and the limit's
-    # (right, above it): no drop label may cover them.
-    fixed: list[Box] = [
-        (left + 4, ty, left + 4 + len(label) * CHAR_WIDTH, ty + LABEL_HEIGHT + 1)
-        for ty, label, _ in lines
+    # Nothing may cross a line: the data line, the thresholds' and the limit's (each a thin
+    # box), nor the axes' labels (the y ticks right-aligned left of the plot, the x ticks
+    # below it).
+    segments: list[Segment] = [
+        (a[0], a[1], b[0], b[1]) for a, b in zip(coords, coords[1:], strict=False)
     ]
-    if limit:
-        text = f"limit {limit:,}"
-        fixed.append((right - len(text) * CHAR_WIDTH, y(limit) - 3 - LABEL_HEIGHT, right, y(limit)))
-    # The axes' labels: the y ticks right-aligned left of the plot, the x ticks below it.
+    limit_y = y(limit) if limit else None
+    fixed: list[Box] = [(left, ty - 1, right, ty + 1) for ty, _, _ in lines]
+    if limit_y is not None:
+        fixed.append((left, limit_y - 1, right, limit_y + 1))
     for ty, value in y_ticks:
         text = f"{value:,}"
         fixed.append((left - 6 - len(text) * CHAR_WIDTH, ty - 8, left - 6, ty + 6))
@@ -408,12 +513,35 @@ def chart_geometry(
         (tx - len(text) * CHAR_WIDTH, bottom + 6, tx + len(text) * CHAR_WIDTH, bottom + 22)
         for tx, text in x_ticks
     )
+    # The marks' lines and dots, for the threshold and limit labels (the drop labels add
+    # them themselves).
+    glyphs = [
+        box
+        for x, y_before, y_after, _ in marks
+        for box in (
+            (x - 1.5, min(y_before, y_after), x + 1.5, max(y_before, y_after)),
+            (x - 4.5, y_after - 4.5, x + 4.5, y_after + 4.5),
+        )
+    ]
+    taken = fixed + glyphs
+    threshold_labels, limit_label = place_line_labels(
+        lines=lines,
+        limit=(limit_y, f"limit {limit:,}") if limit_y is not None else None,
+        taken=taken,
+        segments=segments,
+        left=left,
+        right=right,
+        top=top,
+        bottom=bottom,
+    )
+    # The line labels placed are in `taken` now: the drop labels keep off them too.
+    fixed = taken
     return ChartGeometry(
         width=width,
         height=height,
         path=path,
         area=area,
-        limit_y=y(limit) if limit else None,
+        limit_y=limit_y,
         marks=marks,
         y_ticks=y_ticks,
         x_ticks=x_ticks,
@@ -423,7 +551,11 @@ def chart_geometry(
         plot_bottom=bottom,
         thresholds=lines,
         axis="time" if use_time else "seq",
-        mark_labels=place_mark_labels(marks=marks, fixed=fixed, width=width, height=bottom),
+        mark_labels=place_mark_labels(
+            marks=marks, fixed=fixed, width=width, height=bottom, segments=segments
+        ),
+        threshold_labels=threshold_labels,
+        limit_label=limit_label,
     )
 
 

@@ -18,6 +18,7 @@ from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.core.paginator import Page, Paginator
 from django.db.models import (
     Case,
+    Count,
     F,
     FloatField,
     OuterRef,
@@ -42,14 +43,19 @@ from compaction_app.dashboard.chart import (
 )
 from compaction_app.dashboard.trace import EXPANDED_TAIL, Item, build_trace
 from compaction_app.models import ACTIVE_STATUSES, CompactionRun, RunningSummary, RunStatus
-from compaction_app.selectors import latest_revertible_run, runs_for_session
-from sessions_app import pricing
-from sessions_app.models import MODEL_INVISIBLE_TYPES, Event, EventType, Session
+from compaction_app.selectors import (
+    latest_revertible_run,
+    runs_for_session,
+    summary_message_tokens,
+)
+from sessions_app import pricing, scope
+from sessions_app.models import MODEL_INVISIBLE_TYPES, Event, EventType, Session, Thread
+from sessions_app.scope import BillFigures, ContextFigures
 from sessions_app.search import sessions_matching_content
 from sessions_app.selectors import counter_is_exact, sessions_visible_to, usage_for_session
 from sessions_app.session_settings import DEFAULTS as SETTING_DEFAULTS
 from sessions_app.session_settings import STRATEGY_NAMES, SessionSettings
-from sessions_app.threads import thread_usage
+from sessions_app.threads import MAIN_NAME, session_threads, threads_by_session
 from sessions_app.tokens import REPLY_PRIMER
 
 PAGE_SIZE = 25
@@ -99,14 +105,6 @@ def _event_cost(model: str, event: Event) -> Decimal | None:
     return None if price.nano_usd is None else Decimal(price.nano_usd) / pricing.NANO_PER_USD
 
 
-def _session_cost(session: Session) -> Decimal | None:
-    """The session's bill from its counters (None before any reported call, or when a call's
-    model has no price: never a partial sum shown as the total)."""
-    if not session.reported_event_count or session.unpriced_calls:
-        return None
-    return Decimal(session.cost_nano_usd) / pricing.NANO_PER_USD
-
-
 TITLE_CHARS = 80
 
 
@@ -144,29 +142,55 @@ def _with_first_user_text(queryset: QuerySet[Session]) -> QuerySet[Session]:
 
 @dataclass
 class SessionRow:
-    """One session as the list (and its websocket push) shows it."""
+    """One session as the list (and its websocket push) shows it: its context figures (the
+    main thread's) and its bill (the whole session's), from sessions_app.scope."""
 
     session: Session
-    percent: float
-    level: str
-    context_tokens: int
-    cost: Decimal | None
+    context: ContextFigures
+    bill: BillFigures
     active_run: CompactionRun | None
     last_compaction: Mapping[str, Any] | None
-    # The provider bill: cache hit rate (0–1) and what fitting saved (None: unpriced).
-    hit_rate: float | None = None
-    saved_tokens: int = 0
-    saved_usd: Decimal | None = None
-
-    @property
-    def hit_percent(self) -> float | None:
-        return None if self.hit_rate is None else round(100 * self.hit_rate, 1)
-
     title: str = ""
 
     @property
     def id(self) -> uuid.UUID:
         return self.session.pk
+
+    @property
+    def percent(self) -> float:
+        return self.context.percent_used
+
+    @property
+    def level(self) -> str:
+        return usage_level(self.context.percent_used)
+
+    @property
+    def context_tokens(self) -> int:
+        return self.context.context_tokens
+
+    @property
+    def cost(self) -> Decimal | None:
+        """The known sum (None before any reported call); bill.unpriced_calls says what it
+        leaves out."""
+        if not self.bill.reported_events and not self.bill.calls and not self.bill.total_tokens:
+            return None
+        return Decimal(self.bill.cost_nano_usd) / pricing.NANO_PER_USD
+
+    @property
+    def hit_rate(self) -> float | None:
+        return self.bill.cache_hit_rate
+
+    @property
+    def hit_percent(self) -> float | None:
+        return None if self.hit_rate is None else round(100 * self.hit_rate, 1)
+
+    @property
+    def saved_tokens(self) -> int:
+        return self.bill.saved_tokens
+
+    @property
+    def saved_usd(self) -> Decimal:
+        return Decimal(self.bill.saved_nano_usd) / pricing.NANO_PER_USD
 
     @property
     def bar_width(self) -> float:
@@ -180,23 +204,20 @@ class SessionRow:
         return f"{filled:.1f} {circumference:.1f}"
 
 
-def session_row(*, session: Session, active_run: CompactionRun | None = None) -> SessionRow:
+def session_row(
+    *,
+    session: Session,
+    active_run: CompactionRun | None = None,
+    threads: list[Thread] | None = None,
+    bill: BillFigures | None = None,
+) -> SessionRow:
+    """`threads`: the session's threads when the caller read them for a page of rows."""
     return SessionRow(
         session=session,
-        percent=session.percent_used,
-        level=usage_level(session.percent_used),
-        context_tokens=session.context_tokens,
-        cost=_session_cost(session),
+        context=scope.context_figures(session=session, threads=threads),
+        bill=bill if bill is not None else scope.bill_figures(session=session, with_calls=False),
         active_run=active_run,
         last_compaction=session.last_compaction,
-        hit_rate=pricing.hit_rate(
-            cached=session.reported_cached_input_tokens,
-            input_tokens=session.reported_prompt_tokens,
-        ),
-        saved_tokens=session.saved_tokens,
-        saved_usd=None
-        if session.unpriced_calls
-        else Decimal(session.saved_nano_usd) / pricing.NANO_PER_USD,
         title=display_title(session=session),
     )
 
@@ -253,12 +274,25 @@ class ListFilters:
 
 
 def _with_usage(queryset: QuerySet[Session]) -> QuerySet[Session]:
-    # The same arithmetic as Session.context_tokens and usage_for_session, in SQL, so the list
-    # can sort and filter on it over every session.
+    # The context figure of sessions_app.scope in SQL, so the list can sort and filter on it
+    # over every session: the main thread's last forwarded context for a session with several
+    # threads, else the ledger's active context (Session.context_tokens).
+    threads = Thread.objects.filter(session=OuterRef("pk"))
+    thread_count = Subquery(
+        threads.order_by().values("session").annotate(n=Count("id")).values("n")[:1]
+    )
+    main_context = Subquery(
+        threads.annotate(unnamed=Case(When(key=MAIN_NAME, then=Value(0)), default=Value(1)))
+        .order_by("unnamed", "-calls", "created_at", "id")
+        .values("context_tokens")[:1]
+    )
     context = Case(
-        When(active_event_count=0, then=Value(0)), default=F("active_tokens") + REPLY_PRIMER
+        When(thread_count__gte=2, then=main_context),
+        When(active_event_count=0, then=Value(0)),
+        default=F("active_tokens") + REPLY_PRIMER,
     )
     return queryset.annotate(
+        thread_count=Coalesce(thread_count, Value(0)),
         ratio_used=Cast(context, FloatField()) / Cast(F("context_limit"), FloatField()),
         compact_threshold=Coalesce(
             Cast(KT("settings__compactThreshold"), FloatField()),
@@ -287,7 +321,11 @@ def sessions_page(
     page = Paginator(queryset, PAGE_SIZE).get_page(filters.page)
     sessions = list(page.object_list)
     active = active_runs_by_session(s.pk for s in sessions)
-    rows = [session_row(session=s, active_run=active.get(s.pk)) for s in sessions]
+    threads = threads_by_session(session_ids=[s.pk for s in sessions])
+    rows = [
+        session_row(session=s, active_run=active.get(s.pk), threads=threads.get(s.pk, []))
+        for s in sessions
+    ]
     return page, rows
 
 
@@ -463,6 +501,7 @@ class SessionView:
     """Everything the session page's partials read."""
 
     session: Session
+    # REST /usage's document (sessions_app.scope): the main thread's context, the session's bill.
     usage: dict[str, Any]
     row: SessionRow
     runs: list[CompactionRun]
@@ -475,6 +514,8 @@ class SessionView:
     # timeline and the run's before / after show it), not the bare text's.
     summary_tokens: int | None = None
     runs_total: int = 0
+    # How many writers (gateway threads) the session has: figures say their scope when > 1.
+    thread_count: int = 0
 
 
 # Compaction history rows on the page (the API lists every run).
@@ -495,39 +536,27 @@ def session_view(*, session: Session, all_runs: bool = False) -> SessionView:
     active = next((run for run in runs if run.status in ACTIVE_STATUSES), None)
     latest = latest_revertible_run(session=session)
     summary = RunningSummary.objects.filter(session=session).exclude(summary="").first()
-    summarized = next(
-        (
-            run
-            for run in runs
-            if run.status == RunStatus.COMPLETED
-            and not run.reverted_at
-            and run.compaction_event is not None
-            and run.compaction_event.content
-        ),
-        None,
-    )
+    threads = session_threads(session=session)
+    row = session_row(session=session, active_run=active, threads=threads)
     return SessionView(
         session=session,
-        # The session's usage is its main thread's, as REST /usage and USAGE_UPDATED say.
-        usage=thread_usage(session=session, usage=usage_for_session(session=session), key=None),
-        row=session_row(session=session, active_run=active),
+        # One document for the gauge, the figures and the push (REST /usage's).
+        usage=usage_for_session(session=session),
+        row=row,
         runs=runs,
         revertible_id=latest.pk if latest is not None else None,
         active_run=active,
         summary=summary,
-        schedule=schedule_for(session=session),
+        schedule=schedule_for(session=session, context=row.context),
+        thread_count=len(threads),
         runs_total=(
             len(runs)
             if all_runs or len(runs) < HISTORY_ROWS
             else runs_for_session(session=session).count()
         ),
-        # The summary's own size, as its run's summaryTokens and GET /summary's tokenCount
-        # state it (the COMPACTION event's count adds the message framing).
-        summary_tokens=(
-            summarized.summary_tokens
-            if summarized is not None and summarized.summary_tokens is not None
-            else (summary.token_count if summary is not None else None)
-        ),
+        # What the summary costs in the context (its COMPACTION event's count), the number the
+        # timeline's summary entry shows; GET /summary gives it as messageTokenCount.
+        summary_tokens=summary_message_tokens(session=session) if summary is not None else None,
     )
 
 
@@ -552,13 +581,8 @@ class Schedule:
     refresh_at: int
     tokens_to_refresh: int
 
-    @property
-    def compact_percent(self) -> int:
-        return round(100 * self.compact_ratio)
-
-    @property
-    def hard_percent(self) -> int:
-        return round(100 * self.hard_ratio)
+    compact_percent: int
+    hard_percent: int
 
     @property
     def gauge_ticks(self) -> list[tuple[float, float, float, float, str]]:
@@ -580,13 +604,16 @@ class Schedule:
         return ticks
 
 
-def schedule_for(*, session: Session, now: datetime | None = None) -> Schedule:
+def schedule_for(
+    *, session: Session, context: ContextFigures | None = None, now: datetime | None = None
+) -> Schedule:
+    """When the session compacts next, from the same context figures the gauge shows (the
+    main thread's; sessions_app.scope)."""
     settings = SessionSettings.of(session.settings)
-    compact_ratio = settings.compact_threshold
-    hard_ratio = settings.hard_limit_threshold
+    if context is None:
+        context = scope.context_figures(session=session)
     cooldown = settings.cooldown_seconds
-    compact_at = int(session.context_limit * compact_ratio)
-    hard_at = int(session.context_limit * hard_ratio)
+    level = context.level
     last_auto = (
         CompactionRun.objects.filter(session=session, trigger="auto")
         .order_by("-created_at")
@@ -598,15 +625,16 @@ def schedule_for(*, session: Session, now: datetime | None = None) -> Schedule:
     if last_auto is not None:
         left = max(int(cooldown - (now - last_auto).total_seconds()), 0)
     refresh_at = settings.refresh_threshold_tokens
-    context = session.context_tokens
     return Schedule(
         auto_compact=settings.auto_compact,
-        compact_ratio=compact_ratio,
-        hard_ratio=hard_ratio,
-        compact_at=compact_at,
-        hard_at=hard_at,
-        tokens_to_compact=max(compact_at - context, 0),
-        tokens_to_hard=max(hard_at - context, 0),
+        compact_ratio=settings.compact_threshold,
+        hard_ratio=settings.hard_limit_threshold,
+        compact_at=level.compact_at,
+        hard_at=level.hard_at,
+        compact_percent=level.compact_percent,
+        hard_percent=level.hard_percent,
+        tokens_to_compact=level.tokens_to_compact,
+        tokens_to_hard=level.tokens_to_hard,
         cooldown_seconds=cooldown,
         cooldown_left=left,
         refresh_at=refresh_at,
@@ -658,3 +686,32 @@ def run_detail(*, run: CompactionRun) -> RunDetail:
         cleared_total=cleared,
         loss=loss if isinstance(loss, Mapping) and loss else None,
     )
+
+
+# --- a call's page ----------------------------------------------------------------------------
+
+# Runs of this many messages or more with the same fate fold into one expandable row.
+FOLD_RUN = 6
+
+
+def call_page(*, call: Any, story: dict[str, Any]) -> dict[str, Any]:
+    """The call page's context: the story, its messages grouped in runs of one fate (a long
+    run of kept messages folds into one row people can open)."""
+    groups: list[dict[str, Any]] = []
+    for message in story["request"]["messages"]:
+        if groups and groups[-1]["fate"] == message["fate"]:
+            groups[-1]["messages"].append(message)
+        else:
+            groups.append({"fate": message["fate"], "messages": [message]})
+    for group in groups:
+        group["folded"] = len(group["messages"]) >= FOLD_RUN
+        group["tokens"] = sum(m["tokenCount"] for m in group["messages"])
+        group["forwarded"] = sum(m["forwardedTokens"] or 0 for m in group["messages"])
+        group["first_seq"] = group["messages"][0]["seq"]
+        group["last_seq"] = group["messages"][-1]["seq"]
+    return {
+        "call": call,
+        "story": story,
+        "groups": groups,
+        "billed_tokens": (call.prompt_tokens or 0) + (call.completion_tokens or 0),
+    }

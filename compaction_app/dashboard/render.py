@@ -15,6 +15,8 @@ from django.template.loader import render_to_string
 from compaction_app.dashboard import queries
 from compaction_app.dashboard.chart import chart_geometry, input_bars
 from compaction_app.models import CompactionRun
+from compaction_app.realtime import messages
+from compaction_app.selectors import latest_completed_run
 from sessions_app.models import Session
 
 SESSION_TEMPLATE = "dashboard/session.html"
@@ -102,21 +104,28 @@ def session_context(
         # Where a citation's event lives: this page, or the full list when it is cut short.
         "cite_base": "" if timeline.shown_all else "?all=1",
         "detail": None,
-        "loss_run": latest_loss_run(view.runs),
+        **_loss_context(session),
         "is_staff": bool(getattr(user, "is_staff", False)),
         "user": user,
         **extra,
     }
 
 
-def latest_loss_run(runs: Iterable[CompactionRun]) -> CompactionRun | None:
-    """The newest completed, not reverted run that has a loss report with anything in it (a
-    run that folded nothing has nothing to report)."""
-    for run in runs:
-        report = run.loss_report or {}
-        if run.status == "completed" and report.get("evidenceBefore") and not run.reverted_at:
-            return run
-    return None
+def _loss_context(session: Session) -> dict[str, Any]:
+    run = latest_completed_run(session=session)
+    return {"loss_run": run, "loss_state": loss_state(run)}
+
+
+def loss_state(run: CompactionRun | None) -> str:
+    """What the loss panel says of the latest completed run: "report" (it folded evidence),
+    "no_evidence" (it folded events that held none), "nothing_folded", or "none" (no
+    completed run, or every one reverted)."""
+    if run is None:
+        return "none"
+    report = run.loss_report or {}
+    if report.get("evidenceBefore"):
+        return "report"
+    return "no_evidence" if run.folded_count else "nothing_folded"
 
 
 def render_parts(
@@ -140,50 +149,51 @@ def notice_context(text: str, *, level: str = "info") -> dict[str, Any]:
 def session_frame(
     *, session: Session, user: Any, message: Mapping[str, Any], csrf_token: str = ""
 ) -> str:
-    """The HTML frame a session page receives for one ledger message."""
-    kind = message.get("type")
+    """The HTML frame a session page receives for one ledger message, read by its type
+    (compaction_app.realtime.messages)."""
     extra: dict[str, Any] = {"csrf_token": csrf_token}
     parts: list[str] = list(SESSION_PARTS)
-    if kind == "COMPACTION_START":
-        extra.update(
-            notice_context(
-                str(message.get("message") or "Compacting conversation to reduce size…"),
-                level="info",
-            )
-        )
+    try:
+        known = messages.parse(message)
+    except ValueError:
+        known = None  # not one of ours: the page's figures are refreshed all the same
+    if isinstance(known, messages.CompactionStart):
+        extra.update(notice_context(known.message, level="info"))
         parts = ["notice", "gauge", "controls", "history"]
-    elif kind == "COMPACTION_PENDING":
+    elif isinstance(known, messages.CompactionPending):
         extra.update(
             notice_context(
-                f"Context at {message.get('percentUsed')} %: an automatic compaction is about "
+                f"Context at {known.percentUsed} %: an automatic compaction is about "
                 "to start. Pin any event that must stay.",
                 level="warn",
             )
         )
         parts = ["notice", "gauge"]
-    elif kind == "COMPACTION_COMPLETE":
-        success = bool(message.get("success"))
-        extra.update(
-            notice_context(
-                str(message.get("message") or ""), level="success" if success else "error"
-            )
+    elif isinstance(known, messages.CompactionComplete):
+        # A run that changed nothing is no success to celebrate: said plainly, in neutral.
+        level = (
+            "error"
+            if not known.success
+            else "info"
+            if known.outcome == "nothing_to_fold"
+            else "success"
         )
+        extra.update(notice_context(known.message, level=level))
         parts = ["notice", "controls", *SESSION_PARTS]
-    elif kind == "COMPACTION_REVERTED":
+    elif isinstance(known, messages.CompactionReverted):
         extra.update(
             notice_context(
                 "Compaction reverted: the folded events are active again "
-                f"({message.get('tokensBefore') or 0:,} → {message.get('tokensAfter') or 0:,} "
-                "tokens).",
+                f"({known.tokensBefore:,} → {known.tokensAfter:,} tokens).",
                 level="success",
             )
         )
         parts = ["notice", "controls", *SESSION_PARTS]
-    elif kind == "CONTEXT_COMPRESSED":
+    elif isinstance(known, messages.ContextCompressed):
         extra.update(
             notice_context(
-                f"Context compressed for the model: {message.get('originalTokenCount')} → "
-                f"{message.get('compressedTokenCount')} tokens (gateway)",
+                f"Context compressed for the model: {known.originalTokenCount:,} → "
+                f"{known.compressedTokenCount:,} tokens (gateway)",
                 level="info",
             )
         )

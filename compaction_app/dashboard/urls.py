@@ -8,6 +8,8 @@ urlpatterns = [
     path("", views.sessions_list, name="sessions"),
     path("get-started/", views.get_started, name="get-started"),
     path("calls/", views.calls_list, name="calls"),
+    path("calls/<uuid:call_id>/", views.call_detail, name="call"),
+    path("usage/", views.usage, name="usage"),
     path("sessions/<uuid:session_id>/", views.session_detail, name="session"),
     path("sessions/<uuid:session_id>/calls/", views.session_calls, name="session-calls"),
     path(

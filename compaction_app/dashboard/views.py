@@ -19,8 +19,10 @@ from django.views.decorators.http import require_GET, require_POST
 from django_htmx.middleware import HtmxDetails
 
 from compaction_app import services as compaction_services
+from compaction_app.call_story import call_story_document
 from compaction_app.dashboard import calls as dashboard_calls
 from compaction_app.dashboard import queries
+from compaction_app.dashboard import usage as usage_page
 from compaction_app.dashboard.render import (
     SESSION_PARTS,
     SESSION_TEMPLATE,
@@ -29,7 +31,9 @@ from compaction_app.dashboard.render import (
     render_parts,
     session_context,
 )
+from compaction_app.dashboard.timezone import viewer_zone
 from compaction_app.models import CompactionRun
+from compaction_app.run_documents import nothing_to_fold_reason, trim_target
 from compaction_app.selectors import run_get
 from sessions_app import search as session_search_module
 from sessions_app import services as session_services
@@ -209,6 +213,30 @@ def calls_list(request: HtmxHttpRequest) -> HttpResponse:
 
 @login_required
 @require_GET
+def call_detail(request: HtmxHttpRequest, call_id: Any) -> HttpResponse:
+    """One call's story: the request as sent and as forwarded, side by side, each message's
+    fate, the reply, headers, usage and cost by kind, latency, links."""
+    try:
+        call, story = call_story_document(user=request.user, call_id=call_id)
+    except NotFound:
+        raise Http404("call not found") from None
+    return render(request, "dashboard/call.html", queries.call_page(call=call, story=story))
+
+
+@login_required
+@require_GET
+def usage(request: HtmxHttpRequest) -> HttpResponse:
+    """Usage over time: calls, tokens, cost, cache hit rate, latency and errors per hour or
+    day in the viewer's zone, grouped by model, user, session or status."""
+    try:
+        context = usage_page.page(user=request.user, params=request.GET, tz=viewer_zone(request))
+    except usage_page.BadUsage as exc:
+        return render(request, "dashboard/usage.html", {"error": str(exc)}, status=400)
+    return render(request, "dashboard/usage.html", context)
+
+
+@login_required
+@require_GET
 def session_calls(request: HtmxHttpRequest, session_id: Any) -> HttpResponse:
     """One session's gateway calls."""
     return _calls(request, _session_or_404(request, session_id))
@@ -291,7 +319,12 @@ def compaction_preview(request: HtmxHttpRequest, session_id: Any) -> HttpRespons
     if strategy not in STRATEGY_NAMES:
         return _error(request, session, LedgerError(f"unknown strategy {strategy!r}"))
     dry_run = compaction_services.compaction_plan(session=session, strategy=strategy, project=True)
-    preview = {"plan": dry_run.plan, "strategy": strategy}
+    preview: dict[str, Any] = {"plan": dry_run.plan, "strategy": strategy}
+    if dry_run.plan.is_empty:
+        # Say why, rather than offer a run that would change nothing.
+        preview["why"] = nothing_to_fold_reason(
+            strategy=strategy, tokens=dry_run.plan.tokens_before, target=trim_target(session)
+        )
     if request.htmx:
         return _part(request, session, "controls", preview=preview)
     return _session_page(request, session, preview=preview)

@@ -8,8 +8,8 @@ from a worker thread once its response is ready: watchers see the usage a few mi
 later, and nothing is skipped (an error response, a failed stream and a call that raised
 send theirs too).
 
-The call itself (calls.Trace) is stored there too, after the announcements: a call's row
-costs the call nothing.
+The call itself (calls.Trace) is stored there too, just before the announcements (the usage
+they push counts it): a call's row costs the call nothing.
 """
 
 from __future__ import annotations
@@ -124,13 +124,14 @@ def _send(
     if held:
         held.clear()
     try:
-        if batch:
-            send_collected(batch)
-    except Exception:
-        logger.exception("announcing a gateway call's appends failed")
-    try:
+        # The call's row first: the usage push counts it (sessions_app.scope's `calls`).
         if call is not None:
             calls.save(call)
+        try:
+            if batch:
+                send_collected(batch)
+        except Exception:
+            logger.exception("announcing a gateway call's appends failed")
     finally:
         # A pool thread serves no request, so nothing else would hand its connection back.
         connections.close_all()

@@ -5,7 +5,9 @@ The views fill a trace as the call goes (the session, each model tried, the firs
 reply's usage, how it ended); after.py stores it from its worker thread together with the
 call's announcements, so recording a call costs the call nothing: no statement, no commit
 on its way. A call refused before its session is known is attributed to the session its
-headers name, when the caller's key owns it (a bad key or no session records nothing).
+headers name, when the caller's key owns it; otherwise it is a session-less row of the
+key's owner (joined to the session its X-Ledger-Session later creates). A call without a
+valid API token records nothing.
 """
 
 from __future__ import annotations
@@ -16,6 +18,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from rest_framework.authtoken.models import Token
+
+from compaction_app import telemetry
 from compaction_app.gateway.messages import Reply, chain_hash, event_id
 from sessions_app import sql
 from sessions_app.calls import call_record
@@ -50,6 +55,19 @@ class Trace:
     forwarded_tokens: int | None = None
     saved_tokens: int = 0
     attempts: list[dict[str, Any]] = field(default_factory=list)
+    # When the request first went upstream (monotonic): the gateway's own time before it.
+    forwarded: float | None = None
+    # The request's and the response's headers, as references: masked and stored off the
+    # call's path (sessions_app.calls.masked_headers).
+    request_headers: Any = None
+    response_headers: Any = None
+    # How fitting treated the request, and where its messages are in the ledger.
+    fit: dict[str, Any] = field(default_factory=dict)
+    request_map: dict[str, Any] | None = None
+
+    def mark_forwarded(self) -> None:
+        if self.forwarded is None:
+            self.forwarded = time.monotonic()
 
     def mark_first_byte(self) -> None:
         if self.first_byte is None:
@@ -79,6 +97,8 @@ class Trace:
         record.record_reply derives them)."""
         self.reply = reply
         self.model_served = reply.model
+        if self.request_map is not None:
+            self.request_map["replyParts"] = len(reply.message.drafts)
         if after_chain is not None and self.session is not None:
             self.reply_event = event_id(
                 self.session.pk, chain_hash(after_chain, reply.message.hash), 0
@@ -89,28 +109,43 @@ class Trace:
 
 
 def save(trace: Trace) -> None:
-    """Store the call (sync; after.py's worker thread). Never raises."""
+    """Store the call (sync; after.py's worker thread), then hand its span to the
+    OpenTelemetry exporter when export is on. Never raises."""
+    call = None
     try:
-        _save(trace)
+        call = _save(trace)
     except Exception:
         logger.exception("gateway: recording a call failed")
+    telemetry.call_span(trace, call)
 
 
-def _save(trace: Trace) -> None:
+def _save(trace: Trace) -> Any:
     if not trace.status:
         # Ended without a word from the views: the client went away (the view was cancelled).
         trace.end(CallStatus.CLIENT_DISCONNECTED)
     session = trace.session
-    if session is None:
-        name = (trace.session_header or "").strip()
-        if not trace.key or not name:
-            return
-        session = sql.owned_session(key=trace.key, name=name)
-        if session is None:
-            return
+    name = (trace.session_header or "").strip()
+    owner_id: Any = session.owner_id if session is not None else None
+    if session is None and trace.key:
+        if name:
+            session = sql.owned_session(key=trace.key, name=name)
+        if session is not None:
+            owner_id = session.owner_id
+        else:
+            # Refused before its session existed: a session-less row its owner sees, which
+            # joins the session its key creates later (sessions_app.calls.calls_attach).
+            owner_id = (
+                Token.objects.filter(key=trace.key, user__is_active=True)
+                .values_list("user_id", flat=True)
+                .first()
+            )
+    if owner_id is None:
+        return None  # no valid API token: nobody to show it to (and no one to bill)
     reply = trace.reply
-    call_record(
-        session_id=session.pk,
+    return call_record(
+        session_id=session.pk if session is not None else None,
+        owner_id=owner_id,
+        session_key=name,
         started_at=trace.started_at,
         wire=trace.wire,
         status=trace.status,
@@ -134,5 +169,10 @@ def _save(trace: Trace) -> None:
         attempts=trace.attempts,
         # None when the reply's append failed: then no event has this id (readers check).
         reply_event_id=trace.reply_event,
+        gateway_ms=trace._ms(trace.forwarded),
+        request_headers=trace.request_headers,
+        response_headers=trace.response_headers,
+        fit=trace.fit,
+        request_map=trace.request_map,
         usage_dropped=reply.usage_dropped if reply else None,
     )

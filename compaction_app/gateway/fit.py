@@ -109,7 +109,7 @@ def fit(
     if fitting.passes_through(
         tokens=context,
         window=max(limit - definitions, 0),
-        policy=fitting.FitPolicy.of(session),
+        policy=fitting.session_policy(session),
         compacted=compacted,
     ):
         return as_sent

@@ -58,6 +58,8 @@ class GatewayError(Exception):
         self.code = code
         self.param = param
         self.extra = extra
+        # The model the refused body named, when it could be read (the call's row says it).
+        self.named_model = ""
 
 
 @dataclass(frozen=True)

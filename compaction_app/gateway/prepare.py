@@ -17,7 +17,7 @@ from compaction_app import fitting
 from compaction_app.gateway import after, bill, thread_fit
 from compaction_app.gateway.fit import Fitted, fit, model_window, room
 from compaction_app.gateway.messages import ClientMessage, GatewayError, GatewayInputError
-from compaction_app.gateway.record import caller_and_session
+from compaction_app.gateway.record import Recorded, caller_and_session
 from compaction_app.gateway.thread_fit import ThreadRequest
 from compaction_app.gateway.wire import Wire
 from sessions_app.models import Session, Thread
@@ -116,6 +116,11 @@ class Call:
     # Our count of the client's request as it arrived, taken only when fitting changed what
     # is forwarded (see gateway/bill.py); None otherwise.
     client_tokens: int | None = None
+    # Where the request's messages are in the ledger (the calls ledger's `request_map`).
+    request_map: dict[str, Any] | None = None
+    # Whether fitting may change what is forwarded (False: X-Ledger-Fit: off, or a request
+    # that continues a conversation the provider keeps).
+    fit_enabled: bool = True
 
 
 def may_compact(*, session: Session, body: dict[str, Any], model: str, enabled: bool) -> bool:
@@ -128,7 +133,7 @@ def may_compact(*, session: Session, body: dict[str, Any], model: str, enabled: 
     level = fitting.window_level(
         tokens=session.context_tokens,
         window=room(session, body, model),
-        policy=fitting.FitPolicy.of(session),
+        policy=fitting.session_policy(session),
     )
     return level != fitting.OK
 
@@ -197,10 +202,33 @@ def prepare(
         request=request,
         announced=announced,
         convert=convert,
+        request_map=request_map(recorded, count=convert.count),
+        fit_enabled=fit_enabled,
     )
     if not may_compact(session=call.session, body=body, model=model, enabled=fit_enabled):
         call.fitted = fit_call(call=call, wire=wire, body=body, model=model, enabled=fit_enabled)
     return call
+
+
+def request_map(recorded: Recorded, *, count: int) -> dict[str, Any]:
+    """Where the request's messages are in the ledger: the last message it continued and the
+    runs of seqs its new messages occupy (sessions_app.call_story rebuilds it)."""
+    return {
+        "after": str(recorded.after_event) if recorded.after_event else None,
+        "seqs": seq_runs(recorded.new_seqs),
+        "messages": count,
+    }
+
+
+def seq_runs(seqs: Sequence[int]) -> list[list[int]]:
+    """`seqs` as [first, last] runs of consecutive numbers."""
+    runs: list[list[int]] = []
+    for seq in sorted(seqs):
+        if runs and runs[-1][1] + 1 == seq:
+            runs[-1][1] = seq
+        else:
+            runs.append([seq, seq])
+    return runs
 
 
 def fit_call(

@@ -25,6 +25,7 @@ from django.utils.functional import SimpleLazyObject
 from rest_framework.authtoken.models import Token
 
 from compaction_app import thread_scope
+from compaction_app.gateway.fitted import limit_phrase
 from compaction_app.gateway.messages import (
     ClientMessage,
     GatewayError,
@@ -44,6 +45,7 @@ from sessions_app.services import (
     TokenUsage,
     event_append,
     model_registry,
+    session_bill_call_again,
     session_create,
     session_note_reply,
     thread_get_or_create,
@@ -170,6 +172,11 @@ class Recorded:
     # Chain hash of every client message (see messages.chain_hash); the reply continues the last.
     chains: tuple[str, ...] = ()
     threads_seen: int = 1
+    # Where the request is in the ledger (the calls ledger's request map): the first event id
+    # of the last message it continued (None: it continued nothing) and the seqs of the events
+    # its new messages are (stored now or by an earlier try).
+    after_event: uuid.UUID | None = None
+    new_seqs: tuple[int, ...] = ()
 
 
 # A side call, a sub-agent or a parallel worker starts a thread of its own; this many of a
@@ -340,8 +347,8 @@ def record_request(
             cost = sum(parts) + tokens.REPLY_PRIMER
             if cost > window:
                 raise GatewayError(
-                    f"message {index} alone is {cost} tokens; the context window of "
-                    f"{session.model} is {window}",
+                    f"message {index} alone is {cost:,} tokens; the room for messages is "
+                    f"{room_phrase(session=session, window=window)}",
                     code="context_length_exceeded",
                     param="messages",
                     tokenCount=cost,
@@ -366,6 +373,7 @@ def record_request(
     ]
     created = 0
     fresh = session
+    new_seqs: tuple[int, ...] = ()
     if inputs:
         try:
             result = event_append(session=session, events=inputs)
@@ -377,6 +385,7 @@ def record_request(
         if result is not None:
             created = result.created
             fresh = result.session or Session.objects.get(pk=session.pk)
+            new_seqs = tuple(event.seq for event in result.events)
     # The thread row is brought up to date once per call, with the reply (record_reply).
     return Recorded(
         session=fresh,
@@ -385,7 +394,21 @@ def record_request(
         thread=thread,
         chains=tuple(chains),
         threads_seen=len(recent) + (0 if any(t.pk == thread.pk for t in recent) else 1),
+        after_event=event_id(session.pk, chains[start - 1], 0)
+        if 0 < start <= len(chains) and chains[start - 1]
+        else None,
+        new_seqs=new_seqs,
     )
+
+
+def room_phrase(*, session: Session, window: int) -> str:
+    """The room a request's messages have, said as what limits it: the session's limit (its
+    own, or the model's window) less what tool definitions take."""
+    limit = session.context_limit
+    said = limit_phrase(limit=limit, model=session.model)
+    if window >= limit:
+        return said
+    return f"{window:,} tokens: {said}, less {limit - window:,} for tool definitions"
 
 
 def _storable_input(item: EventInput) -> EventInput:
@@ -550,25 +573,41 @@ def record_reply(
             **(thread_updates or {}),
         )
 
+    def bill_again() -> None:
+        # The provider answered (and billed) this call, whose reply the ledger already held:
+        # the session's bill counts every call answered, retries included (sessions_app.scope).
+        if usage is not None:
+            session_bill_call_again(
+                session_id=session_id, model=reply.model, usage=usage, saved_tokens=saved
+            )
+
     if not inputs:
         session_note_reply(session_id=session_id, updates=updates)
+        bill_again()  # a reply with nothing to store is still a call the provider billed
         _remember_alone(remembered)
         return []
     # A retried request gets its reply again at the same position, usually with other usage
     # figures: the reply recorded first stands, and a retry records nothing twice
     # (event_append would refuse the changed body as an idempotency conflict).
+
     try:
         # The thread's row commits with the reply: one commit per recorded call.
-        return event_append(
+        result = event_append(
             session=session, events=inputs, session_updates=updates, also_update=remembered
-        ).events
+        )
     except Conflict:
         # Nothing of that append was stored, the thread's update neither.
         pass
+    else:
+        if not result.created:
+            bill_again()  # an identical retry: every event was already stored
+        return result.events
     _remember_alone(remembered)
     ids = [item.id for item in inputs]
     recorded = set(Event.objects.filter(pk__in=ids).values_list("pk", flat=True))
     fresh = [item for item in inputs if item.id not in recorded]
+    if inputs[0].id in recorded:
+        bill_again()  # the reply that carries the usage was stored by an earlier answer
     if fresh:
         # A concurrent retry may record it between the look-up and the append.
         with contextlib.suppress(Conflict):

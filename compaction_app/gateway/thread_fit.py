@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 from django.contrib.auth.models import AbstractBaseUser
 
@@ -42,6 +42,7 @@ from compaction_app.gateway.record import (
     record_request,
 )
 from compaction_app.models import Trigger
+from compaction_app.policy import Policy
 from sessions_app import context_window, tokens
 from sessions_app.models import Event, EventType, Session, Thread
 from sessions_app.services import thread_note_error
@@ -166,6 +167,80 @@ def _compact(
         return None
 
 
+class _Thread:
+    """One thread's own request as a `fitting.Fittable`: its messages kept (not folded, the
+    system ones always), the summary covering its folded ones, its compaction and its prune by
+    whole turns."""
+
+    def __init__(
+        self,
+        *,
+        session: Session,
+        user: AbstractBaseUser,
+        request: ThreadRequest,
+        state: _State,
+        fixed: frozenset[int],
+        starts: frozenset[int],
+        policy: Policy,
+        refusal: Callable[[int], GatewayError],
+        model: str,
+    ) -> None:
+        self.session = session
+        self.user = user
+        self.request = request
+        self.fixed = fixed
+        self.starts = starts
+        self.policy = policy
+        self.refusal = refusal
+        self.model = model
+        self.compression: dict[str, Any] | None = None
+        self._use(state)
+
+    def _use(self, state: _State) -> None:
+        self.state = state
+        self.kept = [
+            i for i in range(len(self.request.units)) if i not in state.folded or i in self.fixed
+        ]
+        self.extra = _summary_cost(self.session, state.summary)
+
+    def cost(self) -> int:
+        return context_window.context_cost([self.state.costs[i] for i in self.kept]) + self.extra
+
+    def compact(self) -> fitting.RunOutcome | None:
+        thread_key = self.request.thread.key if self.request.thread else ""
+        run = _compact(self.session, self.user, self.policy.target_ratio, thread_key)
+        if run is not None and run.completed:
+            self.compression = announce_compression(session=self.session, run=run, model=self.model)
+            fresh = _state(self.session, self.request)
+            if fresh is not None:
+                self._use(fresh)
+        return run
+
+    def prune(self, budget: int) -> bool:
+        kept = fitting.prune_turns(
+            kept=self.kept,
+            costs=self.state.costs,
+            fixed=self.fixed,
+            starts=self.starts,
+            extra=self.extra,
+            budget=budget,
+        )
+        if kept is None:
+            return False
+        self.kept = kept
+        return True
+
+    def refuse(self) -> NoReturn:
+        count = len(self.request.units)
+        needed = (
+            context_window.context_cost(
+                [self.state.costs[i] for i in self.fixed] + [self.state.costs[count - 1]]
+            )
+            + self.extra
+        )
+        raise self.refusal(needed)
+
+
 def fit_thread(
     *,
     session: Session,
@@ -179,7 +254,7 @@ def fit_thread(
     compacted: bool,
     request: ThreadRequest,
 ) -> Fitted | None:
-    policy = fitting.FitPolicy.of(session)
+    policy = fitting.session_policy(session)
     room = max(limit - definitions, 0)
     # One writer and nothing folded: the session's count is the thread's.
     if request.threads_seen <= 1 and fitting.passes_through(
@@ -199,65 +274,28 @@ def fit_thread(
         and not any(d.type == TOOL_RESULT for d in request.convert(i).drafts)
     )
 
-    thread_key = request.thread.key if request.thread else ""
-
-    def measure(current: _State) -> tuple[list[int], int, str]:
-        kept = [i for i in range(count) if i not in current.folded or i in fixed]
-        cost, level = fitting.measure(
-            fitting.FitRequest(
-                window=room,
-                items=tuple(
-                    context_window.WindowItem(key=str(i), type="", cost=current.costs[i])
-                    for i in kept
-                ),
-                policy=policy,
-                thread=thread_key,
-            ),
-            extra=_summary_cost(session, current.summary),
-        )
-        return kept, cost, level
-
-    kept, cost, level = measure(state)
-    compression = None
-    pruned = False
-    if level != fitting.OK:
-        run = _compact(session, user, policy.target, thread_key)
-        if run is not None and run.completed:
-            compression = announce_compression(session=session, run=run, model=model)
-            fresh = _state(session, request)
-            if fresh is not None:
-                state = fresh
-                kept, cost, level = measure(state)
-    if level != fitting.OK:
-        # The last resort: no compaction brought the thread under the threshold, so this
-        # call drops its oldest whole turns (the prefix moves on every such call).
-        audit.info(
-            "context_window_approaching %s",
-            {"tokenCount": cost, "limit": room},
-            extra={"session_id": str(session.pk), "tokenCount": cost, "limit": room},
-        )
-        extra = _summary_cost(session, state.summary)
-        pruned_kept = None
-        for budget in (int(room * policy.compact_threshold), room):
-            pruned_kept = fitting.prune_turns(
-                kept=kept, costs=state.costs, fixed=fixed, starts=starts, extra=extra, budget=budget
-            )
-            if pruned_kept is not None:
-                break
-        if pruned_kept is None:
-            needed = (
-                context_window.context_cost(
-                    [state.costs[i] for i in fixed] + [state.costs[count - 1]]
-                )
-                + extra
-                + definitions
-            )
-            raise context_length_exceeded(
-                limit=limit, needed=needed, definitions=definitions, model=model
-            )
-        pruned = len(pruned_kept) < len(kept)
-        kept = pruned_kept
-        cost = context_window.context_cost([state.costs[i] for i in kept]) + extra
+    thread = _Thread(
+        session=session,
+        user=user,
+        request=request,
+        state=state,
+        fixed=fixed,
+        starts=starts,
+        policy=policy,
+        refusal=lambda needed: context_length_exceeded(
+            limit=limit, needed=needed + definitions, definitions=definitions, model=model
+        ),
+        model=model,
+    )
+    done = fitting.fit_sequence(
+        thread,
+        window=room,
+        policy=policy,
+        may_compact=lambda level: level.level != fitting.OK,
+        session_id=session.pk,
+    )
+    state, kept, cost = thread.state, thread.kept, done.tokens
+    compression, pruned = thread.compression, done.pruned
     total = cost + definitions
     touched = bool(state.folded or state.cleared or pruned)
     how = (

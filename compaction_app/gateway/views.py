@@ -45,7 +45,7 @@ from compaction_app.gateway import (
 from compaction_app.gateway import wire as wire_kinds
 from compaction_app.gateway.fit import Fitted
 from compaction_app.gateway.messages import GatewayError, GatewayInputError, Reply
-from compaction_app.gateway.prepare import Call, fit_call, prepare
+from compaction_app.gateway.prepare import Call, fit_call, prepare, seq_runs
 from compaction_app.gateway.providers import PROVIDERS
 from compaction_app.gateway.record import authenticate
 from compaction_app.gateway.stream import MALFORMED, StreamEnding, relay
@@ -187,6 +187,8 @@ def _read_json(request: HttpRequest, conversation: tuple[str, ...] | None = None
         # Forwarded as the bytes it came as; held beside the parsed value, as the text was.
         return _Read(forward.Body(raw), fast, raw)
     # What orjson refused or might read differently: the exact reader decides (body.py).
+    # Its head names the model even when the rest is not JSON (the refused call's row).
+    head = raw[:NAMED_MODEL_BYTES]
     try:
         encoding = json.detect_encoding(raw)
         if encoding in ("utf-8", "utf-8-sig"):
@@ -204,7 +206,9 @@ def _read_json(request: HttpRequest, conversation: tuple[str, ...] | None = None
             source = forward.Body(raw)
             body = strict_loads(raw, finite=False)
     except (ValueError, UnicodeDecodeError):
-        raise GatewayError("the request body is not valid JSON", code="malformed_json") from None
+        error = GatewayError("the request body is not valid JSON", code="malformed_json")
+        error.named_model = named_model(head)
+        raise error from None
     except RecursionError:
         # The decoder gives up on very deep input before returning anything.
         raise _too_deep() from None
@@ -212,6 +216,23 @@ def _read_json(request: HttpRequest, conversation: tuple[str, ...] | None = None
     if nests_deeper(body, MAX_JSON_DEPTH):
         raise _too_deep()
     return _Read(source, body)
+
+
+# How much of a body that is not JSON is searched for the model it names.
+NAMED_MODEL_BYTES = 65_536
+_NAMED_MODEL = re.compile(rb'"model"\s*:\s*"((?:[^"\\]|\\.){1,200})"')
+
+
+def named_model(head: bytes) -> str:
+    """The model a body that is not JSON names (`"model": "…"`), best effort, else ""."""
+    found = _NAMED_MODEL.search(head)
+    if found is None:
+        return ""
+    try:
+        value = json.loads(b'"' + found.group(1) + b'"')
+    except ValueError:
+        return ""
+    return value if isinstance(value, str) else ""
 
 
 def _release_body(request: HttpRequest) -> None:
@@ -301,10 +322,13 @@ async def conversation(
         wire=wire.NAME,
         key=request.headers.get("X-Ledger-Key"),
         session_header=request.headers.get("X-Ledger-Session"),
+        # Masked and stored after the response (calls.save).
+        request_headers=request.headers,
     )
     announced = after.Announcements(trace)
     try:
         response = await _serve(request, wire, announced, params or {})
+        trace.response_headers = response.headers
         # Sent once the answer is out (a stream's when it ends: its on_end in _respond).
         after.attach(response, announced)
     except asyncio.CancelledError:
@@ -345,8 +369,10 @@ async def _serve(
     if request.method != "POST":
         trace.end(CallStatus.REFUSED, http_status=405, code="method_not_allowed")
         return _method_not_allowed(wire, ("POST",))
+    # The model the call names, as early as it is known: a refusal's row says it too.
+    trace.model_requested = str(params.get("model") or "")
     try:
-        sent = _validate(request, wire, params)
+        sent = _validate(request, wire, params, trace)
         trace.model_requested, trace.stream = sent.parsed.model, bool(sent.parsed.stream)
         _check_model(sent.parsed.model)
         call = await _prepare(request, wire, sent, announced)
@@ -358,6 +384,7 @@ async def _serve(
     # Freed with the announcements, once the response is out (after.py).
     announced.held += (sent, call)
     trace.session = call.session
+    trace.request_map = call.request_map
     if call.request is not None and call.request.thread is not None:
         trace.thread = call.request.thread.key
     forwarded = await _forward(request, wire, sent, call)
@@ -382,11 +409,19 @@ def _context_limit(request: HttpRequest) -> int | None:
     return int(text)
 
 
-def _validate(request: HttpRequest, wire: Wire, params: dict[str, str]) -> _Request:
+def _validate(
+    request: HttpRequest, wire: Wire, params: dict[str, str], trace: calls.Trace
+) -> _Request:
     context_limit = _context_limit(request)
     conversation = _conversation_key(request, wire)
-    read = _read_json(request, conversation)
+    try:
+        read = _read_json(request, conversation)
+    except GatewayError as exc:
+        trace.model_requested = trace.model_requested or exc.named_model
+        raise
     raw, body = read.source, read.value
+    if isinstance(body, dict) and isinstance(body.get("model"), str) and body["model"]:
+        trace.model_requested = body["model"]
     # Taken before anything downstream could touch the value; kept once the call is accepted.
     known = (
         body_reader.remember(read.fast, body, wire.MESSAGES_PARAM, reading=read.reading)
@@ -490,6 +525,7 @@ async def _forward(
         # A fitted body is sent as text too: encoded whole, it was held twice more.
         content = sent.raw if fitted.body is None else forward.Body(json.dumps(fitted.body))
         url = wire.complete_url(base, model=target, stream=sent.parsed.stream, params=sent.params)
+        trace.mark_forwarded()
         try:
             response = await forward.send(url=url, headers=headers, content=content)
         except forward.UpstreamError as exc:
@@ -529,6 +565,7 @@ async def _respond(
     trace.saved_tokens = saved_tokens(
         client_tokens=call.client_tokens, forwarded_tokens=fitted.token_count
     )
+    trace.fit = _fit_note(call, fitted)
     passed = {**forward.returned_headers(response.headers), **_ledger_headers(call, fitted)}
     content_type = response.headers.get("content-type", "application/json")
     # An upstream may answer a streamed request with one JSON body (some compatible servers
@@ -606,6 +643,21 @@ async def _respond(
     return streamed
 
 
+def _fit_note(call: Call, fitted: Fitted) -> dict[str, Any]:
+    """How fitting treated the request, for the calls ledger: per-thread fitting's own word
+    (as_sent, fitted, compacted, pruned), else the ledger's ladder's ("ledger") or none
+    ("off"); the request indices a per-call prune dropped when fitting says which."""
+    notes = call.request.notes if call.request is not None else {}
+    how = notes.get("last_fit") or ("ledger" if fitted.compacted else "as_sent")
+    note: dict[str, Any] = {"how": how, "limit": fitted.limit}
+    if not call.fit_enabled:
+        note["how"] = "off"
+    pruned = getattr(fitted, "pruned", ())
+    if pruned:
+        note["pruned"] = seq_runs(pruned)
+    return note
+
+
 async def _record_plain(*, wire: Wire, call: Call, fitted: Fitted, data: bytes) -> None:
     try:
         payload = provider_loads(data)
@@ -658,7 +710,15 @@ def _provider_error(data: bytes) -> dict[str, str]:
 
 
 async def _record(*, call: Call, fitted: Fitted, reply: Reply, incomplete: bool) -> None:
-    # The provider answered: bookkeeping trouble is logged and shown, never the call's failure.
+    # The provider answered (and billed) the call: its row carries the reply's usage whatever
+    # happens next (a client that goes away cancels this coroutine while the reply is being
+    # recorded; the recording itself runs on).
+    if call.announced.call is not None:
+        chains = call.request.chains if call.request is not None else ()
+        # As record_thread_reply continues the chain (None: it computes it the long way).
+        after_chain = (chains[-1] or None) if chains else ""
+        call.announced.call.replied(reply=reply, after_chain=after_chain)
+    # Bookkeeping trouble is logged and shown, never the call's failure.
     await workers.run(
         call.announced.collecting,
         thread_fit.record_thread_reply,
@@ -671,11 +731,6 @@ async def _record(*, call: Call, fitted: Fitted, reply: Reply, incomplete: bool)
         incomplete=incomplete,
         metadata={"requestedModel": fitted.model} if fitted.model != reply.model else None,
     )
-    if call.announced.call is not None:
-        chains = call.request.chains if call.request is not None else ()
-        # As record_thread_reply continues the chain (None: it computes it the long way).
-        after_chain = (chains[-1] or None) if chains else ""
-        call.announced.call.replied(reply=reply, after_chain=after_chain)
 
 
 # --- passthrough: endpoints the gateway has no rule for --------------------------------------------

@@ -11,9 +11,8 @@ from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 
-from compaction_app.dashboard.render import latest_loss_run
 from compaction_app.models import CompactionRun
-from compaction_app.selectors import runs_for_session
+from compaction_app.selectors import latest_completed_run
 from sessions_app.errors import NotFound
 from sessions_app.models import Event, Session
 from sessions_app.selectors import sessions_visible_to
@@ -62,10 +61,13 @@ def event_at(*, session: Session, seq: int) -> Event:
 
 def latest_loss_report_run(*, session: Session) -> CompactionRun:
     """The run whose loss report the session page shows: the newest completed, not reverted
-    run that has one."""
-    run = latest_loss_run(runs_for_session(session=session))
+    run (its report may hold nothing: a run that folded nothing, or no evidence)."""
+    run = latest_completed_run(session=session)
     if run is None:
-        raise NotFound("this session has no completed compaction yet", code="no_loss_report")
+        raise NotFound(
+            "this session has no completed compaction that is not reverted",
+            code="no_loss_report",
+        )
     return run
 
 

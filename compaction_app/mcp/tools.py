@@ -24,7 +24,7 @@ from compaction_app.api.serializers import (
 )
 from compaction_app.mcp import selectors
 from compaction_app.models import Trigger
-from sessions_app import recall, search
+from sessions_app import recall, scope, search
 from sessions_app import selectors as ledger
 from sessions_app import services as ledger_services
 from sessions_app.api.search_views import RecallInSerializer
@@ -32,6 +32,7 @@ from sessions_app.errors import InvalidInput
 from sessions_app.heavy import heavy_slot
 from sessions_app.models import Session
 from sessions_app.session_settings import SessionSettings
+from sessions_app.threads import threads_by_session
 
 User = AbstractBaseUser | AnonymousUser
 Handler = Callable[[User, Mapping[str, Any]], dict[str, Any]]
@@ -65,6 +66,10 @@ class ToolSpec:
 
 class _SessionArg(serializers.Serializer):
     session = serializers.CharField(required=False, max_length=200, allow_blank=True)
+
+
+class _UsageArgs(_SessionArg):
+    thread = serializers.CharField(required=False, max_length=200, min_length=1)
 
 
 class _SessionsArgs(serializers.Serializer):
@@ -125,13 +130,16 @@ def ledger_sessions(user: User, arguments: Mapping[str, Any]) -> dict[str, Any]:
     rows = selectors.recent_sessions(user=user, limit=data["limit"])
     staff = bool(getattr(user, "is_staff", False))
     out = []
+    threads = threads_by_session(session_ids=[s.pk for s in rows])
     for session in rows:
+        # The main thread's context figures, as /usage and the dashboard give them.
+        context = scope.context_figures(session=session, threads=threads.get(session.pk, []))
         row: dict[str, Any] = {
             **_session_ref(session),
             "clientKey": session.client_key,
-            "percentUsed": session.percent_used,
-            "contextTokens": session.context_tokens,
-            "contextLimit": session.context_limit,
+            "percentUsed": context.percent_used,
+            "contextTokens": context.context_tokens,
+            "contextLimit": context.context_limit,
             "events": session.event_count,
             "updatedAt": session.updated_at.isoformat(),
         }
@@ -142,9 +150,12 @@ def ledger_sessions(user: User, arguments: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def ledger_usage(user: User, arguments: Mapping[str, Any]) -> dict[str, Any]:
-    session = _session(user, _valid(_SessionArg, arguments))
+    data = _valid(_UsageArgs, arguments)
+    session = _session(user, data)
     settings = SessionSettings.of(session.settings)
-    usage = ledger.usage_for_session(session=session)
+    # REST /usage's document: the thread's context figures (the main thread's by default),
+    # the whole session's bill.
+    usage = ledger.usage_for_session(session=session, thread=data.get("thread"))
     return {
         "session": _session_ref(session),
         **usage,
@@ -297,10 +308,22 @@ TOOLS: tuple[ToolSpec, ...] = (
             "How full a session's context window is right now: percentUsed, contextTokens of "
             "contextLimit, the compact and hard-limit thresholds (nearLimit, atLimit), the "
             "provider-reported token totals, the last compaction (tokens before and after) "
-            "and cost where the model has a price. Call it before a long step to decide "
-            "whether to ask for a compaction first."
+            "and cost where the model has a price. The context figures are one thread's (the "
+            "main thread's unless `thread` names another); the tokens, cost and calls are "
+            "the whole session's. Call it before a long step to decide whether to ask for a "
+            "compaction first."
         ),
-        schema=_schema({"session": _SESSION_ARG}),
+        schema=_schema(
+            {
+                "session": _SESSION_ARG,
+                "thread": {
+                    "type": "string",
+                    "minLength": 1,
+                    "maxLength": 200,
+                    "description": "A thread's key (gateway sessions): whose context figures.",
+                },
+            }
+        ),
         handler=ledger_usage,
     ),
     ToolSpec(

@@ -12,6 +12,8 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from redis.exceptions import RedisError
 
+from compaction_app.realtime.messages import Message
+
 logger = logging.getLogger("compaction_app.broadcast")
 
 STAFF_GROUP = "ledger.staff"
@@ -32,14 +34,15 @@ def user_group(user_id: int | str) -> str:
     return f"ledger.user.{user_id}"
 
 
-def broadcast(*, session_id: uuid.UUID | str, owner_id: int | str, message: dict[str, Any]) -> None:
-    """Send `message` to everyone watching the session: its own channel, its owner's
-    all-sessions channel, and staff. A layer failure is logged, never raised: a push is a
-    notification, and the state it announces is already committed."""
+def broadcast(*, session_id: uuid.UUID | str, owner_id: int | str, message: Message) -> None:
+    """Send `message` (a typed realtime message, messages.py) to everyone watching the
+    session: its own channel, its owner's all-sessions channel, and staff. A layer failure is
+    logged, never raised: a push is a notification, and the state it announces is already
+    committed."""
     layer = get_channel_layer()
     if layer is None:
         return
-    event = {"type": "ledger.message", "message": message}
+    event = {"type": "ledger.message", "message": message.to_json()}
     groups = (session_group(session_id), user_group(owner_id), STAFF_GROUP)
 
     async def send_all() -> None:

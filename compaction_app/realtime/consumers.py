@@ -9,7 +9,8 @@ from asgiref.sync import sync_to_async
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from compaction_app.realtime import ws_limits
+from compaction_app import metrics
+from compaction_app.realtime import messages, ws_limits
 from compaction_app.realtime.broadcast import STAFF_GROUP, session_group, user_group
 from compaction_app.realtime.revocation import CLOSE_FORBIDDEN, RevocableConsumerMixin
 from sessions_app.errors import NotFound
@@ -71,6 +72,8 @@ class _LedgerConsumer(RevocableConsumerMixin, AsyncJsonWebsocketConsumer):
             return
         await self.accept()
         self.start_rechecks()
+        self.counted = True
+        metrics.websocket_changed(+1)
 
     async def _take_slot(self) -> bool:
         if not ws_limits.limited():
@@ -109,6 +112,9 @@ class _LedgerConsumer(RevocableConsumerMixin, AsyncJsonWebsocketConsumer):
         return stays
 
     async def disconnect(self, code: int) -> None:
+        if getattr(self, "counted", False):
+            self.counted = False
+            metrics.websocket_changed(-1)
         await self._leave_groups()
         await self._give_slot_back()
 
@@ -122,7 +128,7 @@ class _LedgerConsumer(RevocableConsumerMixin, AsyncJsonWebsocketConsumer):
 
     async def receive_json(self, content: Any, **kwargs: Any) -> None:
         if isinstance(content, dict) and content.get("type") == "ping":
-            await self.send_json({"type": "pong"})
+            await self.send_json(messages.Pong().to_json())
 
 
 class SessionsConsumer(_LedgerConsumer):

@@ -24,6 +24,7 @@ from compaction_app.evidence import (
     Salience,
     extract,
     parameters_of,
+    present_literals,
     quoted_line,
     segmented,
     shape_of,
@@ -647,22 +648,35 @@ def _novel(items: list[_Item], kept_text: str) -> list[_Item]:
         return items
     items = _superseded_by_kept(items, kept_text)
     kept = " ".join(kept_text.lower().split())
-    result = []
+    texts: dict[int, str] = {}
+    literals: dict[int, list[str]] = {}
     for item in items:
         if item.text.startswith("Folded so far:"):
-            result.append(item)
             continue
-        text = _key(_LABEL.sub("", item.text))
-        if len(text) >= 24 and text in kept:
-            continue
-        literals = [
+        texts[id(item)] = _key(_LABEL.sub("", item.text))
+        literals[id(item)] = [
             e.key.split(":", 1)[1]
             for e in extract(item.text)
             if e.kind not in _PROSE_KINDS and e.kind != "path"
         ]
+    # Which of them the kept text holds: one pass over it for all (a search per item read the
+    # whole kept text once per item: quadratic in the session).
+    present = present_literals(
+        [t for t in texts.values() if len(t) >= 24]
+        + [x for found in literals.values() for x in found if len(x) >= 5],
+        kept,
+    )
+    result = []
+    for item in items:
+        if id(item) not in texts:
+            result.append(item)
+            continue
+        if texts[id(item)] in present:
+            continue
+        found = literals[id(item)]
         # Only literals specific enough to be the same fact: "100%" in a kept test run's
         # `[100%]` does not make a full disk's `/dev/nvme1n1 … 100%` line old news.
-        if literals and all(len(x) >= 5 and x in kept for x in literals):
+        if found and all(len(x) >= 5 and x in present for x in found):
             continue
         result.append(item)
     return result

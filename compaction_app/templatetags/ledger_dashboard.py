@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from django import template
 from django.utils.html import escape
 from django.utils.safestring import SafeString, mark_safe
+
+from sessions_app.pricing import usd_text
+from sessions_app.scope import unpriced_text
 
 register = template.Library()
 
@@ -24,3 +28,15 @@ def cite_links(text: str, base: str = "") -> SafeString:
         return f'<a class="cite" href="{escape(base)}#event-{first}">{match.group(0)}</a>'
 
     return mark_safe(CITATION.sub(link, str(escape(text or ""))))  # noqa: S308 - escaped above
+
+
+@register.filter
+def usd(amount: Any) -> str:
+    """A dollar amount as every page shows it (sessions_app.pricing.usd_text)."""
+    return usd_text(amount)
+
+
+@register.filter
+def unpriced(count: Any) -> str:
+    """ "1 call with no price" (sessions_app.scope.unpriced_text)."""
+    return unpriced_text(int(count or 0))

@@ -7,14 +7,21 @@ from __future__ import annotations
 import datetime
 import re
 from typing import Any
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
-from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
+from django.http import StreamingHttpResponse
+from drf_spectacular.utils import (
+    OpenApiParameter,
+    OpenApiResponse,
+    extend_schema,
+    inline_serializer,
+)
 from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from sessions_app import calls, selectors
+from sessions_app import calls, selectors, usage_over_time
 from sessions_app.api.openapi import PAGE_PARAMETERS, errors
 from sessions_app.api.views import SessionPagination
 from sessions_app.errors import InvalidInput
@@ -51,6 +58,28 @@ CALL_PARAMETERS = [
         description="Only calls that asked for or were served by this model.",
     ),
     OpenApiParameter("thread", str, description="Only the calls of this thread (its key)."),
+    OpenApiParameter(
+        "q",
+        {"type": "string", "minLength": 1, "maxLength": 200},
+        description="Text in the model, the session's title or the error message.",
+    ),
+    OpenApiParameter(
+        "sort",
+        {"type": "string", "enum": [k for key in calls.SORTS for k in (key, "-" + key)]},
+        description="The order (a leading - reverses); default -started, newest first.",
+    ),
+    OpenApiParameter("session", str, description="Only this session's calls (`/calls`)."),
+    OpenApiParameter(
+        "user",
+        {"type": "string", "pattern": "^[0-9]{1,12}$"},
+        description="Staff: only this user's calls.",
+    ),
+    OpenApiParameter(
+        "export",
+        {"type": "string", "enum": ["csv", "ndjson"]},
+        description="Stream every filtered call (no pages) as CSV or newline-delimited JSON; "
+        "the same as `Accept: text/csv` or `Accept: application/x-ndjson`.",
+    ),
     *PAGE_PARAMETERS,
 ]
 
@@ -63,7 +92,14 @@ _PERCENTILES = inline_serializer(
 )
 CALL_FIELDS: dict[str, serializers.Field] = {
     "id": serializers.UUIDField(),
-    "sessionId": serializers.UUIDField(),
+    "sessionId": serializers.UUIDField(
+        allow_null=True,
+        help_text="Null: refused before any session existed (a first call naming an unknown "
+        "model, a body that is not JSON); it joins the session its key later creates.",
+    ),
+    "sessionKey": serializers.CharField(
+        allow_blank=True, help_text="The X-Ledger-Session header the client sent."
+    ),
     "startedAt": serializers.DateTimeField(),
     "wire": serializers.CharField(help_text="openai, responses or anthropic."),
     "thread": serializers.CharField(allow_blank=True),
@@ -188,16 +224,85 @@ def _filters(request: Request) -> calls.CallFilters:
                 fields={"status": "comma-separated call statuses"},
             )
         statuses = tuple(raw.split(","))
+    session_id = None
+    raw_session = request.query_params.get("session")
+    if raw_session:
+        session_id = selectors.session_get(user=request.user, session_id=raw_session).pk
+    user_id = None
+    raw_user = request.query_params.get("user")
+    if raw_user:
+        if not getattr(request.user, "is_staff", False):
+            raise InvalidInput(
+                "only staff may filter by user",
+                code="invalid_parameter",
+                fields={"user": "staff only"},
+            )
+        if not raw_user.isdigit() or len(raw_user) > 12:
+            raise InvalidInput(
+                "user must be a user id", code="invalid_parameter", fields={"user": raw_user[:20]}
+            )
+        user_id = int(raw_user)
     return calls.CallFilters(
         since=_moment(request, "since"),
         until=_moment(request, "until"),
         statuses=statuses,
         model=_text(request, "model"),
         thread=_text(request, "thread"),
+        search=_text(request, "q"),
+        session_id=session_id,
+        user_id=user_id,
     )
 
 
-def _page(request: Request, view: APIView, queryset: Any) -> Response:
+def _sorted(request: Request, queryset: Any) -> Any:
+    try:
+        return calls.ordered(queryset, request.query_params.get("sort"))
+    except ValueError as exc:
+        raise InvalidInput(str(exc), code="invalid_parameter", fields={"sort": "unknown"}) from None
+
+
+EXPORTS = {"csv": "text/csv", "ndjson": "application/x-ndjson"}
+
+
+def export_kind(request: Request) -> str | None:
+    """csv or ndjson when the client asked for a stream of every row (`export=` or Accept)."""
+    asked = request.query_params.get("export")
+    if asked:
+        if asked not in EXPORTS:
+            raise InvalidInput(
+                "export must be csv or ndjson",
+                code="invalid_parameter",
+                fields={"export": asked[:20]},
+            )
+        return asked
+    accept = request.META.get("HTTP_ACCEPT", "")
+    for kind, media in EXPORTS.items():
+        if media in accept:
+            return kind
+    return None
+
+
+def _stream(kind: str, queryset: Any) -> StreamingHttpResponse:
+    lines = calls.csv_lines(queryset) if kind == "csv" else calls.ndjson_lines(queryset)
+    response = StreamingHttpResponse(lines, content_type=f"{EXPORTS[kind]}; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="calls.{kind}"'
+    return response
+
+
+class _Exportable(APIView):
+    def perform_content_negotiation(self, request: Request, force: bool = False) -> Any:
+        # text/csv and NDJSON are answered by the view itself (a stream), not by a renderer.
+        accept = request.META.get("HTTP_ACCEPT", "")
+        return super().perform_content_negotiation(
+            request, force=force or any(media in accept for media in EXPORTS.values())
+        )
+
+
+def _page(request: Request, view: APIView, queryset: Any) -> Any:
+    queryset = _sorted(request, queryset)
+    kind = export_kind(request)
+    if kind is not None:
+        return _stream(kind, queryset)
     paginator = SessionPagination()
     page = paginator.paginate_queryset(queryset, request, view=view)
     response = paginator.get_paginated_response([calls.call_document(call) for call in page])
@@ -205,13 +310,13 @@ def _page(request: Request, view: APIView, queryset: Any) -> Response:
     return response
 
 
-class SessionCallsView(APIView):
+class SessionCallsView(_Exportable):
     @extend_schema(
         operation_id="sessions_calls_list",
         parameters=CALL_PARAMETERS,
         responses={200: CALL_PAGE, **errors(400, 404)},
     )
-    def get(self, request: Request, session_id: str) -> Response:
+    def get(self, request: Request, session_id: str) -> Any:
         session = selectors.session_get(user=request.user, session_id=session_id)
         filters = _filters(request)
         return _page(
@@ -221,12 +326,116 @@ class SessionCallsView(APIView):
         )
 
 
-class CallsView(APIView):
+class CallsView(_Exportable):
     @extend_schema(
         operation_id="calls_list",
         parameters=CALL_PARAMETERS,
         responses={200: CALL_PAGE, **errors(400, 404)},
     )
-    def get(self, request: Request) -> Response:
+    def get(self, request: Request) -> Any:
         filters = _filters(request)
         return _page(request, self, calls.calls_visible_to(user=request.user, filters=filters))
+
+
+# --- usage over time ----------------------------------------------------------------------------
+
+
+def _zone(raw: str | None) -> ZoneInfo:
+    if not raw:
+        return ZoneInfo("UTC")
+    try:
+        if len(raw) > 64 or raw.startswith("/") or ".." in raw:
+            raise ValueError(raw)
+        return ZoneInfo(raw)
+    except (ValueError, ZoneInfoNotFoundError):
+        raise InvalidInput(
+            "tz must be an IANA time zone (Europe/Paris, America/New_York, UTC)",
+            code="invalid_parameter",
+            fields={"tz": "unknown time zone"},
+        ) from None
+
+
+def usage_parameters(request: Request) -> dict[str, Any]:
+    """The usage-over-time query's parameters, validated (InvalidInput otherwise)."""
+    bucket = request.query_params.get("bucket") or "hour"
+    if bucket not in usage_over_time.BUCKETS:
+        raise InvalidInput(
+            "bucket must be hour or day", code="invalid_parameter", fields={"bucket": bucket[:20]}
+        )
+    group_by = request.query_params.get("groupBy") or None
+    if group_by is not None and group_by not in usage_over_time.GROUPS:
+        raise InvalidInput(
+            "groupBy must be one of " + ", ".join(usage_over_time.GROUPS),
+            code="invalid_parameter",
+            fields={"groupBy": group_by[:20]},
+        )
+    until = _moment(request, "until") or datetime.datetime.now(datetime.UTC)
+    span = datetime.timedelta(days=1 if bucket == "hour" else 30)
+    since = _moment(request, "since") or until - span
+    session_id = None
+    raw_session = request.query_params.get("session")
+    if raw_session:
+        session_id = selectors.session_get(user=request.user, session_id=raw_session).pk
+    user_id = None
+    raw_user = request.query_params.get("user")
+    if raw_user:
+        if not getattr(request.user, "is_staff", False):
+            raise InvalidInput(
+                "only staff may ask for another user's calls",
+                code="invalid_parameter",
+                fields={"user": "staff only"},
+            )
+        if not raw_user.isdigit() or len(raw_user) > 12:
+            raise InvalidInput(
+                "user must be a user id", code="invalid_parameter", fields={"user": raw_user[:20]}
+            )
+        user_id = int(raw_user)
+    return {
+        "since": since,
+        "until": until,
+        "bucket": bucket,
+        "group_by": group_by,
+        "tz": _zone(request.query_params.get("tz")),
+        "session_id": session_id,
+        "user_id": user_id,
+    }
+
+
+USAGE_PARAMETERS = [
+    CALL_PARAMETERS[0],
+    CALL_PARAMETERS[1],
+    OpenApiParameter("bucket", {"type": "string", "enum": list(usage_over_time.BUCKETS)}),
+    OpenApiParameter("groupBy", {"type": "string", "enum": list(usage_over_time.GROUPS)}),
+    OpenApiParameter(
+        "tz",
+        {"type": "string", "maxLength": 64},
+        description="IANA time zone the hours and days are the viewer's in (default UTC).",
+    ),
+    OpenApiParameter("session", str, description="Only this session's calls."),
+    OpenApiParameter(
+        "user",
+        {"type": "string", "pattern": "^[0-9]{1,12}$"},
+        description="Staff: only this user's calls.",
+    ),
+]
+
+
+class UsageOverTimeView(APIView):
+    @extend_schema(
+        operation_id="usage_calls",
+        parameters=USAGE_PARAMETERS,
+        responses={
+            200: OpenApiResponse(
+                description="Per period (hour or day in `tz`) and group: calls, errors, error "
+                "rate, tokens by kind, cost, cache hit rate, p50/p99 latency."
+            ),
+            **errors(400, 404),
+        },
+    )
+    def get(self, request: Request) -> Response:
+        params = usage_parameters(request)
+        try:
+            data = usage_over_time.usage_over_time(user=request.user, **params)
+        except usage_over_time.BadRange as exc:
+            raise InvalidInput(str(exc), code="invalid_parameter") from None
+        return Response(data)

@@ -25,6 +25,7 @@ urlpatterns = [
         name="session-calls",
     ),
     path("calls", call_views.CallsView.as_view(), name="calls"),
+    path("usage/calls", call_views.UsageOverTimeView.as_view(), name="usage-calls"),
     path("tokens/count", views.TokenCountView.as_view(), name="tokens-count"),
     path("models", views.ModelListView.as_view(), name="model-list"),
     # Search and recall (sessions_app/api/search_views.py).

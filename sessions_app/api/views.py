@@ -25,7 +25,7 @@ from sessions_app.api.openapi import BODY, PAGE_PARAMETERS, errors, integer, pag
 from sessions_app.errors import InvalidInput, LedgerError
 from sessions_app.models import Event, EventType
 from sessions_app.signals import compaction_command
-from sessions_app.threads import session_threads, thread_usage
+from sessions_app.threads import session_threads
 
 # The largest page any list serves (sessions, compactions, calls): a larger pageSize is a
 # 400, as any number out of its documented range (DRF alone would quietly serve 500).
@@ -293,18 +293,19 @@ class SessionUsageView(APIView):
             OpenApiParameter(
                 "thread",
                 str,
-                description="One thread's usage (its key); default: the main thread's when "
-                "the session has several writers.",
+                description="Whose context figures (contextTokens, percentUsed, nearLimit, "
+                "atLimit): a thread's key; default: the main thread. The bill figures (tokens, "
+                "cost, cache, calls) are always the whole session's.",
             )
         ],
         responses={200: s.UsageSerializer, **errors(404)},
     )
     def get(self, request: Request, session_id: str) -> Response:
         session = selectors.session_get(user=request.user, session_id=session_id)
-        usage = selectors.usage_for_session(session=session)
-        # Threads (the gateway's writers): the session's usage is its main thread's.
+        # The scope rule (sessions_app.scope): context figures of the thread asked for (the
+        # main thread by default), the bill of the whole session.
         return Response(
-            thread_usage(session=session, usage=usage, key=request.query_params.get("thread"))
+            selectors.usage_for_session(session=session, thread=request.query_params.get("thread"))
         )
 
 

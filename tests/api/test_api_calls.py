@@ -18,6 +18,7 @@ NOW = datetime.datetime(2026, 3, 1, 12, 0, tzinfo=datetime.UTC)
 def a_call(session: Session, minutes: int, status: str = "ok", **fields) -> None:
     call_record(
         session_id=session.pk,
+        owner_id=session.owner_id,
         started_at=NOW + datetime.timedelta(minutes=minutes),
         wire="openai",
         status=status,

@@ -39,6 +39,12 @@ USAGE_KEYS = {
     "costUnknownReason",
     "savedTokens",
     "savedUsd",
+    # The scope rule (sessions_app.scope): gateway calls answered and not, the calls with no
+    # price, and which scope each kind of figure has.
+    "calls",
+    "failedCalls",
+    "unpricedCalls",
+    "scope",
 }
 
 CONVERSATION = [
@@ -138,6 +144,10 @@ def test_it_returns_exactly_the_design_fields(alice_api):
         "costUnknownReason": None,
         "savedTokens": 0,
         "savedUsd": 0.0,
+        "calls": 0,
+        "failedCalls": 0,
+        "unpricedCalls": 0,
+        "scope": {"context": "thread", "thread": "", "bill": "session"},
     }
 
 
@@ -261,7 +271,8 @@ def test_it_serves_usage_in_constant_queries(alice_api):
     append(alice_api, small, [{"type": "USER_MESSAGE", "content": f"m{i}"} for i in range(5)])
     large = create(alice_api)
     append(alice_api, large, [{"type": "USER_MESSAGE", "content": f"m{i}"} for i in range(200)])
-    usage(alice_api, small)  # warm caches (registry, encodings)
+    usage(alice_api, small)  # warm caches (registry, encodings, which threads each has)
+    usage(alice_api, large)
     with CaptureQueriesContext(connection) as few:
         usage(alice_api, small)
     with CaptureQueriesContext(connection) as many:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from compaction_app.run_documents import complete_message
+from compaction_app.realtime.messages import compaction_complete
 from compaction_app.services import compaction_execute, compaction_request
 from sessions_app.services import EventInput, event_append, session_create
 
@@ -21,9 +21,12 @@ def test_it_says_nothing_to_fold_in_the_runs_json(alice, alice_api):
     assert body["status"] == "completed"
     assert body["outcome"] == "nothing_to_fold" and body["foldedCount"] == 0
     assert "unchanged" in body["reason"]
-    message = complete_message(run)
+    message = compaction_complete(run).to_json()
     assert message["outcome"] == "nothing_to_fold"
-    assert message["message"].startswith("Compaction complete! Nothing to fold")
+    # Not announced as a success: what happened and why.
+    assert message["message"].startswith("Nothing to fold: ")
+    assert "no event may be folded now" in message["message"]
+    assert message["reason"] == body["reason"]
 
 
 def test_it_says_compacted_when_events_were_folded(alice, alice_api):

@@ -6,19 +6,18 @@ from __future__ import annotations
 import pytest
 
 from compaction_app.fitting import (
-    FitPolicy,
-    FitRequest,
+    fit_sequence,
     keep_newest,
-    measure,
     prune,
     prune_turns,
     window_level,
 )
-from sessions_app.context_window import REPLY_PRIMER, WindowItem, context_cost, required_keys
+from compaction_app.policy import Policy
+from sessions_app.context_window import WindowItem, context_cost, required_keys
 
 pytestmark = pytest.mark.profile_independent
 
-POLICY = FitPolicy(compact_threshold=0.8, hard_threshold=0.95, fit_target_ratio=0.5)
+POLICY = Policy(compact_threshold=0.8, hard_threshold=0.95, fit_target_ratio=0.5)
 
 
 def item(key, kind="AGENT_MESSAGE", cost=10, call=""):
@@ -125,17 +124,64 @@ def test_it_keeps_within_the_budget():
         assert kept[0] == "s" and kept[-1] == "u"
 
 
-def test_it_measures_a_request_with_what_goes_out_besides():
-    request = FitRequest(window=100, items=(item("a", cost=40), item("b", cost=30)), policy=POLICY)
-    assert measure(request) == (70 + REPLY_PRIMER, "ok")
-    assert measure(request, extra=10) == (80 + REPLY_PRIMER, "approaching")
-    assert measure(request, extra=30) == (100 + REPLY_PRIMER, "hard")
+class Toy:
+    """A `Fittable` of units of known cost: the first must stay, compaction halves the rest."""
+
+    def __init__(self, costs: list[int], *, compacts: bool = True) -> None:
+        self.costs = list(costs)
+        self.compacts = compacts
+        self.runs = 0
+
+    def cost(self) -> int:
+        return context_cost(self.costs)
+
+    def compact(self):
+        self.runs += 1
+        if self.compacts:
+            self.costs = [self.costs[0], *(c // 2 for c in self.costs[1:])]
+        return None
+
+    def prune(self, budget: int) -> bool:
+        if context_cost(self.costs[:1]) > budget:
+            return False
+        while context_cost(self.costs) > budget:
+            del self.costs[1]
+        return True
+
+    def refuse(self):
+        raise OverflowError("must-keep does not fit")
+
+
+def test_it_runs_one_sequence_measure_compact_prune_refuse():
+    def always(level):
+        return level.level != "ok"
+
+    below = Toy([10, 20, 30])
+    done = fit_sequence(below, window=100, policy=POLICY, may_compact=always, session_id="s")
+    assert (below.runs, done.pruned, done.tokens, done.level.level) == (0, False, 63, "ok")
+    # Over the threshold: one compaction, which is enough.
+    over = Toy([10, 40, 40])
+    done = fit_sequence(over, window=100, policy=POLICY, may_compact=always, session_id="s")
+    assert (over.runs, done.pruned, done.tokens) == (1, False, 53)
+    # A compaction that does not reach the threshold: the oldest units are pruned to it.
+    stuck = Toy([10, 40, 40], compacts=False)
+    done = fit_sequence(stuck, window=100, policy=POLICY, may_compact=always, session_id="s")
+    assert (stuck.runs, done.pruned, done.tokens) == (1, True, 53)
+    # Not allowed to compact: pruned straight away.
+    read = Toy([10, 40, 40])
+    done = fit_sequence(
+        read, window=100, policy=POLICY, may_compact=lambda _: False, session_id="s"
+    )
+    assert (read.runs, done.pruned) == (0, True)
+    # What must stay does not fit the window: refused.
+    with pytest.raises(OverflowError):
+        fit_sequence(Toy([120, 5]), window=100, policy=POLICY, may_compact=always, session_id="s")
 
 
 def test_it_compacts_down_to_the_target_never_above_the_threshold():
-    assert POLICY.target == 0.5
-    low = FitPolicy(compact_threshold=0.4, hard_threshold=0.95, fit_target_ratio=0.5)
-    assert low.target == 0.4
+    assert POLICY.target_ratio == 0.5
+    low = Policy(compact_threshold=0.4, hard_threshold=0.95, fit_target_ratio=0.5)
+    assert low.target_ratio == 0.4
 
 
 def test_it_keeps_the_newest_whole_units_next_to_the_required_ones():

@@ -189,7 +189,8 @@ def test_it_keeps_in_a_placeholder_the_line_whose_value_occurs_nowhere_else() ->
         ledger.tool(f"later-{turn}", routine_log(rng, 3))
     plan = clear_tool_results(
         events=ledger.events,
-        budget=Budget(context_limit=ledger.tokens, target_tokens=ledger.tokens // 2),
+        # No room below the target: every old output is cleared, none kept whole.
+        budget=Budget(context_limit=ledger.tokens, target_tokens=0),
         count_tokens=COUNTER.count,
     )
     placeholders = " ".join(c.placeholder for c in plan.cleared)

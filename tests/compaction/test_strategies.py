@@ -297,12 +297,19 @@ def test_it_clear_tool_results_keeps_every_invariant(
         assert c.token_count == expected
         assert c.tokens_freed == event.token_count - c.token_count > 0
         assert f"{c.tokens_freed} tokens freed" in c.placeholder
+    saving = []
     for e in older:
         if e.pinned or e.id in cleared or e.content.startswith("[tool result cleared:"):
             continue
-        # Skipped only because a placeholder would not save anything.
         text = tool_placeholder(name=e.name, tokens_freed=1)
-        assert 3 + 1 + words(text) + (1 if e.name else 0) >= e.token_count
+        if 3 + 1 + words(text) + (1 if e.name else 0) < e.token_count:
+            saving.append(e)
+    # Skipped because a placeholder would not save anything, or kept whole in the room below
+    # the target: then they are the newest of the outputs it could clear.
+    if saving:
+        newest_cleared = max((by_id[c].seq for c in cleared), default=0)
+        assert all(e.seq > newest_cleared for e in saving)
+        assert plan.tokens_after <= budget.target_tokens
     assert plan.tokens_after == plan.tokens_before - sum(c.tokens_freed for c in plan.cleared)
     assert plan.events_after == len(events)
 
@@ -618,7 +625,8 @@ def test_it_clears_to_the_bare_placeholder_when_kept_lines_would_free_nothing() 
     (c,) = plan_compaction(
         strategy="clear_tool_results",
         events=b.events,
-        budget=budget(keep_recent_tool_results=0),
+        # No room below the target: the output cannot stay whole.
+        budget=budget(keep_recent_tool_results=0, target_tokens=0),
         count_tokens=words,
     ).cleared
     # With its line the placeholder would cost 3 + 1 + (10 + 8) + 1 = 23 words: nothing freed.

@@ -1,12 +1,12 @@
-"""maxSummaryTokens: null means auto (the room the kept events leave below fitTargetRatio of the
-window, never less than 2 % of the context limit within 256 … 8,192); a number is obeyed
-exactly. A dry run projects what the run does."""
+"""maxSummaryTokens: null means auto (5 % of the window within 2,048 … 16,384, at most an eighth
+of a small window: compaction_app/policy.py); a number is obeyed exactly. A dry run projects
+what the run does."""
 
 from __future__ import annotations
 
 import pytest
 
-from sessions_app.session_settings import resolve_max_summary_tokens
+from compaction_app.policy import summary_bound
 from tests.search.test_loss_report import evidence_turns
 from tests.support.helpers import append_events, compact_and_wait, create_session
 
@@ -14,17 +14,21 @@ from tests.support.helpers import append_events, compact_and_wait, create_sessio
 @pytest.mark.parametrize(
     ("setting", "limit", "expected"),
     [
-        (None, 4_000, 256),
-        (None, 128_000, 2_560),
-        (None, 200_000, 4_000),
-        (None, 1_000_000, 8_192),
+        (None, 2_000, 256),
+        (None, 4_000, 500),
+        (None, 16_000, 2_000),
+        (None, 40_000, 2_048),
+        (None, 128_000, 6_400),
+        (None, 200_000, 10_000),
+        (None, 1_000_000, 16_384),
+        (None, 10_000_000, 16_384),
         (300, 1_000_000, 300),
         (16, 128_000, 16),
         (20_000, 128_000, 20_000),
     ],
 )
 def test_it_resolves_the_summary_budget(setting, limit, expected) -> None:
-    assert resolve_max_summary_tokens(setting, limit) == expected
+    assert summary_bound(context_limit=limit, max_summary_tokens=setting) == expected
 
 
 @pytest.mark.django_db
@@ -70,17 +74,20 @@ def test_it_projects_in_the_dry_run_what_the_run_does(worker, alice_api, budget)
 
 
 @pytest.mark.django_db(transaction=True)
-def test_it_fills_the_room_the_target_leaves_on_the_auto_budget(worker, alice_api):
-    """Auto: the summary may grow past the old 2 % (600 tokens of 30,000) into the room the
-    kept events leave below fitTargetRatio (0.5) of the window, and no further."""
+def test_it_bounds_the_auto_summary_and_gives_the_room_to_recent_turns(worker, alice_api):
+    """Auto: the summary holds at most its bound (2,048 tokens in a 30,000-token window), never
+    the room the target leaves; recent turns, kept whole, take a share of the work folded."""
     session_id = create_session(alice_api, limit=30_000)
     append_events(alice_api, session_id=session_id, events=evidence_turns(30))
     run = compact_and_wait(alice_api, session_id=session_id, strategy="summarize")
     assert run["status"] == "completed"
     summary = alice_api.get(f"/api/v1/sessions/{session_id}/summary").json()
-    assert summary["tokenCount"] > 600
-    assert run["tokensAfter"] <= 15_000
+    assert 0 < summary["tokenCount"] <= 2_048
     assert run["tokensAfter"] < run["tokensBefore"]
+    events = alice_api.get(f"/api/v1/sessions/{session_id}/events?limit=500").json()["results"]
+    active_results = [e for e in events if e["type"] == "TOOL_RESULT" and not e.get("compactedBy")]
+    # More than keepRecentEvents' (2) newest events: whole recent turns in the room.
+    assert len(active_results) >= 2
 
 
 @pytest.mark.django_db(transaction=True)

@@ -198,6 +198,7 @@ def test_it_lists_gateway_calls_read_only(admin_client_, ledger):
     session, _ = ledger
     call_record(
         session_id=session.pk,
+        owner_id=session.owner_id,
         started_at=datetime.datetime(2026, 3, 1, tzinfo=datetime.UTC),
         wire="openai",
         status="timeout",

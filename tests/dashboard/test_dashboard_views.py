@@ -9,6 +9,7 @@ from django.test import Client
 
 from compaction_app.models import CompactionRun, RunStatus
 from compaction_app.realtime import broadcast
+from compaction_app.realtime import messages as realtime
 from compaction_app.services import compaction_execute, compaction_request
 from config.asgi import application
 from sessions_app.models import Event, Session
@@ -193,8 +194,13 @@ def test_it_shows_a_completed_compaction_and_reverts_it_as_staff(alice, staff):
 def test_it_offers_revert_for_the_run_the_service_would_revert(alice, staff):
     session = make_session(alice, limit=1500)
     folding = compacted(session)
-    # Nothing is left to fold: this later run completes without a COMPACTION event.
+    # Each run folds most of the recent work the last one kept, until nothing is left to
+    # fold: that later run completes without a COMPACTION event.
     no_op = compacted(session)
+    for _ in range(10):
+        if no_op.compaction_event_id is None:
+            break
+        folding, no_op = no_op, compacted(session)
     assert no_op.compaction_event_id is None and no_op.finished_at > folding.finished_at
     html = client_for(staff).get(page(session)).content.decode()
     assert f"compactions/{folding.pk}/revert/" in html
@@ -264,7 +270,10 @@ def _cookie_headers(user) -> list[tuple[bytes, bytes]]:
     return [(b"origin", b"http://testserver"), (b"cookie", cookies.encode())]
 
 
-def _pushed_frames(user, path: str, session, *messages: dict) -> list[str]:
+RUN_ID = "00000000-0000-0000-0000-000000000001"
+
+
+def _pushed_frames(user, path: str, session, *messages) -> list[str]:
     """Open the dashboard socket `path` as `user` (cookie), broadcast each of `messages` on
     `session` and collect the HTML frame each one pushes."""
     headers = _cookie_headers(user)
@@ -292,17 +301,27 @@ def test_it_pushes_html_fragments_to_the_session_page(alice, bob):
         alice,
         f"/ws/dashboard/sessions/{session.pk}/",
         session,
-        {
-            "type": "COMPACTION_START",
-            "sessionId": str(session.pk),
-            "message": "Compacting conversation to reduce size…",
-        },
-        {
-            "type": "COMPACTION_COMPLETE",
-            "sessionId": str(session.pk),
-            "success": False,
-            "message": f"Compaction failed: {XSS}",
-        },
+        realtime.CompactionStart(
+            sessionId=str(session.pk),
+            compactionId=RUN_ID,
+            strategy="summarize",
+            trigger="manual",
+            message="Compacting conversation to reduce size…",
+        ),
+        realtime.CompactionComplete(
+            sessionId=str(session.pk),
+            compactionId=RUN_ID,
+            success=False,
+            tokensBefore=None,
+            tokensAfter=None,
+            eventsBefore=None,
+            eventsAfter=None,
+            reductionPercent=None,
+            error=XSS,
+            keptPercent=None,
+            outcome="failed",
+            message=f"Compaction failed: {XSS}",
+        ),
     )
     assert (
         start.startswith('<div id="notice"') and "Compacting conversation to reduce size…" in start
@@ -322,13 +341,9 @@ def test_it_pushes_a_revert_notice_with_the_tokens_to_the_session_page(alice):
         alice,
         f"/ws/dashboard/sessions/{session.pk}/",
         session,
-        {
-            "type": "COMPACTION_REVERTED",
-            "sessionId": str(session.pk),
-            "compactionId": "00000000-0000-0000-0000-000000000001",
-            "tokensBefore": 1234,
-            "tokensAfter": 5678,
-        },
+        realtime.compaction_reverted(
+            session_id=session.pk, compaction_id=RUN_ID, tokens_before=1234, tokens_after=5678
+        ),
     )
     assert frame.startswith('<div id="notice"') and "notice-success" in frame
     assert (
@@ -344,7 +359,7 @@ def test_it_pushes_the_row_to_the_sessions_list(alice):
         alice,
         "/ws/dashboard/sessions/",
         session,
-        {"type": "USAGE_UPDATED", "sessionId": str(session.pk)},
+        realtime.usage_updated(session),
     )
     assert frame.lstrip().startswith(f'<tr id="row-{session.pk}"') and 'hx-swap-oob="true"' in frame
 

@@ -173,3 +173,119 @@ def test_it_records_nothing_for_a_caller_without_a_valid_key(gateway_url, upstre
         client.chat.completions.create(model="gpt-4o", messages=HI)
     assert wait_idle()
     assert not Call.objects.exists() and not Session.objects.exists()
+
+
+# --- every call is a row, the first one of a new session key included ---------------------------
+
+
+def test_it_records_a_first_call_naming_an_unknown_model_as_a_session_less_row(
+    gateway_url, upstream, alice, alice_api, bob_api
+):
+    client = openai_client(gateway_url, key=token_for(alice), session="typo-first")
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.chat.completions.create(model="gtp-4o", messages=HI)
+    assert refused.value.code == "unknown_model"
+    (call,) = wait_until(lambda: list(Call.objects.filter(session_key="typo-first")))
+    assert call.session_id is None and call.owner_id == alice.pk
+    assert call.status == "refused" and call.http_status == 400
+    assert (call.error_code, call.model_requested) == ("unknown_model", "gtp-4o")
+    assert upstream.requests == []
+    # Its owner sees it (and only its owner); it joins the session the key creates next.
+    listed = alice_api.get("/api/v1/calls").json()["results"]
+    assert [(c["sessionId"], c["sessionKey"], c["modelRequested"]) for c in listed] == [
+        (None, "typo-first", "gtp-4o")
+    ]
+    assert bob_api.get("/api/v1/calls").json()["results"] == []
+    client.chat.completions.create(model="gpt-4o", messages=HI)
+    session = Session.objects.get(client_key="typo-first")
+    wait_until(lambda: Call.objects.filter(session=session).count() == 2)
+    statuses = sorted(session.calls.values_list("status", flat=True))
+    assert statuses == ["ok", "refused"]
+    usage = alice_api.get(f"/api/v1/sessions/{session.pk}/usage").json()
+    assert (usage["calls"], usage["failedCalls"]) == (1, 1)
+
+
+def test_it_records_a_first_call_whose_body_is_not_json_with_the_model_it_names(
+    gateway_url, upstream, alice, alice_api
+):
+    headers = {"X-Ledger-Key": token_for(alice), "X-Ledger-Session": "bad-json-first"}
+    response = httpx.post(
+        f"{gateway_url}/gateway/openai/v1/chat/completions",
+        content=b'{"model": "gpt-4o", "messages": [{"role": "user", "content": "Hi"}',
+        headers={**headers, "Content-Type": "application/json"},
+    )
+    assert response.status_code == 400
+    (call,) = wait_until(lambda: list(Call.objects.filter(session_key="bad-json-first")))
+    assert (call.session_id, call.status, call.error_code) == (None, "refused", "malformed_json")
+    assert call.model_requested == "gpt-4o"
+    assert alice_api.get("/api/v1/calls").json()["summary"]["errors"] == 1
+
+
+def test_it_names_the_model_of_a_refused_body(gateway_url, upstream, alice):
+    client = anthropic_client(gateway_url, key=token_for(alice), session="refused-shape")
+    with pytest.raises(anthropic.BadRequestError):
+        client.messages.create(model="claude-3.5-sonnet", max_tokens=10, messages=[])
+    (call,) = wait_until(lambda: list(Call.objects.filter(session_key="refused-shape")))
+    assert call.status == "refused" and call.model_requested == "claude-3.5-sonnet"
+
+
+def test_it_records_a_call_without_a_session_header_for_its_owner(gateway_url, upstream, alice):
+    client = openai_client(gateway_url, key=token_for(alice), session=None)
+    with pytest.raises(openai.BadRequestError):
+        client.chat.completions.create(model="gpt-4o", messages=HI)
+    (call,) = wait_until(lambda: list(Call.objects.filter(owner=alice)))
+    assert (call.session_id, call.session_key, call.error_code) == (None, "", "missing_session")
+    assert call.model_requested == "gpt-4o"
+
+
+# --- the bill counts every call the provider answered -----------------------------------------
+
+
+def test_it_bills_a_repeated_request_as_the_provider_does(gateway_url, upstream, alice, alice_api):
+    """The same request answered twice (a retry, create then stream): two calls the provider
+    billed, one reply in the ledger; the session's bill and its calls agree."""
+    upstream.script(
+        Step(text="Same answer.", prompt_tokens=8), Step(text="Same answer.", prompt_tokens=8)
+    )
+    client = openai_client(gateway_url, key=token_for(alice), session="answered-twice")
+    client.responses.create(model="gpt-4o", input="Hi")
+    with client.responses.stream(model="gpt-4o", input="Hi") as stream:
+        stream.get_final_response()
+    session = Session.objects.get(client_key="answered-twice")
+    wait_until(lambda: Call.objects.filter(session=session).count() == 2)
+    assert Event.objects.filter(session=session, type="AGENT_MESSAGE").count() == 1
+    usage = alice_api.get(f"/api/v1/sessions/{session.pk}/usage").json()
+    calls = alice_api.get(f"/api/v1/sessions/{session.pk}/calls").json()["summary"]
+    assert usage["calls"] == calls["calls"] == 2
+    assert usage["totalPromptTokens"] == calls["promptTokens"] == 16
+    assert usage["totalCompletionTokens"] == calls["completionTokens"]
+    assert usage["costUsd"] == pytest.approx(calls["costUsd"], abs=1e-9) and usage["costUsd"] > 0
+    assert usage["reportedEventCount"] == 1  # the ledger holds the reply once
+
+
+def test_it_keeps_the_usage_of_a_call_whose_client_left_while_its_reply_was_recorded(
+    gateway_url, upstream, alice, alice_api, monkeypatch
+):
+    import time
+
+    from compaction_app.gateway import thread_fit
+
+    recording = thread_fit.record_thread_reply
+
+    def slow_recording(**kwargs):
+        time.sleep(1.0)  # the client gives up meanwhile
+        return recording(**kwargs)
+
+    monkeypatch.setattr(thread_fit, "record_thread_reply", slow_recording)
+    upstream.script(Step(text="Recorded anyway.", prompt_tokens=8))
+    client = openai_client(gateway_url, key=token_for(alice), session="left-while-recorded")
+    with pytest.raises(openai.APITimeoutError):
+        client.with_options(timeout=0.5).chat.completions.create(model="gpt-4o", messages=HI)
+    session = wait_until(lambda: Session.objects.filter(client_key="left-while-recorded").first())
+    wait_until(lambda: Session.objects.get(pk=session.pk).reported_event_count == 1)
+    call = the_call("left-while-recorded")
+    assert call.status == "client_disconnected"
+    assert call.prompt_tokens == 8 and call.cost_nano_usd and call.cost_nano_usd > 0
+    usage = alice_api.get(f"/api/v1/sessions/{session.pk}/usage").json()
+    assert usage["totalPromptTokens"] == call.prompt_tokens
+    assert usage["totalCompletionTokens"] == call.completion_tokens

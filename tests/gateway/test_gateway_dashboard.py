@@ -57,7 +57,7 @@ def test_it_shows_context_compressed_as_a_notice(alice):
         },
     )
     assert 'id="notice"' in html
-    assert "Context compressed for the model: 9000 → 1200 tokens" in html
+    assert "Context compressed for the model: 9,000 → 1,200 tokens" in html
 
 
 def test_it_pushes_a_gateway_created_session_to_the_sessions_list(gateway_url, upstream, alice):

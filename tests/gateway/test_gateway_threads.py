@@ -129,14 +129,27 @@ def test_it_names_a_thread_from_the_header_and_lists_threads_over_rest(
     events = alice_api.get(f"/api/v1/sessions/{session.pk}/events?thread=main").json()
     contents = [e["content"] for e in events["results"]]
     assert "Be brief." in contents and "Title this." not in contents
-    # The session's usage is its main thread's; each thread has its own.
+    # The scope rule: the context figures are the main thread's (each thread has its own),
+    # the bill is the whole session's whichever thread is asked for.
     usage = alice_api.get(f"/api/v1/sessions/{session.pk}/usage").json()
-    assert usage["thread"] == "main"
-    assert usage["totalCompletionTokens"] == Thread.objects.get(key="main").completion_tokens
+    assert usage["thread"] == "main" and usage["scope"]["thread"] == "main"
+    threads = {t.key: t for t in Thread.objects.filter(session=session)}
+    assert usage["contextTokens"] == threads["main"].context_tokens
+    assert usage["totalCompletionTokens"] == sum(t.completion_tokens for t in threads.values())
+    assert usage["calls"] == 2
     side_key = listed["results"][1]["key"]
     side_usage = alice_api.get(f"/api/v1/sessions/{session.pk}/usage?thread={side_key}").json()
     assert side_usage["thread"] == side_key
     assert side_usage["contextTokens"] == listed["results"][1]["contextTokens"] > 0
+    bill = ("totalPromptTokens", "totalCompletionTokens", "totalTokens", "costUsd", "calls")
+    assert {k: side_usage[k] for k in bill} == {k: usage[k] for k in bill}
+    assert side_usage["threadBill"] == {
+        "thread": side_key,
+        "calls": 1,
+        "promptTokens": threads[side_key].prompt_tokens,
+        "completionTokens": threads[side_key].completion_tokens,
+        "totalTokens": threads[side_key].prompt_tokens + threads[side_key].completion_tokens,
+    }
     assert bob_api.get(f"/api/v1/sessions/{session.pk}/threads").status_code == 404
 
 

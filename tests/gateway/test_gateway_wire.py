@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from compaction_app.fitting import FitPolicy, passes_through
+from compaction_app.fitting import passes_through
 from compaction_app.gateway import providers, wire
 from compaction_app.gateway.messages import (
     GatewayInputError,
@@ -17,6 +17,7 @@ from compaction_app.gateway.messages import (
 )
 from compaction_app.gateway.providers import anthropic_messages as anthropic
 from compaction_app.gateway.providers import openai_chat as openai
+from compaction_app.policy import Policy
 
 pytestmark = pytest.mark.profile_independent
 
@@ -175,7 +176,7 @@ def test_it_rebuilds_a_streamed_openai_reply_from_split_chunks():
 
 
 def test_it_decides_pass_through_only_below_the_threshold_of_an_uncompacted_session():
-    policy = FitPolicy(compact_threshold=0.8, hard_threshold=0.95, fit_target_ratio=0.5)
+    policy = Policy(compact_threshold=0.8, hard_threshold=0.95, fit_target_ratio=0.5)
     common = {"window": 1000, "policy": policy}
     assert passes_through(tokens=799, compacted=False, **common)
     assert not passes_through(tokens=799, compacted=True, **common)

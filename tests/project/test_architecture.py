@@ -417,3 +417,86 @@ def test_it_leaves_ledger_writes_to_sessions_app_services():
         for line in _ledger_writes(path, models)
     ]
     assert wrong == []
+
+
+# --- window arithmetic ----------------------------------------------------------------------
+# How full a window is (percentUsed, nearLimit, atLimit, the level fitting and the auto trigger
+# decide on, the tokens left before a threshold) is computed in one function,
+# sessions_app.context_window.window_level; where a compaction aims (the target, the summary's
+# bound, the room rule) in one policy module, compaction_app/policy.py. Elsewhere a threshold
+# or a target ratio is never compared, multiplied or divided, and tokens are never divided by
+# a window: two surfaces computing "how full" apart is how they came to disagree.
+WINDOW_MODULES = {"sessions_app/context_window.py", "compaction_app/policy.py"}
+_RATIOS = frozenset(
+    {
+        "compact_threshold",
+        "hard_limit_threshold",
+        "hard_threshold",
+        "compact_ratio",
+        "hard_ratio",
+        "fit_target_ratio",
+        "target_ratio",
+    }
+)
+_WINDOWS = frozenset({"context_limit", "limit", "window"})
+
+
+def _terminal(node: ast.AST) -> str | None:
+    if isinstance(node, ast.Attribute):
+        return node.attr
+    if isinstance(node, ast.Name):
+        return node.id
+    return None
+
+
+def _window_arithmetic(path: Path) -> list[str]:
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        what = None
+        if isinstance(node, ast.Compare):
+            operands = (node.left, *node.comparators)
+            ordering = all(isinstance(op, ast.Lt | ast.LtE | ast.Gt | ast.GtE) for op in node.ops)
+            # A ratio checked against constants (`0 < ratio <= 1`) is input validation.
+            measured = any(
+                not isinstance(o, ast.Constant) and _terminal(o) not in _RATIOS for o in operands
+            )
+            if ordering and measured and any(_terminal(o) in _RATIOS for o in operands):
+                what = "compares a threshold"
+        elif isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult | ast.Div):
+            if _terminal(node.left) in _RATIOS or _terminal(node.right) in _RATIOS:
+                what = "scales by a threshold"
+            elif isinstance(node.op, ast.Div) and _terminal(node.right) in _WINDOWS:
+                named = {_terminal(n) or "" for n in ast.walk(node.left)}
+                if any("token" in name for name in named):
+                    what = "divides tokens by a window"
+        if what:
+            where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path.name
+            found.append((node.lineno, f"{where}:{node.lineno} {what}: {ast.unparse(node)}"))
+    return [line for _, line in sorted(found)]
+
+
+def test_it_finds_window_arithmetic(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        "def f(session, settings, tokens, limit):\n"
+        "    a = session.context_tokens / session.context_limit\n"
+        "    b = a >= settings.compact_threshold\n"
+        "    c = int(limit * settings.hard_limit_threshold)\n"
+        "    d = settings.fit_target_ratio * limit\n"
+        "    e = tokens / 4\n",
+        encoding="utf-8",
+    )
+    lines = [line.split(" ", 1)[0].rsplit(":", 1)[1] for line in _window_arithmetic(sample)]
+    assert lines == ["2", "3", "4", "5"]
+
+
+def test_it_keeps_window_arithmetic_in_one_place():
+    wrong = [
+        line
+        for package in ("sessions_app", "compaction_app")
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if "migrations" not in path.parts and str(path.relative_to(ROOT)) not in WINDOW_MODULES
+        for line in _window_arithmetic(path)
+    ]
+    assert wrong == []

@@ -24,6 +24,7 @@ from websockets.exceptions import ConnectionClosed
 from websockets.sync.client import connect
 
 from compaction_app.realtime import broadcast
+from compaction_app.realtime import messages as realtime
 from tests.support.daphne import daphne_process, production_env
 from tests.support.helpers import api_token, create_session
 
@@ -65,9 +66,15 @@ def test_it_keeps_an_idle_socket_open_and_delivers_after_15_seconds(alice, alice
         ) as dashboard,
     ):
         time.sleep(IDLE_SECONDS)
-        message = {"type": "COMPACTION_START", "sessionId": session_id, "message": "after idle"}
+        message = realtime.CompactionStart(
+            sessionId=session_id,
+            compactionId=session_id,
+            strategy="summarize",
+            trigger="manual",
+            message="after idle",
+        )
         broadcast.broadcast(session_id=session_id, owner_id=alice.pk, message=message)
-        assert json.loads(api.recv(timeout=10)) == message
+        assert json.loads(api.recv(timeout=10)) == message.to_json()
         assert "hx-swap-oob" in dashboard.recv(timeout=10)
 
 

@@ -9,10 +9,10 @@ import re
 
 import pytest
 
+from compaction_app.policy import summary_bound
 from compaction_app.summarizers.base import SummaryMessage
 from compaction_app.summarizers.local import LocalSummarizer
 from compaction_app.testkit.tool_output_session import buried_session, facts_kept, load_corpus
-from sessions_app.session_settings import resolve_max_summary_tokens
 from sessions_app.tokens import get_counter
 from tests.support.helpers import append_events, compact_and_wait, create_session
 
@@ -23,7 +23,7 @@ CORPUS = load_corpus(split="tune")
 # A 200k window: the auto summary budget's floor is 4,000 tokens (the pure tests give the
 # summarizer that); the buried session fills ~20 % of it, so the REST run's room holds it all.
 LIMIT = 200_000
-AUTO = resolve_max_summary_tokens(None, LIMIT)
+AUTO = summary_bound(context_limit=LIMIT, max_summary_tokens=None)
 ROLES = {
     "SYSTEM_PROMPT": "system",
     "USER_MESSAGE": "user",

@@ -87,3 +87,47 @@ def runs_after_idle_gap(owner, *, runs: int = 12, title: str = "") -> Session:
     Session.objects.filter(pk=session.pk).update(context_limit=int(peak / compact_at))
     session.refresh_from_db()
     return session
+
+
+def sixty_turns_with_runs_and_reverts(owner, *, title: str = "") -> Session:
+    """60 turns, a summarize run after every fifth (a dozen), every third of them reverted
+    right after it completed; the window set so the largest context sits between the compact
+    threshold and the hard limit, where the drops, their labels, the threshold lines and the
+    data line crowd each other."""
+    from compaction_app.services import compaction_revert
+
+    session = session_create(
+        owner=owner,
+        model="gpt-4o",
+        title=title,
+        context_limit=100_000,
+        system_prompt="You are a careful coding agent.",
+        settings={"autoCompact": False, "keepRecentEvents": 2},
+    )
+    for turn in range(60):
+        event_append(
+            session=session,
+            events=[
+                EventInput(type="USER_MESSAGE", content=f"Step {turn}: fix src/mod_{turn}.py."),
+                EventInput(
+                    type="AGENT_MESSAGE",
+                    content=f"Fixed src/mod_{turn}.py: error E{turn} is gone. " * (3 + turn % 4),
+                    token_usage=TokenUsage(900 + turn, 40, 940 + turn),
+                ),
+            ],
+        )
+        if turn % 5 == 4:
+            session.refresh_from_db()
+            run = compaction_request(
+                session=session, user=None, strategy="summarize", enqueue=False
+            )
+            run = compaction_execute(run_id=run.pk)
+            if (turn // 5) % 3 == 2:
+                compaction_revert(run=run)
+    peak = max(
+        CompactionRun.objects.filter(session=session).values_list("tokens_before", flat=True)
+    )
+    # The peak at 88 % of the window: between the thresholds (80 %, 95 %).
+    Session.objects.filter(pk=session.pk).update(context_limit=int(peak / 0.88))
+    session.refresh_from_db()
+    return session

@@ -113,6 +113,9 @@ class Command(BaseCommand):
         from compaction_app.http_server import run
 
         pids = pid_file()
+        # The production profile keeps no SQLite file, so nothing else made VAR_DIR: a fresh
+        # clone's first `serve` creates it.
+        pids.parent.mkdir(parents=True, exist_ok=True)
         pids.write_text(f"{os.getpid()}\n")
         try:
             # Daphne with deadlines on slow request bodies and idle connections (see there).

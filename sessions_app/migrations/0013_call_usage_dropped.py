@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("sessions_app", "0009_total_tokens"),
+        ("sessions_app", "0012_call_owner_sessionless"),
     ]
 
     operations = [

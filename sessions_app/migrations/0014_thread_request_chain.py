@@ -4,15 +4,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('sessions_app', '0010_call_usage_dropped'),
+        ("sessions_app", "0013_call_usage_dropped"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='thread',
-            name='request_chain',
-            field=models.CharField(blank=True, default='', max_length=32),
+            model_name="thread",
+            name="request_chain",
+            field=models.CharField(blank=True, default="", max_length=32),
         ),
     ]
