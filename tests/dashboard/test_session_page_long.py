@@ -69,12 +69,22 @@ def test_it_shows_the_summarys_token_count_the_same_everywhere(alice, long_sessi
         .order_by("-created_at")
         .first()
     )
-    count = run.summary_tokens
+    # The card shows what the summary costs in the context: its COMPACTION event's count (the
+    # text plus the message framing), as the timeline's summary entry and GET /summary's
+    # messageTokenCount give it (docs/dashboard.md; issue 39 made the card and entry agree).
+    count = run.compaction_event.token_count
     card = re.search(r'<span class="summary-tokens">([\d,]+)</span>', html).group(1)
     assert card == f"{count:,}"
-    # The summary's own size: the COMPACTION event's count adds the message framing.
-    assert RunningSummary.objects.get(session=long_session).token_count == count
-    assert run.compaction_event.token_count > count
+    token = Token.objects.get_or_create(user=alice)[0].key
+    summary = (
+        client_for(alice)
+        .get(f"/api/v1/sessions/{long_session.pk}/summary", HTTP_AUTHORIZATION=f"Token {token}")
+        .json()
+    )
+    assert summary["messageTokenCount"] == count
+    # The summary's own size (what maxSummaryTokens bounds) is the run's and tokenCount.
+    own = RunningSummary.objects.get(session=long_session).token_count
+    assert own == run.summary_tokens == summary["tokenCount"] < count
 
 
 def test_it_renders_the_latest_window_and_loads_earlier_events_on_demand(alice, long_session):
