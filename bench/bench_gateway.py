@@ -21,10 +21,18 @@ worker, on PostgreSQL and Redis. Measured:
   `:streamGenerateContent?alt=sse` for the first chunk) at 20 messages, beside direct and the
   bare proxy;
 - 8 threads, each its own conversation on ONE session: every message recorded exactly once,
-  and every call's row in the calls ledger.
+  and every call's row in the calls ledger;
+- the slow path (issue 42), at `--slow-size` messages (1,600) of a coding agent's loop (tool
+  calls and results): beside the agent loop's next call, a retry (the same body again, as a
+  client resends after a timeout) and an edited history (old tool results cleared, as Claude
+  Code's microcompaction does: the body changes some 20 to 40 messages from its end), each
+  through the gateway, the bare proxy and, given `--litellm PATH` (a LiteLLM proxy's
+  executable; `bench/litellm.sh` installs one in a venv of its own), LiteLLM's proxy. Target:
+  the retry's and the edit's added p50 within 1.5x the loop's.
 
     .venv/bin/python bench/bench_gateway.py [--profile embedded|postgres|both] [--calls 300]
-        [--sizes 20,400,1600]
+        [--sizes 20,400,1600] [--slow-size 1600] [--slow-calls 150] [--litellm PATH]
+        [--only slow]
 """
 
 from __future__ import annotations
@@ -59,6 +67,11 @@ GEMINI_MODEL = "gemini-2.5-pro"
 GEMINI_PLAIN = f"/v1beta/models/{GEMINI_MODEL}:generateContent"
 GEMINI_STREAM = f"/v1beta/models/{GEMINI_MODEL}:streamGenerateContent?alt=sse"
 THREADS = 8
+# The slow path (issue 42): a retry's and an edited history's added p50 over the agent loop's.
+SLOW_RATIO = 1.5
+# Tool results kept whole before the edit clears older ones (the prepared call keeps more).
+KEEP_RESULTS_BEFORE, KEEP_RESULTS_AFTER = 10, 5
+CLEARED = "[Old tool result content cleared]"
 # The server's LEDGER_GATEWAY_KNOWN_BODY_BYTES in the bench (--known-body-bytes).
 KNOWN_BYTES = 2 << 30
 CALLS_PER_THREAD = 25
@@ -106,7 +119,15 @@ def _free_port() -> int:
 
 
 def _child(
-    profile: str, calls: int, sizes: tuple[int, ...] = SIZES, known_body_bytes: int = KNOWN_BYTES
+    profile: str,
+    calls: int,
+    sizes: tuple[int, ...] = SIZES,
+    known_body_bytes: int = KNOWN_BYTES,
+    *,
+    slow_size: int = 1600,
+    slow_calls: int = 150,
+    litellm: str = "",
+    only: str = "",
 ) -> list[Row]:
     sys.path.insert(0, str(ROOT))
     os.chdir(ROOT)
@@ -169,12 +190,13 @@ def _child(
         )
     )
     bare = f"http://127.0.0.1:{bare_port}"
+    lite = _start_litellm(litellm, standin.openai_url, processes, log) if litellm else None
     rows: list[Row] = []
     try:
         bases = [f"http://127.0.0.1:{port}/gateway/openai/v1" for port in ports]
         gateways = [base + "/chat/completions" for base in bases]
         direct = standin.openai_url + "/chat/completions"
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 120  # the servers start beside LiteLLM
         for probe in [f"http://127.0.0.1:{port}/gateway/openai/v1/models" for port in ports] + [
             bare + "/v1/models"
         ]:
@@ -186,56 +208,76 @@ def _child(
                     if time.monotonic() > deadline:
                         raise
                     time.sleep(0.2)
+        if lite is not None:
+            _wait_http(lite + "/health/liveliness", deadline=time.monotonic() + 120)
         added: dict[tuple[str, str, int], float] = {}
+        if only != "slow":
+            try:
+                # All sizes in one pass, call by call, so a drift in the machine's load over the
+                # run weighs on each size alike (the growth compares them).
+                rows += _latency(
+                    profile,
+                    sizes,
+                    calls,
+                    token,
+                    gateways,
+                    direct,
+                    bare=bare + "/v1/chat/completions",
+                    added=added,
+                )
+            except Exception as exc:
+                traceback.print_exc()
+                rows.append(_row(profile, "conversation sizes", f"failed: {exc}"[:300], ok=False))
+            rows += _growth(profile, added, sizes)
+            try:
+                rows += _latency(
+                    profile,
+                    (20,),
+                    calls,
+                    token,
+                    [base + "/responses" for base in bases],
+                    standin.openai_url + "/responses",
+                    wire="responses",
+                )
+            except Exception as exc:
+                traceback.print_exc()
+                rows.append(
+                    _row(profile, "Responses, 20 messages", f"failed: {exc}"[:300], ok=False)
+                )
+            try:
+                rows += _latency(
+                    profile,
+                    (20,),
+                    calls,
+                    token,
+                    [f"http://127.0.0.1:{port}/gateway/gemini" + GEMINI_PLAIN for port in ports],
+                    standin.gemini_url + GEMINI_PLAIN,
+                    wire="gemini",
+                    bare=bare + GEMINI_PLAIN,
+                )
+            except Exception as exc:
+                traceback.print_exc()
+                rows.append(_row(profile, "Gemini, 20 messages", f"failed: {exc}"[:300], ok=False))
+            try:
+                rows += _concurrent(profile, token, gateways)
+            except Exception as exc:
+                traceback.print_exc()
+                rows.append(_row(profile, "8 concurrent clients", f"failed: {exc}"[:300], ok=False))
         try:
-            # All sizes in one pass, call by call, so a drift in the machine's load over the
-            # run weighs on each size alike (the growth compares them).
-            rows += _latency(
+            rows += _slow_path(
                 profile,
-                sizes,
-                calls,
+                slow_size,
+                slow_calls,
                 token,
                 gateways,
                 direct,
-                bare=bare + "/v1/chat/completions",
-                added=added,
+                bare + "/v1",
+                lite,
+                [process.pid for process in processes[: len(ports)]],
             )
         except Exception as exc:
             traceback.print_exc()
-            rows.append(_row(profile, "conversation sizes", f"failed: {exc}"[:300], ok=False))
-        rows += _growth(profile, added, sizes)
-        try:
-            rows += _latency(
-                profile,
-                (20,),
-                calls,
-                token,
-                [base + "/responses" for base in bases],
-                standin.openai_url + "/responses",
-                wire="responses",
-            )
-        except Exception as exc:
-            traceback.print_exc()
-            rows.append(_row(profile, "Responses, 20 messages", f"failed: {exc}"[:300], ok=False))
-        try:
-            rows += _latency(
-                profile,
-                (20,),
-                calls,
-                token,
-                [f"http://127.0.0.1:{port}/gateway/gemini" + GEMINI_PLAIN for port in ports],
-                standin.gemini_url + GEMINI_PLAIN,
-                wire="gemini",
-                bare=bare + GEMINI_PLAIN,
-            )
-        except Exception as exc:
-            traceback.print_exc()
-            rows.append(_row(profile, "Gemini, 20 messages", f"failed: {exc}"[:300], ok=False))
-        try:
-            rows += _concurrent(profile, token, gateways)
-        except Exception as exc:
-            traceback.print_exc()
-            rows.append(_row(profile, "8 concurrent clients", f"failed: {exc}"[:300], ok=False))
+            rows.append(_row(profile, "slow path", f"failed: {exc}"[:300], ok=False))
     finally:
         for process in processes:
             process.terminate()
@@ -525,6 +567,235 @@ def _concurrent(profile: str, token: str, gateways: list[str]) -> list[Row]:
     ]
 
 
+# --- the slow path (issue 42): retries and edited histories ------------------------------------
+
+
+def _tool_turn(index: int) -> list[dict[str, Any]]:
+    """One step of a coding agent's loop: the user's ask, the assistant's tool call, its
+    result, the assistant's words (four messages)."""
+    call = f"call_{index:05d}"
+    return [
+        {"role": "user", "content": f"Step {index}: look at src/module_{index}.py again."},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": call,
+                    "type": "function",
+                    "function": {
+                        "name": "read_file",
+                        "arguments": f'{{"path": "src/module_{index}.py"}}',
+                    },
+                }
+            ],
+        },
+        {
+            "role": "tool",
+            "tool_call_id": call,
+            "content": f"def handler_{index}(request):\n"
+            + f"    value = request.config.get('timeout_{index}', 30)\n" * 6,
+        },
+        {"role": "assistant", "content": f"handler_{index} reads the timeout with a default now."},
+    ]
+
+
+def _tool_conversation(size: int) -> list[dict[str, Any]]:
+    messages: list[dict[str, Any]] = [
+        {"role": "system", "content": "You are a careful coding agent."}
+    ]
+    index = 0
+    while len(messages) < size:
+        messages += _tool_turn(index)
+        index += 1
+    return messages[:size]
+
+
+def _cleared(history: list[dict[str, Any]], keep: int) -> list[dict[str, Any]]:
+    """`history` with every tool result but the newest `keep` cleared, as Claude Code's
+    microcompaction clears old ones (a new list; the messages cleared are new objects)."""
+    results = [i for i, m in enumerate(history) if m["role"] == "tool"]
+    old = set(results[:-keep]) if keep else set(results)
+    return [{**m, "content": CLEARED} if i in old else m for i, m in enumerate(history)]
+
+
+# LiteLLM's proxy refuses to start without a master key; callers send it as their bearer token.
+LITELLM_KEY = "sk-" + os.urandom(32).hex()
+
+
+def _start_litellm(executable: str, upstream: str, processes: list, log: Any) -> str:
+    """LiteLLM's proxy in front of the stand-in (its own venv: `executable`), no database,
+    no network (the bundled model-cost map)."""
+    port = _free_port()
+    config = Path(tempfile.mkdtemp(prefix="bench-litellm-")) / "config.yaml"
+    config.write_text(
+        "model_list:\n"
+        "  - model_name: gpt-4o\n"
+        "    litellm_params:\n"
+        "      model: openai/gpt-4o\n"
+        f"      api_base: {upstream}\n"
+        "      api_key: sk-bench\n"
+        "litellm_settings:\n"
+        "  telemetry: false\n"
+        "  drop_params: true\n"
+    )
+    env = {
+        **{k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "REDIS_URL")},
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "LITELLM_MASTER_KEY": LITELLM_KEY,
+        "LITELLM_LOG": "ERROR",
+    }
+    processes.append(
+        subprocess.Popen(
+            [executable, "--config", str(config), "--port", str(port), "--num_workers", "1"],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
+    )
+    return f"http://127.0.0.1:{port}"
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _settle(pids: list[int], *, at_most: float = 90.0) -> None:
+    """Until the servers are idle (under 5% of a core for a second): what the preparation
+    set off (search indexing of its messages) must not weigh on the measured calls."""
+    deadline = time.monotonic() + at_most
+    while time.monotonic() < deadline:
+        before = [_cpu_seconds(pid) for pid in pids]
+        time.sleep(1)
+        if all(_cpu_seconds(pid) - was < 0.05 for pid, was in zip(pids, before, strict=True)):
+            return
+
+
+def _wait_http(url: str, *, deadline: float) -> None:
+    import httpx
+
+    while True:
+        try:
+            httpx.get(url, timeout=2)
+            return
+        except httpx.HTTPError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
+
+
+def _slow_path(
+    profile: str,
+    size: int,
+    calls: int,
+    token: str,
+    gateways: list[str],
+    direct: str,
+    bare: str,
+    litellm: str | None,
+    servers: list[int] | None = None,
+) -> list[Row]:
+    """At `size` messages: the agent loop's next call, a retry of the call before, and the
+    next call of a history whose old tool results were cleared meanwhile; each sent direct,
+    through the gateway, the bare proxy and LiteLLM, in turn, interleaved call by call."""
+    import httpx
+
+    key = {"Authorization": "Bearer sk-bench"}
+    workloads = ("loop", "retry", "edit")
+    results: dict[tuple[str, str, str], list[float]] = {}
+    base = _tool_conversation(size - 2)
+    sent: dict[tuple[str, int], list[dict[str, Any]]] = {}
+    with httpx.Client(timeout=60) as client:
+        # Prepare (unmeasured): each session holds the history as its client last sent it.
+        for call in range(calls):
+            for workload in workloads:
+                history = _cleared(base, KEEP_RESULTS_BEFORE) if workload == "edit" else base
+                headers = {
+                    **key,
+                    "X-Ledger-Key": token,
+                    "X-Ledger-Session": f"slow-{workload}-{call}",
+                }
+                _timed_plain(
+                    client, gateways[call % len(gateways)], _body("chat", history), headers
+                )
+                # The stand-in's reply echoes the last message (ECHO): the history the client
+                # holds now, unless it retries the call it made.
+                reply = {"role": "assistant", "content": f"Re: {history[-1]['content']}"}
+                sent[(workload, call)] = history if workload == "retry" else [*history, reply]
+        _settle(servers or [])
+        for mode in ("plain", "stream"):
+            timer = _timed_plain if mode == "plain" else _timed_first_chunk
+            for call in range(calls):
+                for workload in workloads:
+                    history = sent[(workload, call)]
+                    if workload == "retry":
+                        body = _body("chat", history)  # the same body again
+                    else:
+                        ask = {"role": "user", "content": f"And {mode} {call}?"}
+                        following = [*history, ask]
+                        if workload == "edit":
+                            following = _cleared(following, KEEP_RESULTS_AFTER)
+                        body = _body("chat", following)
+                        sent[(workload, call)] = following + [
+                            {"role": "assistant", "content": f"Re: And {mode} {call}?"}
+                        ]
+                    if mode == "stream":
+                        body["stream"] = True
+                    headers = {
+                        **key,
+                        "X-Ledger-Key": token,
+                        "X-Ledger-Session": f"slow-{workload}-{call}",
+                    }
+                    turns = [
+                        ("direct", direct, key),
+                        ("gateway", gateways[call % len(gateways)], headers),
+                        ("bare proxy", bare + "/chat/completions", key),
+                    ]
+                    if litellm is not None:
+                        turns.append(
+                            (
+                                "LiteLLM",
+                                litellm + "/v1/chat/completions",
+                                {"Authorization": f"Bearer {LITELLM_KEY}"},
+                            )
+                        )
+                    shift = call % len(turns)
+                    for who, url, sent_headers in turns[shift:] + turns[:shift]:
+                        results.setdefault((mode, workload, who), []).append(
+                            timer(client, url, body, sent_headers)
+                        )
+    rows: list[Row] = []
+    for mode in ("plain", "stream"):
+        label = "full response" if mode == "plain" else "time to first chunk"
+        loop_added = None
+        for workload in workloads:
+            straight = results[(mode, workload, "direct")]
+            for who in ("gateway", "bare proxy", "LiteLLM"):
+                through = results.get((mode, workload, who))
+                if not through:
+                    continue
+                added = statistics.median(t - d for t, d in zip(through, straight, strict=True))
+                p99 = _percentile(through, 0.99) - _percentile(straight, 0.99)
+                target, ok = "—", None
+                if who == "gateway" and workload == "loop":
+                    loop_added = added
+                elif who == "gateway" and loop_added is not None:
+                    bound = SLOW_RATIO * max(loop_added, 1.0)
+                    target, ok = f"p50 ≤ {bound:.1f} ms ({SLOW_RATIO}x the loop)", added <= bound
+                rows.append(
+                    _row(
+                        profile,
+                        f"slow path, {size} messages, {label}, {workload}: {who} adds p50 / p99 "
+                        f"({len(through)} calls)",
+                        f"{added:.1f} / {p99:.1f} ms",
+                        target,
+                        ok,
+                    )
+                )
+    return rows
+
+
 # --- the bare proxy -------------------------------------------------------------------------
 
 
@@ -596,6 +867,10 @@ def main(argv: list[str] | None = None) -> int:
         help="the servers' LEDGER_GATEWAY_KNOWN_BODY_BYTES (default: room for every "
         "conversation; 0 reads every body whole)",
     )
+    parser.add_argument("--slow-size", type=int, default=1600, help="the slow path's size")
+    parser.add_argument("--slow-calls", type=int, default=150, help="calls per slow-path figure")
+    parser.add_argument("--litellm", default="", help="a LiteLLM proxy executable to compare")
+    parser.add_argument("--only", choices=["slow"], default="", help="only the slow path")
     parser.add_argument("--child", choices=["embedded", "postgres"], help=argparse.SUPPRESS)
     parser.add_argument("--bare-proxy", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -604,7 +879,18 @@ def main(argv: list[str] | None = None) -> int:
         _bare_proxy(int(args.bare_proxy[0]), args.bare_proxy[1].rstrip("/"))
         return 0
     if args.child:
-        emit(_child(args.child, args.calls, sizes, args.known_body_bytes))
+        emit(
+            _child(
+                args.child,
+                args.calls,
+                sizes,
+                args.known_body_bytes,
+                slow_size=args.slow_size,
+                slow_calls=args.slow_calls,
+                litellm=args.litellm,
+                only=args.only,
+            )
+        )
         return 0
     return run_profiles(
         "Gateway benchmark",
@@ -617,6 +903,12 @@ def main(argv: list[str] | None = None) -> int:
             args.sizes,
             "--known-body-bytes",
             str(args.known_body_bytes),
+            "--slow-size",
+            str(args.slow_size),
+            "--slow-calls",
+            str(args.slow_calls),
+            *(["--litellm", args.litellm] if args.litellm else []),
+            *(["--only", args.only] if args.only else []),
         ],
         pg_db=PG_DB,
         timeout=1800,

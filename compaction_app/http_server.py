@@ -27,8 +27,10 @@ Its access log never shows a provider key: Gemini's clients may put theirs in th
 from __future__ import annotations
 
 import logging
-import re
+import resource
+import sys
 import time
+from collections import OrderedDict
 from io import BytesIO
 from typing import Any
 
@@ -36,6 +38,8 @@ from daphne.cli import CommandLineInterface
 from daphne.http_protocol import HTTPFactory, WebRequest
 from daphne.server import Server
 from django.conf import settings
+
+from config.redact import redacted as _redacted
 
 logger = logging.getLogger("compaction_app.http_server")
 
@@ -49,13 +53,9 @@ _REQUEST_TIMEOUT = (
 )
 
 
-# A `key` query parameter (Gemini's API key in the URL), wherever it sits in the query.
-_KEY_IN_QUERY = re.compile(r"([?&]key=)[^&#]*", re.IGNORECASE)
-
-
-def redacted(uri: str) -> str:
-    """A request's URI as the access log shows it: a key in the query replaced by `***`."""
-    return _KEY_IN_QUERY.sub(r"\1***", uri) if "?" in uri else uri
+# A request's URI as the access log shows it: a `key` parameter's value (Gemini's API key in
+# the URL, its `?` plain or percent-encoded) replaced by `***` (config/redact.py).
+redacted = _redacted
 
 
 # A body this large or smaller stays in memory while it arrives (Twisted's own bound is 100 kB,
@@ -76,10 +76,107 @@ class LedgerRequest(WebRequest):
 
 
 class LedgerHTTPFactory(HTTPFactory):
+    """Daphne's factory, with LedgerRequest and a bound on connections that hold nothing.
+
+    A connection *waits* while no request of it is being handled: before its request line and
+    headers are complete (and its body, which has its own deadline), and between keep-alive
+    requests. Waiting costs the server a file descriptor and nothing costs the client: 20,800
+    half-written request lines took daphne to its 20,000 descriptors, and legitimate calls
+    failed while they were held (issue 42, row 9). So:
+    - past `max_open` connections, the one that has waited longest is closed for each new
+      one (a connection handling a request, a stream or a websocket is never closed here);
+    - a connection waits at most `HTTP_IDLE_TIMEOUT_SECONDS` in one stretch, counted from
+      when it connected or its last request ended: bytes trickling in do not reset it
+      (Twisted's own idle timeout is reset by every byte).
+    The factory's class is swapped in when the server starts (LedgerServer), so its state is
+    made on first use."""
+
+    def _open(self) -> OrderedDict[Any, float | None]:
+        found = self.__dict__.get("_ledger_open")
+        if found is None:
+            found = self.__dict__["_ledger_open"] = OrderedDict()
+        return found
+
     def buildProtocol(self, addr: Any) -> Any:
         protocol = super().buildProtocol(addr)
         protocol.requestFactory = LedgerRequest
+        opened = self._open()
+        opened[protocol] = time.monotonic()
+        if len(opened) > max_open_connections():
+            self._close_longest_waiting(len(opened) - max_open_connections(), spare=protocol)
         return protocol
+
+    def _close_longest_waiting(self, count: int, *, spare: Any) -> None:
+        opened = self._open()
+        for protocol in list(opened):
+            if count <= 0:
+                return
+            state = _state(protocol)
+            if state == _GONE:
+                del opened[protocol]
+                count -= 1
+            elif state == _WAITING and protocol is not spare:
+                _abort(protocol)
+                del opened[protocol]
+                count -= 1
+
+    def sweep(self, now: float, *, deadline: float) -> int:
+        """Forget closed connections, note which wait since when, close those that waited
+        past `deadline` seconds in one stretch; how many were closed."""
+        opened = self._open()
+        closed = 0
+        for protocol, since in list(opened.items()):
+            state = _state(protocol)
+            if state in (_GONE, _UPGRADED):
+                del opened[protocol]
+            elif state == _BUSY:
+                opened[protocol] = None
+            elif since is None:
+                opened[protocol] = now
+            elif now - since > deadline:
+                _abort(protocol)
+                del opened[protocol]
+                closed += 1
+        return closed
+
+
+_GONE, _UPGRADED, _BUSY, _WAITING = "gone", "upgraded", "busy", "waiting"
+
+
+def _channel(protocol: Any) -> Any:
+    # Twisted's factory builds a wrapper that negotiates HTTP/1.1 or HTTP/2 around the channel;
+    # the channel holds the transport and the request state.
+    return getattr(protocol, "_channel", protocol)
+
+
+def _state(protocol: Any) -> str:
+    transport = getattr(_channel(protocol), "transport", None)
+    if transport is None:
+        return _WAITING  # built, not connected yet
+    if not getattr(transport, "connected", False) or getattr(transport, "disconnecting", False):
+        return _GONE
+    if getattr(transport, "protocol", protocol) not in (protocol, _channel(protocol)):
+        return _UPGRADED  # handed to the websocket protocol (daphne's upgrade)
+    return _BUSY if getattr(_channel(protocol), "_handlingRequest", False) else _WAITING
+
+
+def _abort(protocol: Any) -> None:
+    transport = getattr(_channel(protocol), "transport", None)
+    if transport is not None:
+        transport.abortConnection()
+
+
+def max_open_connections() -> int:
+    """HTTP_MAX_CONNECTIONS, and never more than half the process's file descriptors (the
+    rest are for the connections that do work, the database's and Redis's)."""
+    limit = int(settings.HTTP_MAX_CONNECTIONS)
+    try:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    except (OSError, ValueError):
+        return limit
+    if soft == resource.RLIM_INFINITY:
+        return limit
+    return max(min(limit, soft // 2), 16)
 
 
 class LedgerServer(Server):
@@ -113,6 +210,16 @@ class LedgerServer(Server):
                 factory.__class__ = LedgerHTTPFactory
             # Channels built from now on get it (Twisted copies it in buildProtocol).
             factory.timeOut = settings.HTTP_IDLE_TIMEOUT_SECONDS
+            if isinstance(factory, LedgerHTTPFactory):
+                closed = factory.sweep(
+                    time.monotonic(), deadline=settings.HTTP_IDLE_TIMEOUT_SECONDS
+                )
+                if closed:
+                    logger.warning(
+                        "%s connection(s) closed: waiting for a request over %ss",
+                        closed,
+                        settings.HTTP_IDLE_TIMEOUT_SECONDS,
+                    )
         deadline = settings.HTTP_BODY_TIMEOUT_SECONDS
         now = time.time()
         for protocol, details in list(self.connections.items()):
@@ -135,6 +242,17 @@ class LedgerServer(Server):
 
 class LedgerCommandLine(CommandLineInterface):
     server_class = LedgerServer
+
+
+def harden_daphnes_command_line() -> None:
+    """Under daphne's own command line (`daphne config.asgi:application`, the production
+    profile's documented server), have it build LedgerServer: the same deadlines and the same
+    access log without keys as `manage.py serve` (issue 42, rows 8 and 9). Daphne imports the
+    application (config/asgi.py calls this) before it builds its server from
+    `CommandLineInterface.server_class`; anywhere else this does nothing."""
+    cli = sys.modules.get("daphne.cli")
+    if cli is not None and cli.CommandLineInterface.server_class is Server:
+        cli.CommandLineInterface.server_class = LedgerServer
 
 
 def run(*, host: str, port: int, extra: list[str] | None = None) -> Any:

@@ -8,12 +8,14 @@ re-checks the plan against the events as they are at that moment.
 from __future__ import annotations
 
 import logging
+import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import timedelta
-from typing import Any
+from typing import Any, TypeVar
 
+from django import db
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import IntegrityError, transaction
 from django.utils import timezone
@@ -56,6 +58,7 @@ from sessions_app.session_settings import (
 
 logger = logging.getLogger("compaction_app")
 audit = logging.getLogger("context")
+T = TypeVar("T")
 
 REFRESH_PREFIX = "[CONTEXT REFRESH]"
 
@@ -402,6 +405,30 @@ def _fail(run: CompactionRun, error: str) -> CompactionRun:
     return run
 
 
+# How long a run whose summary is written keeps trying to apply it while the database is away.
+DB_RECONNECT_SECONDS = 60.0
+
+
+def _on_a_fresh_connection(apply: Callable[[], T], *, what: str) -> T:
+    """`apply()` (one transaction), tried again on a fresh connection while the database
+    connection is lost: a PostgreSQL restart leaves the pool's connections stale
+    (`terminating connection due to administrator command`) and refuses new ones for a few
+    seconds. The transaction either committed or changed nothing, and a run applies once
+    (a second try finds it finished), so trying again is safe."""
+    deadline = time.monotonic() + DB_RECONNECT_SECONDS
+    delay = 0.25
+    while True:
+        try:
+            return apply()
+        except (db.OperationalError, db.InterfaceError) as exc:
+            if db.connection.in_atomic_block or time.monotonic() + delay > deadline:
+                raise
+            logger.warning("%s: the database connection was lost (%s); trying again", what, exc)
+            db.connection.close()
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
+
 def _execute(run: CompactionRun) -> CompactionRun:
     session = Session.objects.get(pk=run.session_id)
     counter = tokens.counter_for_model(session.model)
@@ -438,6 +465,41 @@ def _execute(run: CompactionRun) -> CompactionRun:
         memory_flush.send(sender=CompactionRun, session_id=session.pk, run_id=run.pk, events=folded)
         enqueue_memory_flush(run_id=run.pk, event_ids=[str(e.pk) for e in folded])
 
+    # The summary is written (the slow, paid part): a database restart now (the pool's
+    # connections stale, new ones refused for a few seconds) must not lose it (issue 42, row 10).
+    return _on_a_fresh_connection(
+        lambda: _apply(
+            run=run,
+            session=session,
+            counter=counter,
+            events=events,
+            plan=plan,
+            fold_ids=fold_ids,
+            folded=folded,
+            summary_text=summary_text,
+            report=report,
+            tokens_before=tokens_before,
+            events_before=events_before,
+        ),
+        what=f"compaction {run.pk}",
+    )
+
+
+def _apply(
+    *,
+    run: CompactionRun,
+    session: Session,
+    counter: Any,
+    events: list[PlanEvent],
+    plan: Plan,
+    fold_ids: list[uuid.UUID],
+    folded: list[Event],
+    summary_text: str,
+    report: dict[str, Any] | None,
+    tokens_before: int,
+    events_before: int,
+) -> CompactionRun:
+    """Apply a run's plan in one transaction (the session locked, then the run)."""
     with transaction.atomic():
         locked = Session.objects.select_for_update().get(pk=session.pk)
         # acks_late may deliver the task twice; whichever delivery gets here second finds the

@@ -19,10 +19,15 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler  # noqa: E402
 
 from compaction_app.gateway.asgi import GatewayHandler, with_gateway  # noqa: E402
+from compaction_app.http_server import harden_daphnes_command_line  # noqa: E402
 from compaction_app.mcp.asgi import McpApp, with_mcp  # noqa: E402
 from compaction_app.realtime.routing import websocket_urlpatterns  # noqa: E402
 from compaction_app.realtime.ws_auth import TokenAuthMiddleware  # noqa: E402
 from sessions_app.middleware import StreamingBodyLimit  # noqa: E402
+
+# `daphne config.asgi:application` serves with the project's server (deadlines, no keys in its
+# access log), as `manage.py serve` does.
+harden_daphnes_command_line()
 
 application = ProtocolTypeRouter(
     {

@@ -9,7 +9,9 @@ tests/test_settings_env.py.
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
@@ -42,16 +44,27 @@ def env_bool(name: str, default: bool) -> bool:
     raise ImproperlyConfigured(f"{name} must be a boolean (true/false), got {value!r}")
 
 
-def env_int(name: str, default: int, *, minimum: int | None = None) -> int:
+# Plain ASCII decimals: int() and float() would also take other scripts' digits (fullwidth
+# `１２８`), underscores (`1_000`) and, for floats, `inf` and `nan`.
+_INTEGER = re.compile(r"[+-]?[0-9]+")
+_DECIMAL = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
+
+
+def env_int(
+    name: str, default: int, *, minimum: int | None = None, maximum: int | None = None
+) -> int:
     value = _raw(name)
     if value is None:
         return default
-    try:
-        number = int(value)
-    except ValueError:
-        raise ImproperlyConfigured(f"{name} must be an integer, got {value!r}") from None
+    if not _INTEGER.fullmatch(value):
+        raise ImproperlyConfigured(
+            f"{name} must be a whole number in ASCII digits, got {value[:40]!r}"
+        )
+    number = int(value)
     if minimum is not None and number < minimum:
         raise ImproperlyConfigured(f"{name} must be >= {minimum}, got {number}")
+    if maximum is not None and number > maximum:
+        raise ImproperlyConfigured(f"{name} must be <= {maximum}, got {value[:40]}")
     return number
 
 
@@ -59,10 +72,9 @@ def env_float(name: str, default: float, *, minimum: float | None = None) -> flo
     value = _raw(name)
     if value is None:
         return default
-    try:
-        number = float(value)
-    except ValueError:
-        raise ImproperlyConfigured(f"{name} must be a number, got {value!r}") from None
+    number = float(value) if _DECIMAL.fullmatch(value) else math.nan
+    if not math.isfinite(number):
+        raise ImproperlyConfigured(f"{name} must be a number, got {value[:40]!r}")
     if minimum is not None and number < minimum:
         raise ImproperlyConfigured(f"{name} must be >= {minimum}, got {number}")
     return number
@@ -83,3 +95,18 @@ def env_json(name: str, default: Any) -> Any:
         return json.loads(value)
     except json.JSONDecodeError as exc:
         raise ImproperlyConfigured(f"{name} must be JSON: {exc}") from None
+
+
+def context_windows(name: str, value: Any, *, maximum: int) -> dict[str, int]:
+    """`value` (read from `name`) as {model: window}, each window a whole number of tokens
+    from 1 to `maximum` (what the API accepts): refused at start-up otherwise, rather than on
+    the first call that looks a model up."""
+    if not isinstance(value, dict):
+        raise ImproperlyConfigured(f'{name} must be a JSON object {{"model": tokens}}')
+    for model, window in value.items():
+        if isinstance(window, bool) or not isinstance(window, int) or not 0 < window <= maximum:
+            raise ImproperlyConfigured(
+                f"{name}: the window of {model[:80]!r} must be a whole number of tokens "
+                f"from 1 to {maximum}, got {str(window)[:40]}"
+            )
+    return value

@@ -16,7 +16,15 @@ import dj_database_url
 from csp.constants import NONCE, NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
-from config.env import env_bool, env_float, env_int, env_json, env_list, env_str
+from config.env import (
+    context_windows,
+    env_bool,
+    env_float,
+    env_int,
+    env_json,
+    env_list,
+    env_str,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("VAR_DIR", str(BASE_DIR / "var")))
@@ -279,6 +287,9 @@ LOGOUT_REDIRECT_URL = "login"
 # and its permissions this often (compaction_app/realtime/revocation.py): what no signal of
 # this process reports (another process's change, SQL) closes it within this time.
 WS_AUTH_RECHECK_SECONDS = env_float("WS_AUTH_RECHECK_SECONDS", 15.0, minimum=0.1)
+# Websockets one user may hold open at once, across server processes; the next handshake is
+# closed with 4429 (compaction_app/realtime/ws_limits.py). 0: no cap.
+WS_MAX_CONNECTIONS_PER_USER = env_int("WS_MAX_CONNECTIONS_PER_USER", 64, minimum=0)
 
 # Content-Security-Policy on every page (django-csp). Scripts only from this origin, or inline
 # with the response's nonce (`{{ request.csp_nonce }}`); the pages' own scripts are files.
@@ -325,6 +336,10 @@ FILE_UPLOAD_MAX_MEMORY_SIZE = 256 * 1024
 # nothing to send is closed after HTTP_IDLE_TIMEOUT_SECONDS.
 HTTP_BODY_TIMEOUT_SECONDS = env_int("HTTP_BODY_TIMEOUT_SECONDS", 20, minimum=1)
 HTTP_IDLE_TIMEOUT_SECONDS = env_int("HTTP_IDLE_TIMEOUT_SECONDS", 60, minimum=1)
+# Past this many open connections (and never past half the process's file descriptors), the
+# one that has waited longest without a request in progress is closed for each new one
+# (compaction_app/http_server.py): half-written requests cannot exhaust the descriptors.
+HTTP_MAX_CONNECTIONS = env_int("HTTP_MAX_CONNECTIONS", 4096, minimum=16)
 API_THROTTLE_RATE = env_str("API_THROTTLE_RATE", "1200/min")
 # Heavy requests (/context, compaction dry runs, recall) one user may have running at once,
 # counted across processes in the cache (Redis on the production profile); a slot a crashed
@@ -391,7 +406,11 @@ MODEL_CONTEXT_OVERRIDES: dict[str, int] = {
     "gemini-2.5-pro": 1_048_576,
     "gemini-3-pro-preview": 1_048_576,
     "gemini-3.1-pro-preview": 1_048_576,
-    **env_json("MODEL_CONTEXT_OVERRIDES", {}),
+    **context_windows(
+        "MODEL_CONTEXT_OVERRIDES",
+        env_json("MODEL_CONTEXT_OVERRIDES", {}),
+        maximum=100_000_000,  # sessions_app.services.MAX_CONTEXT_LIMIT
+    ),
 }
 OPENAI_API_KEY = env_str("OPENAI_API_KEY")
 OPENAI_BASE_URL = env_str("OPENAI_BASE_URL")
@@ -435,7 +454,11 @@ LEDGER_GEMINI_UPSTREAM = env_str(
 # The window of a model the registry does not know (a local model behind Ollama or vLLM), for
 # the sessions the gateway creates; 0: none (the call is refused with `unknown_model` unless
 # it sends X-Ledger-Context-Limit). MODEL_CONTEXT_OVERRIDES names windows model by model.
-LEDGER_GATEWAY_DEFAULT_CONTEXT_LIMIT = env_int("LEDGER_GATEWAY_DEFAULT_CONTEXT_LIMIT", 0, minimum=0)
+# A window the API itself accepts (sessions_app.services.MAX_CONTEXT_LIMIT, 100,000,000): a
+# larger one started the server and then failed every unknown model's call (issue 42, row 12).
+LEDGER_GATEWAY_DEFAULT_CONTEXT_LIMIT = env_int(
+    "LEDGER_GATEWAY_DEFAULT_CONTEXT_LIMIT", 0, minimum=0, maximum=100_000_000
+)
 # The bytes of recent request bodies a server process keeps so an agent's next call reads only
 # the messages it adds (compaction_app/gateway/body.py, KnownBodies); 0 turns it off.
 LEDGER_GATEWAY_KNOWN_BODY_BYTES = env_int(
@@ -452,7 +475,15 @@ LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    # No line shows a provider key sent in a URI (config/redact.py).
+    "filters": {"redact_keys": {"()": "config.redact.RedactKeys"}},
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": "plain",
+            "filters": ["redact_keys"],
+        }
+    },
     "root": {"handlers": ["console"], "level": "WARNING"},
     "loggers": {
         "sessions_app": {"level": LOG_LEVEL},

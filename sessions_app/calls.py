@@ -18,6 +18,8 @@ from django.db.models.functions import Coalesce
 
 from sessions_app import call_rollup, pricing
 from sessions_app.models import ERROR_STATUSES, Call, CallStatus, Event, Session
+from sessions_app.storable import storable_text
+from sessions_app.usage_bounds import bound_parts, bound_usage
 
 # Percentiles are computed over at most this many of the range's most recent calls (the
 # database engines share no percentile function); the totals cover the whole range.
@@ -25,8 +27,9 @@ PERCENTILE_SAMPLE = 20_000
 
 
 def _bounded(text: str, size: int) -> str:
-    # Stored strings hold no NUL (PostgreSQL cannot store it).
-    return text.replace("\x00", "\ufffd")[:size]
+    # Stored strings hold no NUL (PostgreSQL cannot store it) and no lone surrogate (no
+    # database encoding holds one): a refused model name's row was lost to them (issue 42).
+    return storable_text(text)[:size]
 
 
 # Headers the call page shows (lower case); any other is not stored. Credentials among them are
@@ -149,6 +152,7 @@ def call_record(
     response_headers: Mapping[str, str] | None = None,
     fit: dict[str, Any] | None = None,
     request_map: dict[str, Any] | None = None,
+    usage_dropped: dict[str, str] | None = None,
 ) -> Call:
     """Store one gateway call (`session_id` None: refused before any session existed; its
     owner still sees it). Its cost is priced here, as the session's bill prices it, and split
@@ -156,9 +160,33 @@ def call_record(
     `usage_status` "absent": the provider sent no usage and the figures are the gateway's own
     count (the cost is then marked as an estimate). `cache`: the call's cache outcome document
     (compaction_app.gateway.cache_outcome), `prefix` the fingerprint of what it forwarded,
-    which the next call of its thread is compared with."""
+    which the next call of its thread is compared with.
+
+    Its usage figures (reasoning and the parts priced apart included) go through the one bound
+    (usage_bounds) the reply's events went through: a figure past it is dropped and named in
+    `usage_dropped`, never a bigint overflow that loses the row (issue 42, row 4)."""
     if status not in CallStatus.values:
         raise ValueError(f"unknown call status {status!r}")
+    figures, dropped = bound_usage(
+        {
+            "prompt_tokens": prompt_tokens,
+            "cached_input_tokens": cached_input_tokens,
+            "cache_write_tokens": cache_write_tokens,
+            "cache_write_1h_tokens": cache_write_1h_tokens,
+            "completion_tokens": completion_tokens,
+            "reasoning_tokens": reasoning_tokens,
+        }
+    )
+    prompt_tokens = figures["prompt_tokens"]
+    cached_input_tokens = figures["cached_input_tokens"]
+    cache_write_tokens = figures["cache_write_tokens"]
+    cache_write_1h_tokens = figures["cache_write_1h_tokens"]
+    completion_tokens = figures["completion_tokens"]
+    reasoning_tokens = figures["reasoning_tokens"]
+    _, parts_dropped = bound_parts(figures, [_neutral(part) for part in priced_apart])
+    if parts_dropped:
+        priced_apart = ()
+    dropped = {**(usage_dropped or {}), **dropped, **parts_dropped}
     cost = None
     kinds: dict[str, Any] = {}
     if prompt_tokens is not None or completion_tokens is not None:
@@ -220,6 +248,7 @@ def call_record(
         },
         fit=fit or {},
         request_map=request_map or {},
+        usage_dropped={str(k)[:40]: _bounded(str(v), 200) for k, v in list(dropped.items())[:10]},
     )
     if session_id is None:
         # No session to count it in: one INSERT, atomic by itself.
@@ -235,6 +264,18 @@ def call_record(
     # computed again on its next read.
     call_rollup.invalidate_late(started_at=started_at)
     return call
+
+
+def _neutral(usage: pricing.CallUsage) -> dict[str, int | None]:
+    """A part priced apart in the neutral figures usage_bounds reads."""
+    return {
+        "prompt_tokens": usage.input_tokens,
+        "completion_tokens": usage.output_tokens,
+        "cached_input_tokens": usage.cached_input_tokens,
+        "cache_write_tokens": usage.cache_write_tokens,
+        "cache_write_1h_tokens": usage.cache_write_1h_tokens,
+        "reasoning_tokens": usage.reasoning_tokens,
+    }
 
 
 def calls_attach(*, owner_id: Any, session_key: str, session_id: uuid.UUID) -> int:
@@ -505,6 +546,7 @@ def call_document(call: Call) -> dict[str, Any]:
         "failovers": call.failovers,
         "attempts": call.attempts,
         "replySeq": getattr(call, "reply_seq", None),
+        "usageDropped": call.usage_dropped or {},
     }
 
 

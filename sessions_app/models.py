@@ -245,6 +245,9 @@ class Thread(models.Model):
     length = models.PositiveIntegerField(default=0)
     last_hash = models.CharField(max_length=32, blank=True, default="")
     last_chain = models.CharField(max_length=32, blank=True, default="")
+    # The chain hash of the history before the last call's reply (the request it answered):
+    # a retry of that call (the same request again) is matched from it, not message by message.
+    request_chain = models.CharField(max_length=32, blank=True, default="")
     # The thread's first own message (where and its hash): a request must carry it as well
     # as the last one to continue the thread the cheap way (parallel workers may share
     # replies word for word, never their first own message: that names the thread).
@@ -355,6 +358,9 @@ class Call(models.Model):
     # Every model tried, in order: [{"model", "outcome", "httpStatus"?}]; more than one is a
     # failover.
     attempts = models.JSONField(default=list, blank=True)
+    # Usage figures the provider reported that are not in the token columns, with why
+    # (sessions_app/usage_bounds.py): {"promptTokens": "10000000000000 is out of range ..."}.
+    usage_dropped = models.JSONField(default=dict, blank=True)
     # The reply's first event (its id is derived before it is stored, so the call is written
     # without looking it up; None: no reply). Readers resolve its seq (calls.with_reply_seq).
     reply_event_id = models.UUIDField(null=True, blank=True)

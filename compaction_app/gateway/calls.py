@@ -227,7 +227,10 @@ class _Usage:
 def _usage(trace: Trace, session: Session | None) -> _Usage:
     """The reply's usage as the provider reported it; when it answered without any (a stream
     whose client did not ask for usage), the gateway's own count of what it forwarded and of
-    the reply, marked as absent (the cost is then an estimate, never 0)."""
+    the reply, marked as absent (the cost is then an estimate, never 0). A reply whose every
+    figure the one bound dropped (usage_bounds: 10^19 tokens, `1e400`, a negative count) has no
+    usable usage either: it is estimated the same way, its `usage_dropped` saying what the
+    provider sent."""
     reply = trace.reply
     if reply is None:
         return _Usage()
@@ -341,6 +344,7 @@ def _save(trace: Trace) -> Any:
         response_headers=trace.response_headers,
         fit=trace.fit,
         request_map=trace.request_map,
+        usage_dropped=trace.reply.usage_dropped if trace.reply is not None else None,
     )
     trace.cost_nano_usd = call.cost_nano_usd
     if call.cost_estimated and session is not None:

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sessions_app.event_types import EventType
+from sessions_app.usage_bounds import NAMES as USAGE_NAMES
+from sessions_app.usage_bounds import bound_parts, bound_usage
 
 # Short names for the event types a client message becomes (sessions_app.event_types is pure
 # too, so this module imports without Django).
@@ -108,6 +110,23 @@ class Reply:
     # Parts of the figures above the provider sampled as requests of their own and bills
     # apart (Anthropic's compaction iterations), in the same neutral figures.
     priced_apart: tuple[dict[str, int | None], ...] = ()
+    # Figures the provider reported that the ledger does not record, by API name, with why:
+    # unreadable ones (noted by the wire's usage reader) and those past the one bound
+    # (sessions_app/usage_bounds.py), applied here, once, for the reply's events and its call's
+    # row alike (issue 42, row 4). The parts priced apart are bounded by the same rule and
+    # must fit in the bounded whole: else they are dropped (the call is priced as one request).
+    usage_dropped: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        kept, dropped = bound_usage({name: getattr(self, name) for name in USAGE_NAMES})
+        parts, parts_dropped = bound_parts(kept, self.priced_apart)
+        dropped.update(parts_dropped)
+        if dropped:
+            for name, value in kept.items():
+                object.__setattr__(self, name, value)
+            object.__setattr__(self, "usage_dropped", {**self.usage_dropped, **dropped})
+        if parts != self.priced_apart:
+            object.__setattr__(self, "priced_apart", parts)
 
 
 def message_hash(role: str, text: str, tool_ids: Sequence[str]) -> str:

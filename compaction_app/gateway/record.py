@@ -203,6 +203,32 @@ def _fast_match(
     return None
 
 
+def _retry_match(
+    session: Session, threads_: Sequence[Thread], count: int, convert: Converter
+) -> tuple[Thread, str] | None:
+    """The thread whose last call the request repeats (a client's retry: the same request
+    again, its history not yet holding the reply): (the thread, the chain hash of the request's
+    last message). The request must hold the thread's anchor, and its last message must be the
+    one the stored reply answered (its event, found by the chain's id, has its hash)."""
+    for thread in sorted(threads_, key=lambda t: -t.length):
+        if (
+            thread.request_chain
+            and count == thread.length - 1
+            and thread.anchor_index < count
+            and convert(thread.anchor_index).hash == thread.anchor_hash
+        ):
+            stored = (
+                Event.objects.filter(
+                    pk=event_id(session.pk, thread.request_chain, 0), session_id=session.pk
+                )
+                .values_list("message_hash", flat=True)
+                .first()
+            )
+            if stored and stored == convert(count - 1).hash:
+                return thread, thread.request_chain
+    return None
+
+
 def _full_match(
     session: Session, count: int, convert: Converter, *, gateway_threads: bool
 ) -> tuple[int, str, list[str]]:
@@ -271,7 +297,13 @@ def record_request(
     # own lock, and a thread's remembered history is only a hint checked before use.
     recent = sql.recent_threads(session_id=session.pk, limit=RECENT_THREADS)
     fast = _fast_match(recent, count, convert)
-    if fast is not None:
+    retry = None if fast is not None or count < 2 else _retry_match(session, recent, count, convert)
+    if retry is not None:
+        # Nothing is new: the reply, recorded after the same chain, is the one stored first.
+        matched, last_chain = retry
+        start, key = count, matched.key
+        chains = [""] * (count - 1) + [last_chain]
+    elif fast is not None:
         matched, start = fast
         tail = chain_hashes(
             [convert(index).hash for index in range(start, count)], matched.last_chain
@@ -468,11 +500,10 @@ def record_reply(
     if incomplete:
         meta["incomplete"] = True
     # Figures no real reply holds (past the ledger's bound, cache parts larger than the
-    # prompt) are dropped per field and noted, so the reply itself is always recorded.
-    figures, dropped = usage_figures.bounded(usage_figures.of_reply(reply))
-    if dropped:
-        reply = dataclasses.replace(reply, **cast(dict[str, Any], figures))
-        meta["usageDropped"] = dropped
+    # prompt, unreadable ones) were dropped per field when the reply was read (Reply), and
+    # are noted, so the reply itself is always recorded.
+    if reply.usage_dropped:
+        meta["usageDropped"] = dict(reply.usage_dropped)
     usage = None
     if reply.prompt_tokens is not None or reply.completion_tokens is not None:
         usage = TokenUsage(
@@ -538,6 +569,7 @@ def record_reply(
             length + 1,
             digest,
             chain,
+            request_chain=after_chain,
             calls=1,
             prompt_tokens=reply.prompt_tokens or 0,
             completion_tokens=reply.completion_tokens or 0,

@@ -19,6 +19,7 @@ logger = logging.getLogger("compaction_app.gateway")
 COMPLETE = "complete"
 PROVIDER_ERROR = "provider_error"  # the provider's own error event
 INTERRUPTED = "interrupted"  # the upstream broke off or closed early
+MALFORMED = "malformed"  # the upstream sent an event the wire's reader could not read
 CLIENT_DISCONNECTED = "client_disconnected"
 
 
@@ -26,6 +27,8 @@ CLIENT_DISCONNECTED = "client_disconnected"
 class StreamEnding:
     first_chunk: float | None = None  # time.monotonic() of the upstream's first chunk
     reason: str = ""
+    # Why the stream was ended by the gateway (MALFORMED: which event, what failed).
+    detail: str = ""
 
 
 # Recording tasks started while a cancelled stream unwinds: referenced until done so the
@@ -50,7 +53,26 @@ async def relay(
         async for chunk in response.aiter_raw():
             if ending is not None and ending.first_chunk is None:
                 ending.first_chunk = time.monotonic()
-            accumulator.feed(chunk)
+            try:
+                accumulator.feed(chunk)
+            except Exception as exc:  # a reader without SSEAccumulator's own guard
+                accumulator.malformed = f"{type(exc).__name__} reading the stream"
+                accumulator.cut = 0
+            if accumulator.malformed:
+                # What came before the event it could not read is forwarded, then the stream
+                # ends with the provider's own error event: the client gets an end, the call
+                # its row, the reply what was read (issue 42, row 1).
+                logger.warning("gateway: unreadable event in a stream: %s", accumulator.malformed)
+                if accumulator.cut:
+                    yield chunk[: accumulator.cut]
+                if ending is not None:
+                    ending.reason, ending.detail = MALFORMED, accumulator.malformed
+                finished = True
+                yield stream_error(
+                    "the provider sent an event the gateway could not read "
+                    f"({accumulator.malformed}); the stream was ended there"
+                )
+                return
             yield chunk
         finished = True
         if not accumulator.done and not accumulator.errored:

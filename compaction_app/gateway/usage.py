@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from sessions_app import usage_bounds
+
 
 def number(mapping: Any, key: str) -> int | None:
     if not isinstance(mapping, dict):
@@ -29,8 +31,12 @@ def fields(
     write: int | None = None,
     write_1h: int | None = None,
     reasoning: int | None = None,
-) -> dict[str, int | None]:
+    dropped: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """The Reply's usage fields; `dropped`: figures the provider reported that could not be
+    read (`unreadable`), noted in the Reply's `usage_dropped`."""
     return {
+        "usage_dropped": dict(dropped or {}),
         "prompt_tokens": prompt,
         "completion_tokens": completion,
         "total_tokens": total,
@@ -41,19 +47,9 @@ def fields(
     }
 
 
-# The ledger's bound on one reported figure (sessions_app.services.MAX_REPORTED_TOKENS):
-# no real reply comes near it; one past it is a provider's (or a stand-in's) mistake.
-MAX_FIGURE = 10**12
-
-_NAMES = {
-    "prompt_tokens": "promptTokens",
-    "completion_tokens": "completionTokens",
-    "total_tokens": "totalTokens",
-    "cached_input_tokens": "cachedInputTokens",
-    "cache_write_tokens": "cacheWriteTokens",
-    "cache_write_1h_tokens": "cacheWrite1hTokens",
-    "reasoning_tokens": "reasoningTokens",
-}
+# The one bound (sessions_app/usage_bounds.py), applied when a Reply is made (messages.py).
+MAX_FIGURE = usage_bounds.MAX_FIGURE
+_NAMES = usage_bounds.NAMES
 
 
 def of_reply(reply: Any) -> dict[str, int | None]:
@@ -62,35 +58,28 @@ def of_reply(reply: Any) -> dict[str, int | None]:
 
 
 def bounded(figures: dict[str, int | None]) -> tuple[dict[str, int | None], dict[str, str]]:
-    """The figures the ledger can record, and a note per figure dropped (by its API name).
+    """The figures the ledger can record, and a note per figure dropped (by its API name):
+    usage_bounds.bound_usage."""
+    return usage_bounds.bound_usage(figures)
 
-    Each figure is dropped alone when it is past MAX_FIGURE; the cache parts (reads and
-    writes) are dropped when together they exceed the prompt they are parts of, the
-    one-hour writes when they exceed the writes. What remains is recorded, and the reply
-    with it: the provider's own usage object stays in the event's metadata as it came."""
-    kept = dict(figures)
-    dropped: dict[str, str] = {}
 
-    def drop(name: str, why: str) -> None:
-        if kept.get(name) is not None:
-            kept[name] = None
-            dropped[_NAMES[name]] = why
+def unreadable(mapping: Any, names: dict[str, str]) -> dict[str, str]:
+    """{API name: why} for each key of `names` (the provider's key: the figure's API name)
+    that `mapping` holds with a value that is not a whole number of tokens (a negative number,
+    a fraction, a number past a double such as `1e400`, a string, a boolean): read as absent,
+    never as 0, and named."""
+    if not isinstance(mapping, dict):
+        return {}
+    return {
+        name: f"{key} {_shown(mapping[key])} is not a whole number of tokens"
+        for key, name in names.items()
+        if mapping.get(key) is not None and number(mapping, key) is None
+    }
 
-    for name, value in figures.items():
-        if value is not None and not 0 <= value <= MAX_FIGURE:
-            drop(name, f"{value} is out of range (0 to {MAX_FIGURE})")
-    prompt = kept["prompt_tokens"]
-    parts = (kept["cached_input_tokens"] or 0) + (kept["cache_write_tokens"] or 0)
-    if prompt is not None and parts > prompt:
-        why = f"cache reads and writes ({parts}) exceed promptTokens ({prompt})"
-        drop("cached_input_tokens", why)
-        drop("cache_write_tokens", why)
-        drop("cache_write_1h_tokens", why)
-    if (kept["cache_write_1h_tokens"] or 0) > (kept["cache_write_tokens"] or 0):
-        drop("cache_write_1h_tokens", "exceeds cacheWriteTokens")
-    if (kept.get("reasoning_tokens") or 0) > (kept["completion_tokens"] or 0):
-        drop("reasoning_tokens", "exceeds completionTokens")
-    return kept, dropped
+
+def _shown(value: Any) -> str:
+    text = getattr(value, "text", None)  # a number past a double, kept as its text
+    return (text if isinstance(text, str) else repr(value))[:40]
 
 
 def call_usages(parts: tuple[dict[str, int | None], ...]) -> tuple[Any, ...]:

@@ -23,7 +23,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
-from urllib.parse import parse_qsl, unquote, urlencode
+from urllib.parse import parse_qsl, quote, unquote, urlencode
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
@@ -49,8 +49,8 @@ from compaction_app.gateway.messages import GatewayError, GatewayInputError, Rep
 from compaction_app.gateway.prepare import Call, fit_call, prepare, seq_runs
 from compaction_app.gateway.providers import PROVIDERS
 from compaction_app.gateway.record import authenticate
-from compaction_app.gateway.stream import StreamEnding, relay
-from compaction_app.gateway.wire import ParsedRequest, Wire
+from compaction_app.gateway.stream import MALFORMED, StreamEnding, relay
+from compaction_app.gateway.wire import ParsedRequest, StreamAccumulator, Wire
 from compaction_app.realtime import broadcast
 from sessions_app import tokens
 from sessions_app.api.parsers import (
@@ -58,6 +58,8 @@ from sessions_app.api.parsers import (
     release_freed_memory,
     strict_loads,
 )
+from sessions_app.errors import TooManyRequests
+from sessions_app.heavy import RETRY_AFTER_SECONDS, heavy_slot
 from sessions_app.json_depth import nests_deeper
 from sessions_app.models import ROLE_FOR_TYPE, CallStatus
 from sessions_app.pricing import saved_tokens
@@ -248,13 +250,41 @@ def _too_deep() -> GatewayError:
     )
 
 
+# What an HTTP header value cannot carry: control characters (a NUL made the SDK fail with
+# `illegal header line`) and lone surrogates (no encoding holds them: a 500). Model names come
+# from the client's body or path and go back in X-Ledger-Model.
+_UNFIT_FOR_HEADER = re.compile(r"[\x00-\x1f\x7f\ud800-\udfff]")
+
+
+def _check_model(model: str) -> None:
+    """Refuse a model name no response header can carry (issue 42, row 6): 400 `invalid_model`
+    in the provider's shape, before anything is recorded or forwarded (the call's row is)."""
+    found = _UNFIT_FOR_HEADER.search(model)
+    if found is not None:
+        raise GatewayError(
+            f"the model name holds {_CHARACTER_NAMES.get(found.group(), 'a character')} "
+            f"(U+{ord(found.group()):04X} at {found.start()}), which no model is named with",
+            code="invalid_model",
+            param="model",
+        )
+
+
+_CHARACTER_NAMES = {"\x00": "a NUL", "\t": "a tab", "\n": "a line break", "\r": "a line break"}
+
+
+def _header_safe(value: str) -> str:
+    """`value` as a response header can carry it: whatever was let through, never a broken
+    response (a refused model name never gets here)."""
+    return _UNFIT_FOR_HEADER.sub("?", value) if _UNFIT_FOR_HEADER.search(value) else value
+
+
 def _ledger_headers(call: Call, fitted: Fitted) -> dict[str, str]:
     return {
         "X-Ledger-Session": str(call.session.pk),
         "X-Ledger-Context-Tokens": str(fitted.token_count),
         "X-Ledger-Percent-Used": f"{fitted.percent_used:.1f}",
         "X-Ledger-Compacted": "true" if fitted.compacted else "false",
-        "X-Ledger-Model": fitted.model,
+        "X-Ledger-Model": _header_safe(fitted.model),
     }
 
 
@@ -348,6 +378,7 @@ async def _serve(
         # A request that continues a conversation the provider keeps shows only what is new:
         # its cache outcome cannot be predicted from it.
         trace.continues = bool(sent.parsed.continues)
+        _check_model(sent.parsed.model)
         call = await _prepare(request, wire, sent, announced)
     except GatewayError as exc:
         return _refused(wire, trace, exc)
@@ -603,15 +634,20 @@ async def _respond(
 
     async def on_end(incomplete: bool) -> None:
         try:
-            reply_message = accumulator.reply()
+            reply_message = _reply_of(accumulator)
             if reply_message is not None:
                 await _record(call=call, fitted=fitted, reply=reply_message, incomplete=incomplete)
         finally:
             # The first chunk, not the headers: what a streaming client waits for.
             trace.first_byte = ending.first_chunk
+            malformed = ending.reason == MALFORMED
             trace.end(
                 _STREAM_STATUS.get(ending.reason, CallStatus.OK),
                 http_status=response.status_code,
+                code="malformed_event" if malformed else "",
+                error=f"the provider sent an event the gateway could not read: {ending.detail}"
+                if malformed
+                else "",
             )
             call.announced.send_later()
 
@@ -654,14 +690,28 @@ async def _record_plain(*, wire: Wire, call: Call, fitted: Fitted, data: bytes) 
     except ValueError:
         logger.warning("gateway: the upstream's reply is not JSON; nothing recorded")
         return
-    reply = wire.reply_from_response(payload, model=fitted.model)
+    try:
+        reply = wire.reply_from_response(payload, model=fitted.model)
+    except Exception:  # any shape a provider may send: relayed as it came, not recorded
+        logger.warning("gateway: the upstream's reply has a shape the gateway cannot read")
+        return
     if reply is None:
         logger.warning("gateway: the upstream's reply has no message; nothing recorded")
         return
     await _record(call=call, fitted=fitted, reply=reply, incomplete=False)
 
 
+def _reply_of(accumulator: StreamAccumulator) -> Reply | None:
+    """The reply the stream carried, as far as it could be read (None when nothing could)."""
+    try:
+        return accumulator.reply()
+    except Exception:  # what was read does not make a reply (an odd shape): nothing recorded
+        logger.warning("gateway: a streamed reply could not be rebuilt; nothing recorded")
+        return None
+
+
 _STREAM_STATUS = {
+    MALFORMED: CallStatus.PROVIDER_ERROR,
     "provider_error": CallStatus.PROVIDER_ERROR,
     "interrupted": CallStatus.INTERRUPTED,
     "client_disconnected": CallStatus.CLIENT_DISCONNECTED,
@@ -735,7 +785,9 @@ async def passthrough(request: HttpRequest, wire: Wire, rest: str) -> HttpRespon
             ),
         )
     headers, query = _upstream_headers(request, wire)
-    url = f"{_upstream_base(wire)}/{rest}"
+    # The path as the client encoded it: Django hands it over decoded, and `files%3Fkey=K`
+    # sent as `files?key=K` became a query holding a key (issue 42, row 8).
+    url = f"{_upstream_base(wire)}/{quote(rest, safe=_PATH_SAFE)}"
     if query:
         url += "?" + query
     try:
@@ -787,6 +839,10 @@ async def passthrough(request: HttpRequest, wire: Wire, rest: str) -> HttpRespon
     for name, value in passed.items():
         answer[name] = value
     return answer
+
+
+# What a path segment holds unencoded (RFC 3986's pchar, and `/` between segments).
+_PATH_SAFE = "/:@!$&'()*+,;=-._~"
 
 
 def _leaves_the_base(rest: str) -> bool:
@@ -848,6 +904,21 @@ def _count_tokens(wire: Wire, body: dict[str, Any], params: dict[str, str]) -> i
     return total
 
 
+def _counted(request: HttpRequest, wire: Wire, params: dict[str, str]) -> int:
+    """Read and count the body, holding one of the caller's heavy-request slots (sync; a
+    long-work thread): a body of up to 32 MiB, counted whole, needs no provider key, so eight
+    at once took every other user's reads with them (issue 42, row 2). Read and counted off
+    the event loop, which serves every other call of the process meanwhile."""
+    user = authenticate(request.headers.get("X-Ledger-Key"))
+    try:
+        with heavy_slot(user_id=user.pk):
+            return _count_tokens(wire, _read_json(request).value, params)
+    except TooManyRequests as exc:
+        raise GatewayError(
+            exc.detail, status=429, code="too_many_requests", retryAfter=RETRY_AFTER_SECONDS
+        ) from None
+
+
 async def count_tokens(
     request: HttpRequest, wire: Wire, params: dict[str, str] | None = None
 ) -> HttpResponseBase:
@@ -855,13 +926,12 @@ async def count_tokens(
     if request.method != "POST":
         return _method_not_allowed(wire, ("POST",))
     try:
-        await workers.run(authenticate, request.headers.get("X-Ledger-Key"))
-        body = _read_json(request).value
-        count = _count_tokens(wire, body, params or {})
+        count = await workers.run_long(_counted, request, wire, params or {})
     except GatewayInputError as exc:
         return _error(wire, GatewayError(exc.message, param=exc.param))
     except GatewayError as exc:
-        return _error(wire, exc)
+        retry = {"Retry-After": str(RETRY_AFTER_SECONDS)} if exc.status == 429 else None
+        return _error(wire, exc, retry)
     return JsonResponse(wire.count_tokens_body(count))
 
 

@@ -25,6 +25,7 @@ format it serves; it calls the contract, in the spirit of LiteLLM's per-provider
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
@@ -34,52 +35,78 @@ from compaction_app.gateway.messages import ClientMessage, Reply
 from compaction_app.gateway.shape import Plan
 from sessions_app.storable import provider_loads
 
+# A blank line: two line ends in a row, each `\r\n`, `\r` or `\n` (a `\r` followed by `\n` is
+# one line end, not two).
+_BLANK_LINE = re.compile(rb"(?:\r\n|\r(?!\n)|\n)(?:\r\n|\r(?!\n)|\n)")
+
 
 class SSEFramer:
     """The one SSE framer every wire's stream accumulator reads through: bytes in, in
     whatever pieces they arrive, each complete event's `data:` payload out (its data lines
-    joined by a newline, as the SSE spec joins them). Line ends may be `\\n`, `\\r\\n` or
-    `\\r` (all three are SSE); an event ends at a blank line. A `\\r` at the end of a piece is
-    held back until the next piece says whether a `\\n` follows it."""
+    joined by a newline, as the SSE spec joins them). Line ends may be `\n`, `\r\n` or
+    `\r` (all three are SSE); an event ends at a blank line. A `\r` at the end of a piece is
+    held back until the next piece says whether a `\n` follows it."""
 
     def __init__(self) -> None:
         self._buffer = b""
 
     def feed(self, chunk: bytes) -> list[bytes]:
-        buffer = self._buffer + chunk
-        held = b""
-        if buffer.endswith(b"\r"):
-            buffer, held = buffer[:-1], b"\r"
-        if b"\r" in buffer:
-            buffer = buffer.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-        payloads: list[bytes] = []
-        while b"\n\n" in buffer:
-            event, buffer = buffer.split(b"\n\n", 1)
+        return [payload for payload, _ in self.feed_events(chunk)]
+
+    def feed_events(self, chunk: bytes) -> list[tuple[bytes, int]]:
+        """Each complete event's payload, with where the event began in `chunk` (0 or less
+        when it began in an earlier piece): what a relay may still hold back of it."""
+        held = len(self._buffer)
+        buffer = self._buffer + chunk if held else chunk
+        # A trailing `\r` may be the first half of `\r\n`: not read until the next piece.
+        limit = len(buffer) - 1 if buffer.endswith(b"\r") else len(buffer)
+        events: list[tuple[bytes, int]] = []
+        position = 0
+        while (found := _BLANK_LINE.search(buffer, position, limit)) is not None:
+            event = buffer[position : found.start()]
+            if b"\r" in event:
+                event = event.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
             data = [
                 line[5:].removeprefix(b" ")
                 for line in event.split(b"\n")
                 if line.startswith(b"data:")
             ]
             if data:
-                payloads.append(b"\n".join(data))
-        self._buffer = buffer + held
-        return payloads
+                events.append((b"\n".join(data), position - held))
+            position = found.end()
+        self._buffer = buffer[position:]
+        return events
 
 
 class SSEAccumulator:
     """What every wire's stream accumulator shares: the model asked for, the one framer,
     `done` / `errored`, and feeding each complete event's `data:` payload to `_data`, which
-    each wire writes for its own events."""
+    each wire writes for its own events.
+
+    An event a wire cannot read (well-formed JSON of another shape: `{"choices": 5}`, a
+    `message_start` whose `message` is 5, Gemini `parts: 5`) ends the reading: `malformed`
+    says why and `cut` where that event began in the piece last fed, so the relay forwards
+    what came before it and ends the client's stream with the provider's error event
+    (issue 42, row 1: a `TypeError` in the reader left the client's stream open with no end)."""
 
     def __init__(self, model: str) -> None:
         self.model = model
         self._framer = SSEFramer()
         self.done = False
         self.errored = False
+        self.malformed = ""
+        self.cut = 0
 
     def feed(self, chunk: bytes) -> None:
-        for data in self._framer.feed(chunk):
-            self._data(data)
+        if self.malformed:
+            return
+        for data, start in self._framer.feed_events(chunk):
+            try:
+                self._data(data)
+            except Exception as exc:  # any shape a provider may send: never the relay's end
+                self.malformed = f"{type(exc).__name__} reading {data[:120]!r}"
+                self.cut = max(start, 0)
+                return
 
     def _data(self, data: bytes) -> None:
         raise NotImplementedError
@@ -100,7 +127,7 @@ def reply_of(
     payload: dict[str, Any],
     *,
     model: str,
-    usage_fields: Callable[[Any], dict[str, int | None]],
+    usage_fields: Callable[[Any], dict[str, Any]],
     usage_parts: Callable[[Any], tuple[dict[str, int | None], ...]] | None = None,
 ) -> Reply:
     """A non-streamed reply: `message`, the model the provider names (else the request's) and
@@ -153,10 +180,13 @@ class ParsedRequest(NamedTuple):
 
 
 class StreamAccumulator(Protocol):
-    """Follows a streamed reply as its bytes are relayed and rebuilds the reply."""
+    """Follows a streamed reply as its bytes are relayed and rebuilds the reply. `malformed`
+    (why) and `cut` (where, in the piece last fed): an event it could not read (SSEAccumulator)."""
 
     done: bool
     errored: bool
+    malformed: str
+    cut: int
 
     def feed(self, chunk: bytes) -> None: ...
 
@@ -211,7 +241,7 @@ class Wire(Protocol):
         model: str,
     ) -> dict[str, Any]: ...
 
-    def usage(self, raw: Any) -> dict[str, int | None]: ...
+    def usage(self, raw: Any) -> dict[str, Any]: ...
 
     def reply_from_response(self, payload: Any, *, model: str) -> Reply | None: ...
 

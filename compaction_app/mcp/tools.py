@@ -29,6 +29,7 @@ from sessions_app import selectors as ledger
 from sessions_app import services as ledger_services
 from sessions_app.api.search_views import RecallInSerializer
 from sessions_app.errors import InvalidInput
+from sessions_app.heavy import heavy_slot
 from sessions_app.models import Session
 from sessions_app.session_settings import SessionSettings
 from sessions_app.threads import threads_by_session
@@ -189,14 +190,15 @@ def ledger_search(user: User, arguments: Mapping[str, Any]) -> dict[str, Any]:
 def ledger_recall(user: User, arguments: Mapping[str, Any]) -> dict[str, Any]:
     data = _valid(_RecallArgs, arguments)
     session = _session(user, data)
-    # As POST /sessions/{id}/recall.
-    result = recall.recall(
-        session=session,
-        text=data.get("query"),
-        seqs=data.get("seqs"),
-        max_tokens=recall.recall_budget(session=session, max_tokens=data.get("maxTokens")),
-        fmt=data["format"],
-    )
+    # As POST /sessions/{id}/recall, under the same per-user limit (issue 42, row 3).
+    with heavy_slot(user_id=user.pk):
+        result = recall.recall(
+            session=session,
+            text=data.get("query"),
+            seqs=data.get("seqs"),
+            max_tokens=recall.recall_budget(session=session, max_tokens=data.get("maxTokens")),
+            fmt=data["format"],
+        )
     return {
         "session": _session_ref(session),
         # The originals as recorded (a cleared tool result's own text, not its placeholder).
@@ -222,13 +224,15 @@ def ledger_compact(user: User, arguments: Mapping[str, Any]) -> dict[str, Any]:
     data = _valid(_CompactArgs, arguments)
     session = _session(user, data)
     if data.get("dryRun"):
-        dry = compaction.compaction_plan(
-            session=session,
-            strategy=data.get("strategy"),
-            summarizer=data.get("summarizer"),
-            target_ratio=data.get("targetRatio"),
-            project=True,
-        )
+        # As REST's dry run, under the same per-user limit (issue 42, row 3).
+        with heavy_slot(user_id=user.pk):
+            dry = compaction.compaction_plan(
+                session=session,
+                strategy=data.get("strategy"),
+                summarizer=data.get("summarizer"),
+                target_ratio=data.get("targetRatio"),
+                project=True,
+            )
         answer = dry_run_to_dict(dry)
         # The tool answers with counts where REST lists the ids (docs/mcp.md).
         for key in ("eventsToFold", "toolResultsToClear"):

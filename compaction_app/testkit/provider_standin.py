@@ -59,6 +59,8 @@ class Step:
     kind "invalid_json": 200 with a body that is not JSON.
     kind "missing_fields": 200 with a JSON object lacking choices / content.
     kind "raw": 200 with `raw_body` as the JSON body, verbatim.
+    kind "raw_stream": 200 `text/event-stream` with `raw_body` as the stream, verbatim, then
+    the connection closed (whatever event shapes a test needs a provider to send).
     `delay` seconds are slept before answering (cut short when the stand-in closes).
     `prompt_tokens` None: the stand-in's own estimate (characters / 4). Cache figures are
     parts of it, reported as each provider does: OpenAI's `prompt_tokens_details.
@@ -1036,6 +1038,8 @@ def _handler(standin: ProviderStandIn) -> type[BaseHTTPRequestHandler]:
                 self._json(200, shape, headers)
             elif step.kind == "raw":
                 self._send(200, step.raw_body, headers)
+            elif step.kind == "raw_stream":
+                self._raw_stream(step.raw_body)
             elif path == ANTHROPIC_COUNT_PATH:
                 self._json(200, {"input_tokens": fake_token_count(request)}, headers)
             elif request.get("stream"):
@@ -1061,6 +1065,9 @@ def _handler(standin: ProviderStandIn) -> type[BaseHTTPRequestHandler]:
                 return
             if step.kind == "raw":
                 self._send(200, step.raw_body, headers)
+                return
+            if step.kind == "raw_stream":
+                self._raw_stream(step.raw_body)
                 return
             if method == "countTokens":
                 total = fake_gemini_token_count(body)
@@ -1108,6 +1115,18 @@ def _handler(standin: ProviderStandIn) -> type[BaseHTTPRequestHandler]:
                     self.wfile.write(b"]")
             except (BrokenPipeError, ConnectionResetError):
                 return
+
+        def _raw_stream(self, data: bytes) -> None:
+            try:
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Connection", "close")
+                self.end_headers()
+                self.close_connection = True
+                self.wfile.write(data)
+                self.wfile.flush()
+            except (BrokenPipeError, ConnectionResetError):
+                pass
 
         def _json(self, status: int, payload: Any, headers: dict[str, str] | None = None) -> None:
             self._send(status, json.dumps(payload).encode(), headers)

@@ -164,6 +164,11 @@ CALL_FIELDS: dict[str, serializers.Field] = {
     "replySeq": serializers.IntegerField(
         allow_null=True, help_text="The seq of the reply's first event."
     ),
+    "usageDropped": serializers.DictField(
+        child=serializers.CharField(),
+        help_text="Usage figures the provider reported that the token fields leave out, by "
+        "field name, with why (out of range, not a whole number, cache parts above the prompt).",
+    ),
 }
 SUMMARY = inline_serializer(
     "CallSummary",

@@ -88,7 +88,9 @@ def integer(minimum: int, maximum: int = MAX_QUERY_INTEGER) -> dict[str, Any]:
 
 PAGE_PARAMETERS = [
     OpenApiParameter("page", integer(1), description="Page number, from 1."),
-    OpenApiParameter("pageSize", integer(1), description="Items per page (at most 500)."),
+    OpenApiParameter(
+        "pageSize", integer(1, 500), description="Items per page (at most 500; more is a 400)."
+    ),
 ]
 
 

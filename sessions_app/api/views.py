@@ -27,10 +27,14 @@ from sessions_app.models import Event, EventType
 from sessions_app.signals import compaction_command
 from sessions_app.threads import session_threads
 
+# The largest page any list serves (sessions, compactions, calls): a larger pageSize is a
+# 400, as any number out of its documented range (DRF alone would quietly serve 500).
+MAX_PAGE_SIZE = 500
+
 
 class SessionPagination(PageNumberPagination):
     page_size_query_param = "pageSize"
-    max_page_size = 500
+    max_page_size = MAX_PAGE_SIZE
 
     def get_page_size(self, request: Request) -> int | None:
         self.page_size = settings.API_PAGE_SIZE
@@ -40,7 +44,7 @@ class SessionPagination(PageNumberPagination):
         # DRF ignores a malformed pageSize and answers 404 for a malformed page: both are bad
         # input, answered like any other query parameter.
         _int_param(request, "page", 1, minimum=1)
-        _int_param(request, "pageSize", 1, minimum=1)
+        _int_param(request, "pageSize", 1, minimum=1, maximum=MAX_PAGE_SIZE)
         return super().paginate_queryset(queryset, request, view)
 
 

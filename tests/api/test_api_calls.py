@@ -114,6 +114,21 @@ def test_it_refuses_a_malformed_filter(alice_api, calls, query, field):
     assert response.json()["error"] == "invalid_parameter"
 
 
+@pytest.mark.parametrize("size", ["501", str(2**63 - 1), "99999999999999999999999"])
+@pytest.mark.parametrize(
+    "path", ["/api/v1/calls", "/api/v1/sessions/{id}/calls", "/api/v1/sessions"]
+)
+def test_it_refuses_a_page_size_past_the_cap(alice_api, calls, path, size):
+    """Issue 42, row 13: `pageSize` 2**63 - 1 on /calls was accepted. The cap (500) is the
+    documented one: past it is a 400 naming the parameter, as any out-of-range number."""
+    mine, _ = calls
+    response = alice_api.get(path.format(id=mine.pk), {"pageSize": size})
+    assert response.status_code == 400, response.content
+    body = response.json()
+    assert body["error"] == "invalid_parameter" and "pageSize" in body["fields"]
+    assert alice_api.get(path.format(id=mine.pk), {"pageSize": "500"}).status_code == 200
+
+
 def test_it_shows_users_only_their_own_sessions_calls_and_staff_every_users(
     alice_api, bob_api, staff_api, calls
 ):

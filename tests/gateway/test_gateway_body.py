@@ -7,6 +7,7 @@ import codecs
 import json
 from typing import Any
 
+import orjson
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -421,3 +422,106 @@ def test_it_reads_a_body_with_repeated_members_exactly(first, later):
         assert _reads_back(known)
         value = _later(known, later)
         assert value is None or same(value, json.loads(later))
+
+
+# --- retries and edited histories (issue 42's slow path) --------------------------------------
+
+
+def test_it_knows_every_message_end_of_a_body_written_as_orjson_writes_it():
+    raw = _compact(_chat(40, tools=[{"type": "function"}]))
+    known = remember(raw, fast_loads(raw), "messages")
+    assert known is not None and len(known.offsets) == 40
+    for index, end in enumerate(known.offsets):
+        upto = fast_loads(known.raw[:end] + b"]}")
+        assert upto["messages"] == known.items[: index + 1]
+    # A retry: read from the array's end, nothing added.
+    reading = read_after(raw, known, max_depth=MAX_JSON_DEPTH)
+    assert reading.count == 40 and reading.added == []
+    assert same(reading.value, json.loads(raw))
+    # Not the compact writing: the two bounds only, as before.
+    spaced = json.dumps(_chat(40)).encode()
+    assert not remember(spaced, fast_loads(spaced), "messages").offsets
+
+
+def test_it_reads_an_edited_history_from_its_first_edit():
+    """Old tool results cleared (Claude Code's microcompaction): the body differs some messages
+    before its end; the messages before the first difference are not read again."""
+    first = _chat(40)
+    raw = _compact(first)
+    known = remember(raw, fast_loads(raw), "messages")
+    edited = _chat(42)
+    edited["messages"][31]["content"] = "[Old tool result content cleared]"
+    edited["messages"][35]["content"] = "[Old tool result content cleared]"
+    nxt = _compact(edited)
+    reading = read_after(nxt, known, max_depth=MAX_JSON_DEPTH)
+    assert reading is not None and reading.count == 31
+    assert same(reading.value, json.loads(nxt))
+    assert reading.value["messages"][0] is known.items[0]
+    # And the next call, from what this one read.
+    chained = remember(nxt, reading.value, "messages", reading=reading)
+    assert chained is not None and len(chained.offsets) == 42
+    assert _reads_back(chained)
+    third = _compact({**edited, "messages": edited["messages"] + _chat(2)["messages"]})
+    again = read_after(third, chained, max_depth=MAX_JSON_DEPTH)
+    assert again.count == 42 and same(again.value, json.loads(third))
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    history=messages_st,
+    edit=st.integers(min_value=0, max_value=6),
+    replacement=messages_st,
+    added=st.lists(st.fixed_dictionaries({"role": st.just("user"), "content": json_values})),
+    retry=st.booleans(),
+)
+def test_it_reads_any_edit_or_retry_as_reading_it_whole_does(
+    history, edit, replacement, added, retry
+):
+    messages = history[:edit] + replacement + history[edit + 1 :] + added
+    try:  # the bodies as orjson writes them (a 64-bit overflow it cannot write: skipped)
+        raw = orjson.dumps({"model": "m", "messages": history, "stream": False})
+        nxt = raw if retry else orjson.dumps({"model": "m", "messages": messages, "stream": 1})
+    except TypeError:
+        return
+    known = remember(raw, fast_loads(raw) or {}, "messages")
+    if known is None:
+        return
+    whole = fast_loads(nxt)
+    reading = read_after(nxt, known, max_depth=MAX_JSON_DEPTH)
+    if reading is None or whole is None:
+        return
+    assert same(reading.value, whole)
+    chained = remember(nxt, reading.value, "messages", reading=reading)
+    if chained is not None:
+        assert _reads_back(chained)
+        for index, end in enumerate(chained.offsets):
+            assert fast_loads(chained.raw[:end] + b"]}")["messages"] == chained.items[: index + 1]
+
+
+def test_it_counts_what_a_known_body_holds_in_memory():
+    """Issue 42, row 7: 100 conversations each with one 1 MB body took resident memory from
+    853 to 2,428 MB, about 23x the bytes the budget counted. The budget now counts what the
+    parsed messages take too, bounded from above (measured with tracemalloc here)."""
+    import tracemalloc
+
+    shapes = {
+        "an agent's messages": _chat(2000),
+        "one-key objects": {"messages": [{"a": 1} for _ in range(20000)]},
+        "short parts": {
+            "messages": [
+                {"role": "user", "content": [{"type": "text", "text": "ab"}] * 50}
+                for _ in range(300)
+            ]
+        },
+        "non-ascii": {"messages": [{"role": "user", "content": "é" * 200} for _ in range(500)]},
+    }
+    for name, body in shapes.items():
+        raw = orjson.dumps(body)
+        tracemalloc.start()
+        value = orjson.loads(raw)
+        held, _ = tracemalloc.get_traced_memory()
+        tracemalloc.stop()
+        known = remember(raw, value, "messages")
+        assert known is not None
+        assert known.size >= len(raw) + held, (name, known.size, len(raw) + held)
+        assert known.size <= 3 * (len(raw) + held), (name, known.size, len(raw) + held)

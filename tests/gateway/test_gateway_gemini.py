@@ -5,9 +5,11 @@ SDK's own loops are in test_gateway_gemini_sdk.py.)"""
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -451,3 +453,27 @@ def _current_turn(contents: list[dict]) -> list[dict]:
         if content.get("role") == "user" and any("text" in p for p in content["parts"]):
             return contents[index:]
     return contents
+
+
+@pytest.mark.parametrize(
+    ("sent", "path"),
+    [
+        ("v1beta/files%3Fkey=SECRET-K", "/v1beta/files%3Fkey=SECRET-K"),
+        ("v1beta/files%3fKEY%3DSECRET-K", "/v1beta/files%3FKEY=SECRET-K"),
+        ("v1beta/files/a%23b%20c", "/v1beta/files/a%23b%20c"),
+        ("v1beta/files/caf%C3%A9", "/v1beta/files/caf%C3%A9"),
+    ],
+)
+def test_it_passes_an_encoded_path_through_as_encoded(
+    gemini_gateway_url, upstream, alice, sent, path
+):
+    """Issue 42, row 8: Django hands the view the path decoded, and `files%3Fkey=K` was
+    forwarded as `files?key=K`: a query holding a key the client never put in one."""
+    parts = urlsplit(gemini_gateway_url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+    connection.request("GET", f"{parts.path}/{sent}", headers=_ledger(alice, "encoded"))
+    connection.getresponse().read()
+    connection.close()
+    (received,) = upstream.requests
+    assert received.path == path
+    assert received.query == ""

@@ -445,6 +445,14 @@ def test_the_servers_access_log_never_shows_a_key_sent_in_the_query():
     )
     assert redacted("/gateway/anthropic/v1/messages") == "/gateway/anthropic/v1/messages"
     assert redacted("/api/v1/sessions?monkey=1") == "/api/v1/sessions?monkey=1"
+    # Percent-encoded, as a passthrough path may carry it (issue 42, row 8), and in a log
+    # message (Django's request warnings show the decoded path).
+    assert redacted("/v1beta/files%3Fkey=AIza%26x=1") == "/v1beta/files%3Fkey=***%26x=1"
+    assert redacted("/v1beta/files%3fKEY%3DAIza") == "/v1beta/files%3fKEY%3D***"
+    assert redacted("/v1beta/f%3Fa=1%26key=AIza") == "/v1beta/f%3Fa=1%26key=***"
+    assert redacted("Not Found: /gateway/gemini/v1beta/files?key=AIza") == (
+        "Not Found: /gateway/gemini/v1beta/files?key=***"
+    )
 
 
 def test_the_ledgers_own_render_of_a_recorded_loop_goes_back_as_valid_contents():

@@ -187,7 +187,7 @@ def _openai_answer(usage_json: bytes) -> bytes:
         (
             b'{"prompt_tokens": 1e400, "completion_tokens": 3, "total_tokens": -1E999}',
             {"completionTokens": 3},
-            set(),
+            {"promptTokens", "totalTokens"},
         ),
     ],
 )
@@ -280,3 +280,196 @@ def test_it_still_passes_through_a_path_with_dots_inside_a_segment(gateway_url, 
     )
     assert answer.status_code == 200
     assert upstream.requests[-1].path == "/v1/responses/resp_a..b"
+
+
+# --- what goes into a response header (issue 42, row 6) -------------------------------------
+
+RESPONSES = "/gateway/openai/v1/responses"
+
+
+def _conversation_body(path: str, model: str) -> bytes:
+    if path == MESSAGES:
+        body: dict[str, Any] = {
+            "model": model,
+            "max_tokens": 50,
+            "messages": [{"role": "user", "content": "hello"}],
+        }
+    elif path == RESPONSES:
+        body = {"model": model, "input": "hello"}
+    else:
+        body = {"model": model, "messages": [{"role": "user", "content": "hello"}]}
+    # json.dumps writes a lone surrogate as its escape, as a client's JSON encoder would.
+    return json.dumps(body).encode()
+
+
+@pytest.mark.parametrize("bad", ["gpt\u0000-4o", "gpt\ud800-4o", "gpt\n-4o", "gpt\x7f-4o"])
+@pytest.mark.parametrize("path", [CHAT, RESPONSES, MESSAGES])
+def test_it_refuses_a_model_name_no_header_can_carry_and_records_the_call(
+    gateway_url, upstream, alice, path, bad
+):
+    """Issue 42, row 6: on an existing session, `"model": "gpt\\u0000-4o"` was forwarded and its
+    NUL went into X-Ledger-Model (the SDK failed with `illegal header line`); a lone surrogate
+    gave a 500 HTML page; neither the reply nor the call was recorded. Now: 400 invalid_model
+    in the provider's shape, nothing forwarded, the call's row stored."""
+    from sessions_app.models import Call
+
+    key = token_for(alice)
+    good = "claude-3-5-sonnet-20241022" if path == MESSAGES else "gpt-4o"
+    first = _post(gateway_url, path, _conversation_body(path, good), key=key, session="headers")
+    assert first.status_code == 200, first.text
+    forwarded = len(upstream.requests)
+    answer = _post(gateway_url, path, _conversation_body(path, bad), key=key, session="headers")
+    assert answer.status_code == 400, answer.text
+    error = answer.json()["error"]
+    assert error.get("code") == "invalid_model"
+    if path != MESSAGES:
+        assert error["param"] == "model"
+    else:
+        assert answer.json()["type"] == "error"
+    assert len(upstream.requests) == forwarded
+    session = Session.objects.get(owner=alice, client_key="headers")
+    refused = wait_until(lambda: Call.objects.filter(session=session, status="refused").first())
+    assert refused.http_status == 400 and refused.error_code == "invalid_model"
+    assert refused.model_requested.startswith("gpt") or refused.model_requested.startswith("claude")
+    # The conversation goes on.
+    again = _post(gateway_url, path, _conversation_body(path, good), key=key, session="headers")
+    assert again.status_code == 200, again.text
+
+
+@pytest.mark.parametrize("model", ["gem%00ini-2.5-pro", "gem%0Aini-2.5-pro", "gem%7Fini"])
+def test_it_refuses_a_gemini_model_in_the_path_no_header_can_carry(
+    gateway_url, upstream, alice, model
+):
+    from sessions_app.models import Call
+
+    key = token_for(alice)
+    body = json.dumps({"contents": [{"role": "user", "parts": [{"text": "hello"}]}]}).encode()
+    headers = {
+        "Content-Type": "application/json",
+        "x-goog-api-key": CANARY,
+        "X-Ledger-Key": key,
+        "X-Ledger-Session": "gemini-headers",
+    }
+    ok = httpx.post(
+        f"{gateway_url}/gateway/gemini/v1beta/models/gemini-2.5-pro:generateContent",
+        content=body,
+        headers=headers,
+        timeout=30,
+    )
+    assert ok.status_code == 200, ok.text
+    forwarded = len(upstream.requests)
+    parts = urlsplit(gateway_url)
+    connection = http.client.HTTPConnection(parts.hostname, parts.port, timeout=30)
+    connection.request(
+        "POST", f"/gateway/gemini/v1beta/models/{model}:generateContent", body, headers
+    )
+    answer = connection.getresponse()
+    data = answer.read()
+    connection.close()
+    assert answer.status == 400, data
+    assert json.loads(data)["error"]["status"] == "INVALID_ARGUMENT"
+    assert len(upstream.requests) == forwarded
+    session = Session.objects.get(owner=alice, client_key="gemini-headers")
+    wait_until(lambda: Call.objects.filter(session=session, status="refused").exists())
+
+
+# --- usage figures bounded once, for the reply's events and its call's row (issue 42, row 4) ---
+
+
+def _anthropic_answer(usage_json: bytes) -> bytes:
+    return (
+        b'{"id": "msg_x", "type": "message", "role": "assistant", "model": '
+        b'"claude-3-5-sonnet-20241022", "content": [{"type": "text", "text": "Counted."}],'
+        b' "stop_reason": "end_turn", "usage": ' + usage_json + b"}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("path", "answer", "dropped"),
+    [
+        (
+            CHAT,
+            _openai_answer(
+                b'{"prompt_tokens": 10000000000000, "completion_tokens": 100000000000000}'
+            ),
+            {"promptTokens", "completionTokens"},
+        ),
+        (
+            CHAT,
+            _openai_answer(
+                b'{"prompt_tokens": 10000000000000000000, "completion_tokens": '
+                b"10000000000000000000000000, "
+                b'"total_tokens": 5, "prompt_tokens_details": {"cached_tokens": -3}}'
+            ),
+            {"promptTokens", "completionTokens", "cachedInputTokens"},
+        ),
+        (
+            MESSAGES,
+            _anthropic_answer(b'{"input_tokens": 10000000000000000000, "output_tokens": 7}'),
+            {"promptTokens", "totalTokens"},
+        ),
+        (
+            MESSAGES,
+            _anthropic_answer(b'{"input_tokens": -4, "output_tokens": 1e400}'),
+            {"promptTokens", "completionTokens"},
+        ),
+        (
+            # Issue 41 prices compaction iterations apart: one past the bound must not reach
+            # the bill around the bounded whole (its row was lost to a bigint overflow).
+            MESSAGES,
+            _anthropic_answer(
+                b'{"input_tokens": 10, "output_tokens": 7, "iterations": [{"type": '
+                b'"compaction", "input_tokens": 10000000000000000000, "output_tokens": 5}]}'
+            ),
+            {"promptTokens", "totalTokens", "iterations"},
+        ),
+        (
+            CHAT,
+            _openai_answer(
+                b'{"prompt_tokens": 10, "completion_tokens": 3, "total_tokens": 13,'
+                b' "completion_tokens_details": {"reasoning_tokens": 10000000000000000000}}'
+            ),
+            {"reasoningTokens"},
+        ),
+    ],
+)
+def test_it_bounds_usage_once_for_the_reply_and_the_calls_row(
+    gateway_url, upstream, alice, alice_api, path, answer, dropped
+):
+    """Issue 42, row 4: usage of 10^13 / 10^14 went into the calls ledger raw (`costUsd`
+    700,000,000); 10^19 / 10^25 lost the call's row (`bigint out of range`); Anthropic's
+    impossible figures became 0 without a `usageDropped` note. Now the same bound drops each
+    such figure from the reply's event and the call's row alike, and both name it."""
+    from sessions_app.models import Call
+
+    upstream.script(Step(kind="raw", raw_body=answer))
+    body = _conversation_body(path, "claude-3-5-sonnet-20241022" if path == MESSAGES else "gpt-4o")
+    response = _post(gateway_url, path, body, key=token_for(alice), session="huge-usage")
+    assert response.status_code == 200, response.text
+    session = Session.objects.get(owner=alice, client_key="huge-usage")
+    call = wait_until(lambda: Call.objects.filter(session=session).first())
+    assert call.status == "ok"
+    for figure in (
+        call.prompt_tokens,
+        call.completion_tokens,
+        call.cached_input_tokens,
+        call.reasoning_tokens,
+    ):
+        assert figure is None or figure <= 10**12
+    assert set(call.usage_dropped) == dropped
+    reply = Event.objects.get(session=session, type="AGENT_MESSAGE")
+    assert set(reply.metadata["usageDropped"]) == dropped
+    if reply.prompt_tokens is None and reply.completion_tokens is None:
+        # Every figure dropped: no usable usage, so the call is priced at the gateway's own
+        # count, marked as an estimate (issue 41), never at 0; the reply's event holds none.
+        assert (call.usage_status, call.cost_estimated) == ("absent", True)
+        assert call.prompt_tokens and call.prompt_tokens < 1000
+        assert call.completion_tokens and call.completion_tokens < 1000
+    else:
+        assert call.usage_status == "reported" and not call.cost_estimated
+        assert reply.prompt_tokens == call.prompt_tokens
+        assert reply.completion_tokens == call.completion_tokens
+    listed = alice_api.get(f"/api/v1/sessions/{session.pk}/calls").json()
+    assert set(listed["results"][0]["usageDropped"]) == dropped
+    assert listed["summary"]["costUsd"] < 10
+    assert alice_api.get(f"/api/v1/sessions/{session.pk}/usage").json()["costUsd"] < 10

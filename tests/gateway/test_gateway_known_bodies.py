@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from compaction_app.gateway import views
-from sessions_app.models import Event, Session
+from sessions_app.models import Event, Session, Thread
 from tests.support.gateway_live import CANARY, token_for
 
 CHAT = "/gateway/openai/v1/chat/completions"
@@ -71,9 +71,10 @@ def test_it_still_checks_what_was_added(gateway_url, upstream, alice):
     assert views.KNOWN_BODIES.hits == 1
 
 
-def test_it_reads_a_changed_history_whole(gateway_url, upstream, alice):
-    # A client that rewrote an earlier message: nothing known starts its body, and the
-    # rewritten message is checked like any other.
+def test_it_reads_a_changed_history_from_the_first_change(gateway_url, upstream, alice):
+    # A client that rewrote an earlier message: the body is read from the message end before
+    # the first change (issue 42's slow path), and the rewritten message is checked like any
+    # other.
     key = token_for(alice)
     history = _history(2)
     assert _chat(gateway_url, key, "edited", history).status_code == 200
@@ -81,7 +82,36 @@ def test_it_reads_a_changed_history_whole(gateway_url, upstream, alice):
     response = _chat(gateway_url, key, "edited", edited)
     assert response.status_code == 400
     assert response.json()["error"]["param"] == "messages[1].role"
-    assert views.KNOWN_BODIES.hits == 0
+    assert views.KNOWN_BODIES.hits == 1
+
+
+def test_it_records_a_retry_and_an_edited_history_as_reading_them_whole_does(
+    gateway_url, upstream, alice
+):
+    """A retry (the same body again) and a history whose old tool results were cleared are
+    read from what the conversation's last body held, and matched to its thread without
+    going through every message: nothing is recorded twice, the reply recorded first stands,
+    the edited history continues its thread."""
+    key = token_for(alice)
+    history = _history(4)
+    first = _chat(gateway_url, key, "slow", history)
+    assert first.status_code == 200
+    session = Session.objects.get(owner=alice, client_key="slow")
+    count = Event.objects.filter(session=session).count()
+    retried = _chat(gateway_url, key, "slow", history)
+    assert retried.status_code == 200
+    assert Event.objects.filter(session=session).count() == count
+    thread = Thread.objects.get(session=session)
+    assert thread.length == len(history) + 1 and thread.request_chain
+    # The client edits its history (clears an old message) and goes on.
+    reply = {"role": "assistant", "content": first.json()["choices"][0]["message"]["content"]}
+    edited = [*history, reply, {"role": "user", "content": "next"}]
+    edited[3] = {**edited[3], "content": "[Old tool result content cleared]"}
+    assert _chat(gateway_url, key, "slow", edited).status_code == 200
+    assert Thread.objects.filter(session=session).count() == 1
+    stored = list(Event.objects.filter(session=session).order_by("seq"))
+    assert len(stored) == count + 2  # the new question and its reply, nothing else
+    assert views.KNOWN_BODIES.hits == 2
 
 
 def test_it_never_reads_from_another_callers_bodies(gateway_url, upstream, alice, bob):

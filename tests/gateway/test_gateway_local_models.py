@@ -95,7 +95,9 @@ def test_it_follows_the_window_a_later_call_states(gateway_url, upstream, alice)
     assert Session.objects.get(client_key="ollama").context_limit == 4096
 
 
-@pytest.mark.parametrize("value", ["0", "-1", "8k", "1e4", "4096.0", "", "100000001", "٣"])
+@pytest.mark.parametrize(
+    "value", ["0", "-1", "8k", "1e4", "4096.0", "", "100000001", "٣", "１２８", str(10**20)]
+)
 def test_it_refuses_a_bad_window_and_stores_nothing(gateway_url, upstream, alice, value):
     response = httpx.post(
         gateway_url + CHAT,

@@ -348,3 +348,57 @@ def test_the_framer_joins_data_lines_and_reads_lone_cr_line_ends():
     framer = wire.SSEFramer()
     assert framer.feed(b"event: x\rdata: a\rdata: b\r") == []
     assert framer.feed(b"\r: comment\n\ndata: c\n\n") == [b"a\nb", b"c"]
+
+
+def test_the_framer_says_where_each_event_began_in_the_piece_fed():
+    framer = wire.SSEFramer()
+    piece = b"data: a\r\n\r\nevent: x\ndata: b\n\ndata: c"
+    assert framer.feed_events(piece) == [(b"a", 0), (b"b", 11)]
+    # An event begun in an earlier piece starts before this one.
+    assert framer.feed_events(b"\r") == []
+    assert framer.feed_events(b"\r\ndata: d\r\r") == [(b"c", -8)]
+    # The trailing `\r` might have begun `\r\n`: "d" ends once the next piece says not.
+    assert framer.feed_events(b"data: e") == [(b"d", -9)]
+
+
+@pytest.mark.parametrize("name", ["openai", "responses", "anthropic", "gemini"])
+def test_every_wires_reader_survives_any_json_shape(name):
+    """Issue 42, row 1: any well-formed JSON of any shape, in any event: the reader says it
+    could not read it (`malformed`, `cut`) and never raises."""
+    from compaction_app.gateway.providers import PROVIDERS
+
+    (found,) = [w for w in PROVIDERS if name == w.NAME]
+    shapes = [5, "x", None, [], [5], {"a": 5}, True, 1.5]
+    keys = [
+        "choices",
+        "delta",
+        "message",
+        "content_block",
+        "item",
+        "response",
+        "candidates",
+        "content",
+        "parts",
+        "usage",
+        "usageMetadata",
+        "index",
+        "output_index",
+        "type",
+        "tool_calls",
+        "function",
+        "model",
+        "modelVersion",
+    ]
+    for key in keys:
+        for shape in shapes:
+            accumulator = found.stream_accumulator("m")
+            for event in (
+                {key: shape},
+                {"type": "message_start", key: shape},
+                {"type": "content_block_delta", "index": 0, key: shape},
+                {"choices": [{key: shape}]},
+                {"choices": [{"delta": {key: shape}}]},
+                {"candidates": [{key: shape}]},
+            ):
+                accumulator.feed(b"data: " + json.dumps(event).encode() + b"\n\n")
+            accumulator.reply()  # may be None; never raises

@@ -10,6 +10,7 @@ import pytest
 from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
+from sessions_app import append as append_module
 from sessions_app.errors import Conflict, Unprocessable
 from sessions_app.models import Event, EventType, Session, Thread
 from sessions_app.services import (
@@ -29,13 +30,57 @@ def session(alice):
     return session_create(owner=alice, model="gpt-4o", settings={"autoCompact": False})
 
 
-def statements(captured: CaptureQueriesContext) -> list[str]:
-    # Transaction control is not a statement of the append's own.
+# What the usage push may cost once an append is announced: USAGE_UPDATED carries REST
+# /usage's own document (sessions_app.scope.usage_document), whose bill figures come from the
+# session's counters and whose context figures may read the session's threads (cached). It runs
+# in the events_appended receiver, which the append schedules for after its commit: not the
+# append's statements, and bounded (it does not grow with the events appended).
+USAGE_PUSH_STATEMENTS = 2
+
+
+class Captured(CaptureQueriesContext):
+    """The statements run inside the block, split where the append announced its events
+    (sessions_app.append schedules `announce_appended` for after its commit; on PostgreSQL's
+    one-statement path there is no transaction, so it runs at once)."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        super().__init__(connection)
+        self.marks: list[int] = []
+        original = append_module.announce_appended
+
+        def marked(**kwargs: object) -> None:
+            self.marks.append(len(connection.queries_log))
+            original(**kwargs)
+
+        monkeypatch.setattr(append_module, "announce_appended", marked)
+
+    def _cut(self) -> int:
+        return self.marks[0] - self.initial_queries if self.marks else len(self.captured_queries)
+
+    def own(self, *, control: bool = False) -> list[str]:
+        """The append's own statements (transaction control left out unless `control`)."""
+        return _without_control(self.captured_queries[: self._cut()], control)
+
+    def pushed(self) -> list[str]:
+        """What its announcement ran (the usage push, the auto-compaction check)."""
+        return _without_control(self.captured_queries[self._cut() :], False)
+
+
+def _without_control(queries: list[dict[str, str]], control: bool) -> list[str]:
+    control_verbs = {"BEGIN", "COMMIT", "SAVEPOINT", "RELEASE"}
     return [
-        q["sql"]
-        for q in captured.captured_queries
-        if q["sql"].split()[0].upper() not in {"BEGIN", "COMMIT", "SAVEPOINT", "RELEASE"}
+        q["sql"] for q in queries if control or q["sql"].split()[0].upper() not in control_verbs
     ]
+
+
+@pytest.fixture
+def captured(monkeypatch: pytest.MonkeyPatch) -> Captured:
+    return Captured(monkeypatch)
+
+
+def statements(captured: Captured) -> list[str]:
+    # Transaction control is not a statement of the append's own.
+    return captured.own()
 
 
 def user(text: str, *, event_id: uuid.UUID | None = None, **extra) -> EventInput:
@@ -48,8 +93,8 @@ def direct_statements() -> int:
     return 1 if connection.vendor == "postgresql" else 2
 
 
-def test_it_appends_with_one_update_and_one_insert(session):
-    with CaptureQueriesContext(connection) as captured:
+def test_it_appends_with_one_update_and_one_insert(session, captured):
+    with captured:
         result = event_append(session=session, events=[user("a"), user("b")])
     sql = statements(captured)
     if connection.vendor == "postgresql":
@@ -64,16 +109,20 @@ def test_it_appends_with_one_update_and_one_insert(session):
     assert result.session.last_seq == 2 == result.session.event_count
     assert result.session.active_tokens == Session.objects.get(pk=session.pk).active_tokens
     assert [e.seq for e in result.events] == [1, 2]
+    # Once committed, the usage push: a fixed number of reads, none of them of the events.
+    after = captured.pushed()
+    assert len(after) <= USAGE_PUSH_STATEMENTS, after
+    assert all(sql.startswith("SELECT") and "sessions_app_event" not in sql for sql in after)
 
 
 @pytest.mark.skipif(
     connection.vendor != "postgresql", reason="the one-statement append is PostgreSQL's"
 )
-def test_it_appends_in_one_round_trip_outside_a_transaction(session):
-    with CaptureQueriesContext(connection) as captured:
+def test_it_appends_in_one_round_trip_outside_a_transaction(session, captured):
+    with captured:
         event_append(session=session, events=[user("a")])
     # No BEGIN and no COMMIT: the statement commits alone.
-    assert [q["sql"].split()[0] for q in captured.captured_queries] == ["WITH"]
+    assert [sql.split()[0] for sql in captured.own(control=True)] == ["WITH"]
 
 
 @pytest.mark.skipif(
@@ -107,9 +156,9 @@ def test_it_numbers_the_events_of_concurrent_one_statement_appends_in_order(sess
     assert row.last_seq == row.event_count == 80
 
 
-def test_it_inserts_new_ids_without_looking_them_up(session):
+def test_it_inserts_new_ids_without_looking_them_up(session, captured):
     ids = [uuid.uuid4(), uuid.uuid4()]
-    with CaptureQueriesContext(connection) as captured:
+    with captured:
         event_append(
             session=session, events=[user("a", event_id=ids[0]), user("b", event_id=ids[1])]
         )
@@ -142,8 +191,8 @@ def test_it_refuses_a_stored_id_with_another_body_and_stores_nothing(session):
     assert Event.objects.filter(session=session).count() == 1
 
 
-def test_it_saves_session_updates_in_the_counters_update(session):
-    with CaptureQueriesContext(connection) as captured:
+def test_it_saves_session_updates_in_the_counters_update(session, captured):
+    with captured:
         result = event_append(
             session=session,
             events=[user("a")],
@@ -188,7 +237,7 @@ def test_it_counts_a_replayed_bounded_usage_as_a_replay_not_as_new_tokens(sessio
     assert result.created == 0
 
 
-def test_it_updates_another_row_in_the_appends_own_statements(session):
+def test_it_updates_another_row_in_the_appends_own_statements(session, captured):
     thread = Thread.objects.create(session=session, key="t")
 
     def also(calls: int, length: int) -> RowUpdate:
@@ -197,7 +246,7 @@ def test_it_updates_another_row_in_the_appends_own_statements(session):
         )
 
     stored = uuid.uuid4()
-    with CaptureQueriesContext(connection) as captured:
+    with captured:
         event_append(session=session, events=[user("a", event_id=stored)], also_update=also(1, 5))
     # The same statements as without it on PostgreSQL (a part of its one statement); one
     # more inside the append's transaction on SQLite.

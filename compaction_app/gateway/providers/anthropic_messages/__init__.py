@@ -59,7 +59,7 @@ def complete_url(base: str, *, model: str, stream: bool, params: Mapping[str, st
     return base + "/v1/messages"
 
 
-def usage(raw: Any) -> dict[str, int | None]:
+def usage(raw: Any) -> dict[str, Any]:
     """`input_tokens` counts only what came after the last cache breakpoint, so the prompt is
     input + cache writes + cache reads. The write's 5-minute / 1-hour split is in
     `cache_creation` when the API gives it; the thinking part of the output in
@@ -71,28 +71,35 @@ def usage(raw: Any) -> dict[str, int | None]:
     top-level figures' own parts and are not added again."""
     if not isinstance(raw, dict) or not raw:
         return usage_figures.fields(prompt=None, completion=None, total=None)
-    prompt, completion, read, write, write_1h = _figures(raw)
+    prompt, completion, read, write, write_1h, dropped = _figures(raw)
     details = raw.get("output_tokens_details")
     reasoning = usage_figures.number(details, "thinking_tokens")
+    dropped.update(usage_figures.unreadable(details, {"thinking_tokens": "reasoningTokens"}))
     iterations = raw.get("iterations")
     if isinstance(iterations, list):
         for entry in iterations:
             if not isinstance(entry, dict) or entry.get("type") != "compaction":
                 continue
             more = _figures(entry)
-            prompt += more[0]
-            completion += more[1]
+            # An unreadable figure in an iteration makes the whole's figure unknown too.
+            prompt = _both(prompt, more[0])
+            completion = _both(completion, more[1])
             read = _plus(read, more[2])
             write = _plus(write, more[3])
             write_1h = _plus(write_1h, more[4])
+            for name, why in more[5].items():
+                dropped.setdefault(name, f"iterations: {why}")
+    # Reasoning above the output it is part of is dropped and named by the one bound
+    # (sessions_app/usage_bounds.py), not clamped.
     return usage_figures.fields(
         prompt=prompt,
         completion=completion,
-        total=prompt + completion,
+        total=_both(prompt, completion),
         cached=read,
         write=write,
         write_1h=min(write_1h, write) if write_1h is not None and write is not None else None,
-        reasoning=min(reasoning, completion) if reasoning is not None else None,
+        reasoning=reasoning,
+        dropped=dropped,
     )
 
 
@@ -105,12 +112,12 @@ def usage_parts(raw: Any) -> tuple[dict[str, int | None], ...]:
     parts = []
     for entry in iterations:
         if isinstance(entry, dict) and entry.get("type") == "compaction":
-            prompt, completion, read, write, write_1h = _figures(entry)
+            prompt, completion, read, write, write_1h, _ = _figures(entry)
             parts.append(
                 usage_figures.fields(
                     prompt=prompt,
                     completion=completion,
-                    total=prompt + completion,
+                    total=_both(prompt, completion),
                     cached=read,
                     write=write,
                     write_1h=write_1h,
@@ -123,8 +130,16 @@ def _plus(total: int | None, more: int | None) -> int | None:
     return total if more is None else (total or 0) + more
 
 
-def _figures(raw: dict[str, Any]) -> tuple[int, int, int | None, int | None, int | None]:
-    """(prompt, completion, cache reads, cache writes, one-hour writes) of one usage object."""
+def _both(one: int | None, other: int | None) -> int | None:
+    """A sum whose every term must be known (an unreadable term makes it unknown)."""
+    return None if one is None or other is None else one + other
+
+
+def _figures(
+    raw: dict[str, Any],
+) -> tuple[int | None, int | None, int | None, int | None, int | None, dict[str, str]]:
+    """(prompt, completion, cache reads, cache writes, one-hour writes, unreadable figures by
+    API name) of one usage object: an unreadable figure is None, never 0."""
     number = usage_figures.number
     read = number(raw, "cache_read_input_tokens")
     write = number(raw, "cache_creation_input_tokens")
@@ -133,8 +148,27 @@ def _figures(raw: dict[str, Any]) -> tuple[int, int, int | None, int | None, int
     if write is None and isinstance(creation, dict):
         parts = [number(creation, key) for key in creation]
         write = sum(part for part in parts if part is not None) or None
-    prompt = (number(raw, "input_tokens") or 0) + (write or 0) + (read or 0)
-    return prompt, number(raw, "output_tokens") or 0, read, write, write_1h
+    # A part that is there but unreadable (negative, a fraction, `1e400`) makes the prompt
+    # unknown, not smaller: it used to count as 0 (issue 42, row 4).
+    dropped = usage_figures.unreadable(raw, _INPUT_PARTS)
+    prompt: int | None = None
+    if not dropped:
+        prompt = (number(raw, "input_tokens") or 0) + (write or 0) + (read or 0)
+    else:
+        dropped = {"promptTokens": "; ".join(dropped.values())}
+    dropped.update(usage_figures.unreadable(raw, {"output_tokens": "completionTokens"}))
+    completion = number(raw, "output_tokens")
+    if completion is None and "completionTokens" not in dropped:
+        completion = 0
+    return prompt, completion, read, write, write_1h, dropped
+
+
+# The parts of Anthropic's prompt (input_tokens counts only what follows the last breakpoint).
+_INPUT_PARTS = {
+    "input_tokens": "promptTokens",
+    "cache_read_input_tokens": "promptTokens",
+    "cache_creation_input_tokens": "promptTokens",
+}
 
 
 def with_model(body: dict[str, Any], model: str) -> dict[str, Any]:

@@ -318,26 +318,34 @@ def _model_message(parts: list[dict[str, Any]], ids: list[str]) -> ClientMessage
     )
 
 
-def usage(raw: Any) -> dict[str, int | None]:
+def usage(raw: Any) -> dict[str, Any]:
     """`usageMetadata`: `promptTokenCount` is the whole prompt, `cachedContentTokenCount`
-    (served from the cache) included, `toolUsePromptTokenCount` beside it; the model's output is `candidatesTokenCount` plus
-    `thoughtsTokenCount` (thinking is billed as output, and reported apart from it)."""
+    (served from the cache) included, `toolUsePromptTokenCount` beside it; the model's output
+    is `candidatesTokenCount` plus `thoughtsTokenCount` (thinking is billed as output, and
+    reported apart from it: the reasoning tokens)."""
     number = usage_figures.number
     if not isinstance(raw, dict) or not raw:
         return usage_figures.fields(prompt=None, completion=None, total=None)
+    # A figure that is there but unreadable (negative, a fraction, `1e400`) is named, and makes
+    # the sum it is a part of unknown, not smaller (issue 42, row 4).
+    dropped = usage_figures.unreadable(raw, _FIGURES)
     prompt = number(raw, "promptTokenCount")
     # The tool-use prompt (what the model read back from its own tool calls) is reported
     # beside the prompt and billed as input.
     tool_use = number(raw, "toolUsePromptTokenCount")
     if tool_use:
         prompt = (prompt or 0) + tool_use
+    if "promptTokens" in dropped:
+        prompt = None
     candidates = number(raw, "candidatesTokenCount")
     thoughts = number(raw, "thoughtsTokenCount")
     completion = (
         None if candidates is None and thoughts is None else (candidates or 0) + (thoughts or 0)
     )
+    if "completionTokens" in dropped:
+        completion = None
     total = number(raw, "totalTokenCount")
-    if total is None and prompt is not None:
+    if total is None and prompt is not None and "totalTokens" not in dropped:
         total = prompt + (completion or 0)
     return usage_figures.fields(
         prompt=prompt,
@@ -345,7 +353,19 @@ def usage(raw: Any) -> dict[str, int | None]:
         total=total,
         cached=number(raw, "cachedContentTokenCount"),
         reasoning=thoughts,
+        dropped=dropped,
     )
+
+
+# usageMetadata's figures, by the API name of the neutral figure each is (a part of).
+_FIGURES = {
+    "promptTokenCount": "promptTokens",
+    "toolUsePromptTokenCount": "promptTokens",
+    "candidatesTokenCount": "completionTokens",
+    "thoughtsTokenCount": "completionTokens",
+    "totalTokenCount": "totalTokens",
+    "cachedContentTokenCount": "cachedInputTokens",
+}
 
 
 def with_model(body: dict[str, Any], model: str) -> dict[str, Any]:

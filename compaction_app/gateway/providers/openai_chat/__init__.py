@@ -47,7 +47,7 @@ def complete_url(base: str, *, model: str, stream: bool, params: Mapping[str, st
     return base + "/chat/completions"
 
 
-def usage(raw: Any) -> dict[str, int | None]:
+def usage(raw: Any) -> dict[str, Any]:
     """`prompt_tokens` includes `prompt_tokens_details.cached_tokens` (OpenAI caches prefixes
     itself and bills no writes). Streamed, this is the final chunk's usage, present when the
     client asked for `stream_options.include_usage`. `completion_tokens` includes
@@ -63,7 +63,28 @@ def usage(raw: Any) -> dict[str, int | None]:
         reasoning=usage_figures.number(
             details.get("completion_tokens_details"), "reasoning_tokens"
         ),
+        dropped=_unreadable(details),
     )
+
+
+def _unreadable(raw: dict[str, Any]) -> dict[str, str]:
+    """Figures there but not whole numbers of tokens: named (read as absent, never as 0)."""
+    return {
+        **usage_figures.unreadable(raw, _FIGURES),
+        **usage_figures.unreadable(
+            raw.get("prompt_tokens_details"), {"cached_tokens": "cachedInputTokens"}
+        ),
+        **usage_figures.unreadable(
+            raw.get("completion_tokens_details"), {"reasoning_tokens": "reasoningTokens"}
+        ),
+    }
+
+
+_FIGURES = {
+    "prompt_tokens": "promptTokens",
+    "completion_tokens": "completionTokens",
+    "total_tokens": "totalTokens",
+}
 
 
 def with_model(body: dict[str, Any], model: str) -> dict[str, Any]:
@@ -85,7 +106,10 @@ def parse_request(
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise GatewayInputError("messages must be a non-empty array", param="messages")
-    if not _plainly_valid(messages[checked:] if checked else messages):
+    # A retry's body holds only checked messages: nothing left to check (an empty slice is
+    # no failure: it sent a 1,600-message retry through the Python walk, issue 42).
+    unchecked = messages[checked:] if checked else messages
+    if unchecked and not _plainly_valid(unchecked):
         _refuse_messages(messages)
     stream = body.get("stream", False)
     if stream is not None and not isinstance(stream, bool):

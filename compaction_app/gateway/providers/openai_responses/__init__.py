@@ -82,7 +82,7 @@ def complete_url(base: str, *, model: str, stream: bool, params: Mapping[str, st
     return base + "/responses"
 
 
-def usage(raw: Any) -> dict[str, int | None]:
+def usage(raw: Any) -> dict[str, Any]:
     """`input_tokens` includes `input_tokens_details.cached_tokens`; `output_tokens`
     includes `output_tokens_details.reasoning_tokens`."""
     details = raw if isinstance(raw, dict) else {}
@@ -94,6 +94,22 @@ def usage(raw: Any) -> dict[str, int | None]:
         if isinstance(raw, dict)
         else None,
         reasoning=usage_figures.number(details.get("output_tokens_details"), "reasoning_tokens"),
+        dropped={
+            **usage_figures.unreadable(
+                details,
+                {
+                    "input_tokens": "promptTokens",
+                    "output_tokens": "completionTokens",
+                    "total_tokens": "totalTokens",
+                },
+            ),
+            **usage_figures.unreadable(
+                details.get("input_tokens_details"), {"cached_tokens": "cachedInputTokens"}
+            ),
+            **usage_figures.unreadable(
+                details.get("output_tokens_details"), {"reasoning_tokens": "reasoningTokens"}
+            ),
+        },
     )
 
 
