@@ -21,6 +21,7 @@ the lines it ranks highest. See docs/nothing-lost.md.
 from __future__ import annotations
 
 import re
+import sys
 from bisect import bisect_right
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -1115,9 +1116,12 @@ def loss_report(
 ) -> dict[str, object]:
     """Which evidence of the `folded` (seq, text) pairs the `active` context texts still hold.
 
-    `{evidenceBefore, evidenceKept, keptPercent, dropped: [{kind, text, seq}], droppedTotal}`;
-    `dropped` lists at most `max_dropped` items, in seq order. 100 % when nothing was folded.
-    A series of items alike (one kind and shape, `_SERIES_MIN` or more) counts once.
+    `{evidenceBefore, evidenceKept, keptPercent, dropped: [{kind, text, seq}], droppedTotal,
+    droppedReachable}`; `dropped` lists at most `max_dropped` items, in seq order. 100 % when
+    nothing was folded. A series of items alike (one kind and shape, `_SERIES_MIN` or more)
+    counts once. `droppedReachable` counts the dropped items whose event the context cites
+    (`[#42]`, `[#40-#58]`: a summary line or a cleared output's placeholder): not present, but
+    one `ledger_recall` away.
     """
     before = _series_collapsed(extract_many(folded))
     active_texts = list(active)
@@ -1130,6 +1134,7 @@ def loss_report(
     ]
     present = present_literals((_literal(m) for m in members), joined.lower())
     shapes = collapsed_shapes(joined)
+    cited = cited_ranges(active_texts)
     dropped = [
         item for item in before if not _held_any(item, keys=keys, present=present, shapes=shapes)
     ]
@@ -1143,7 +1148,32 @@ def loss_report(
             for item in sorted(dropped, key=lambda i: i.seq)[:max_dropped]
         ],
         "droppedTotal": len(dropped),
+        "droppedReachable": sum(1 for item in dropped if _cited(item.seq, cited)),
     }
+
+
+_CITATION = re.compile(r"\[#(\d+)(?:-#(\d+))?\]")
+
+
+def cited_ranges(texts: Iterable[str]) -> list[tuple[int, int]]:
+    """The seq ranges the citations in `texts` name, merged and sorted."""
+    spans = sorted(
+        (int(m.group(1)), int(m.group(2) or m.group(1)))
+        for text in texts
+        for m in _CITATION.finditer(text)
+    )
+    merged: list[tuple[int, int]] = []
+    for start, end in spans:
+        if merged and start <= merged[-1][1] + 1:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _cited(seq: int, ranges: list[tuple[int, int]]) -> bool:
+    k = bisect_right(ranges, (seq, sys.maxsize)) - 1
+    return k >= 0 and ranges[k][0] <= seq <= ranges[k][1]
 
 
 # --- salience: how much a line tells, measured against its own session ------------------------
@@ -1536,7 +1566,7 @@ class Salience:
             seen.add(line)
             candidate = Candidate(line, information, outcome, signal, index, count, masked[index])
             (found if information >= minimum else spare).append(candidate)
-        frames = _own_frames(raw_lines)
+        frames = own_frames(raw_lines)
         if frames:
             # A stack trace's frame in the project's own code says where the failure is: its
             # line outranks the framework frames around it, whose template it shares.
@@ -1614,7 +1644,7 @@ _OWN_FRAME_POINTS = 4
 _PACKAGE = re.compile(r"\bat ((?:[a-z][\w$]*\.){2})")
 
 
-def _own_frames(lines: list[str]) -> set[int]:
+def own_frames(lines: list[str]) -> set[int]:
     """Indices of the frames of a stack trace in `lines` that say where it failed: the first
     frame not of a runtime, a framework or an installed package, and the first such after each
     `Caused by:` (Java's causes, the project's package first); in a Python traceback (most recent call last), the

@@ -156,7 +156,7 @@ def _projected(*, session: Session, thread: str, plan: Plan, events: Sequence[Pl
     folded = list(
         Event.objects.filter(pk__in=[uuid.UUID(i) for i in plan.fold_ids]).order_by("seq")
     )
-    text = _write_summary(
+    text, _scores = _write_summary(
         session=session,
         thread=thread,
         summarizer="local",
@@ -253,9 +253,11 @@ def _write_summary(
     plan: Plan,
     events: Sequence[PlanEvent],
     folded: Sequence[Event],
-) -> str:
+) -> tuple[str, dict[str, int]]:
     """The new running summary a summarize plan calls for (the run's, and the dry run's when
-    its summarizer is the offline `local` one, so the projection is the run)."""
+    its summarizer is the offline `local` one, so the projection is the run), and what each
+    of its items scored (kept with the summary, so the next run does not let a weaker new
+    item evict a stronger old one)."""
     counter = tokens.counter_for_model(session.model)
     writer = build_summarizer(summarizer, count_tokens=counter.count)
     # A summary never costs more than the events it replaces (the previous summary among
@@ -264,22 +266,26 @@ def _write_summary(
     freed = sum(event.effective_token_count for event in folded)
     budget_text = max(plan.summary_reserve_tokens - SUMMARY_MESSAGE_OVERHEAD, 1)
     max_tokens = min(budget_text, max(freed - SUMMARY_MESSAGE_OVERHEAD, 1))
+    # A thread's run extends its own latest summary, never another thread's.
+    previous = (
+        thread_scope.previous_summary(session=session, thread=thread)
+        if thread
+        else _running_summary_text(session)
+    )
     summary_text = writer.summarize(
-        # A thread's run extends its own latest summary, never another thread's.
-        previous_summary=(
-            thread_scope.previous_summary(session=session, thread=thread)
-            if thread
-            else _running_summary_text(session)
-        ),
+        previous_summary=previous,
         messages=_summary_messages(folded),
         max_tokens=max_tokens,
         kept_text=_kept_text(events, plan),
+        context=_context_messages(events),
+        previous_scores=thread_scope.summary_scores(session=session, thread=thread, text=previous),
     ).strip()
     if not summary_text:
         raise SummarizerError("the summarizer returned an empty summary", permanent=True)
     # Hold the whole summary message within the plan's reserve so tokens_after is a bound.
-    return tokens.truncate_to_tokens(
-        summary_text, max_tokens=max_tokens, count_tokens=counter.count
+    return (
+        tokens.truncate_to_tokens(summary_text, max_tokens=max_tokens, count_tokens=counter.count),
+        dict(writer.chosen_scores),
     )
 
 
@@ -302,9 +308,38 @@ def _summary_messages(events: Sequence[Event]) -> list[SummaryMessage]:
                 content=content if isinstance(content, str) else str(content),
                 name=event.name,
                 seq=event.seq,
+                tool_call_id=event.tool_call_id,
             )
         )
     return messages
+
+
+_ROLES: dict[str, str] = {
+    EventType.SYSTEM_PROMPT: "system",
+    EventType.USER_MESSAGE: "user",
+    EventType.CONTEXT_REFRESH: "user",
+    EventType.AGENT_MESSAGE: "assistant",
+    EventType.TOOL_CALL: "assistant",
+    EventType.TOOL_RESULT: "tool",
+}
+
+
+def _context_messages(events: Sequence[PlanEvent]) -> list[SummaryMessage]:
+    """The whole conversation the run sees, in order (the summarizer reads what each folded
+    output answered and what was said of it later from it)."""
+    return [
+        SummaryMessage(
+            event_id=e.id,
+            type=e.type,
+            role=_ROLES.get(e.type, "user"),
+            content=e.content,
+            name=e.name,
+            seq=e.seq,
+            tool_call_id=e.tool_call_id,
+        )
+        for e in events
+        if e.type != EventType.COMPACTION
+    ]
 
 
 def _kept_text(events: Sequence[PlanEvent], plan: Plan) -> str:
@@ -449,8 +484,9 @@ def _execute(run: CompactionRun) -> CompactionRun:
     folded = list(Event.objects.filter(pk__in=fold_ids).order_by("seq"))
 
     summary_text = ""
+    summary_scores: dict[str, int] = {}
     if plan.needs_summary and folded:
-        summary_text = _write_summary(
+        summary_text, summary_scores = _write_summary(
             session=session,
             thread=run.thread,
             summarizer=run.summarizer,
@@ -477,6 +513,7 @@ def _execute(run: CompactionRun) -> CompactionRun:
             fold_ids=fold_ids,
             folded=folded,
             summary_text=summary_text,
+            summary_scores=summary_scores,
             report=report,
             tokens_before=tokens_before,
             events_before=events_before,
@@ -495,6 +532,7 @@ def _apply(
     fold_ids: list[uuid.UUID],
     folded: list[Event],
     summary_text: str,
+    summary_scores: dict[str, int],
     report: dict[str, Any] | None,
     tokens_before: int,
     events_before: int,
@@ -549,6 +587,8 @@ def _apply(
                         "trigger": run.trigger,
                         # The summary belongs to the thread it compacted.
                         **({"thread": run.thread} if run.thread else {}),
+                        # What its items scored (the next run's `previous_scores`).
+                        **({"summaryScores": summary_scores} if summary_scores else {}),
                     },
                 )
             ],

@@ -20,7 +20,7 @@ from typing import Protocol
 # OpenAI's chat accounting; sessions_app.tokens is pure (tiktoken loads lazily), no Django.
 from sessions_app.tokens import MESSAGE_OVERHEAD, REPLY_PRIMER, context_tokens
 
-from .evidence import Candidate, Salience, quoted_line
+from . import relevance
 from .types import (
     AGENT_MESSAGE,
     COMPACTION,
@@ -395,28 +395,36 @@ def _is_call_group(unit: _Unit) -> bool:
 # --- clear_tool_results ----------------------------------------------------------------------
 
 
-# What a cleared tool result keeps of its output: its most salient lines, ranked against the
-# whole context by the summarizer's own selection (`evidence.Salience.candidates`): a one-off
-# FailedScheduling reason, a TSnnnn code at file:line:col, `BUILD FAILED in …`, a CVE. Their
+# What a cleared tool result keeps of its output: its records the conversation points at
+# (compaction_app/relevance.py, the ranking the local summarizer quotes from): what answers the
+# request it served, what the agent later named or reacted to, the verdict among its siblings
+# (the pod in CrashLoopBackOff, the TSnnnn error at file:line:col, `BUILD FAILED in …`). Their
 # text is bounded by the smaller of two limits, so clearing still frees most of what it touches
 # (the gateway clears first only when that alone reaches `fitTargetRatio`; a heavier
 # placeholder would make it summarize, and move the cached prefix, more often):
-# * half the output's tokens: clearing frees about half or more of every output it clears. A
-#   share as small as 12 % kept 18 of the corpus's 99 facts (tests/fixtures/tool_outputs/:
-#   outputs of 57-616 tokens whose decisive lines are 20-60 tokens each), half keeps 75;
+# * half the output's tokens: clearing frees about half or more of every output it clears;
 # * 160 tokens: 4-8 lines, room for the few facts an output is cleared for; past 320 tokens
 #   the share no longer binds, so an output of 2,000 tokens still frees over 90 % and a
 #   20k-token log keeps 160 tokens, not thousands (search and recall hold the rest).
-# Routine output (the same template again and again) offers no candidates and keeps nothing.
+# Routine output nobody pointed at keeps nothing: its placeholder names it (tool, seq, tokens).
 KEPT_MAX_SHARE = 0.5
 KEPT_MAX_TOKENS = 160
+KEPT_POINTED_TOKENS = 400
 _KEPT_HEADING = "; kept lines:"
+# The least relevance score a record the conversation points at needs to be kept in a
+# placeholder (with room, the others follow).
+_KEPT_CUT = 1.5
 
 
-def tool_placeholder(*, name: str, tokens_freed: int, kept: Sequence[str] = ()) -> str:
-    """The text that replaces a cleared tool result: the tool, the tokens freed and, when any
-    are kept, the output's most salient lines, one a line, in their order in the output."""
-    head = f"{CLEARED_PREFIX} {name or 'tool'} output, {tokens_freed} tokens freed"
+def tool_placeholder(
+    *, name: str, tokens_freed: int, kept: Sequence[str] = (), seq: int = 0
+) -> str:
+    """The text that replaces a cleared tool result: the tool, its seq as a summary cites one
+    (`[#42]`: `ledger_recall` with `seqs: [42]` returns the output whole), the tokens freed
+    and, when any are kept, the output's most telling records, one a line, in their order in
+    the output."""
+    cite = f" [#{seq}]" if seq > 0 else ""
+    head = f"{CLEARED_PREFIX} {name or 'tool'} output{cite}, {tokens_freed} tokens freed"
     if not kept:
         return f"{head}]"
     return head + _KEPT_HEADING + "]" + _kept_block(kept)
@@ -426,34 +434,33 @@ def kept_lines(
     count_tokens: TokenCounter,
     *,
     event: PlanEvent,
-    salience: Salience,
+    outcome: relevance.Outcome,
     room: int | None = None,
-    ranked: tuple[list[Candidate], list[Candidate]] | None = None,
 ) -> tuple[str, ...]:
-    """The lines of `event`'s output its placeholder keeps: the best of the output's lines by
-    `salience` (the same ranking the local summarizer quotes from), taken best first while
-    their text stays within `room` (default: min(`KEPT_MAX_SHARE` of the output's tokens,
-    `KEPT_MAX_TOKENS`)), then put back in their order in the output. When no line reaches the
-    salient cut, the best line carrying a value seen nowhere else in the session is still
-    kept: a placeholder never keeps nothing of an output that holds such a value.
-    Deterministic: same session, same lines."""
+    """The records of `event`'s output its placeholder keeps: best first by `outcome` (the
+    output's ranking by what the conversation says of it), those it points at (and, with
+    more `room` than the default, the next ones), while their text stays within `room`
+    (default: min(`KEPT_MAX_SHARE` of the output's tokens, `KEPT_MAX_TOKENS`)), then put back
+    in their order in the output. Deterministic: same session, same lines."""
+    pointed = [r for r in outcome.ranked if r.pointed_at and r.score >= _KEPT_CUT]
+    grown = room is not None and room > KEPT_MAX_TOKENS
     if room is None:
-        room = min(int(event.token_count * KEPT_MAX_SHARE), KEPT_MAX_TOKENS)
+        # The records the conversation points at, up to KEPT_POINTED_TOKENS: an output the
+        # agent worked from keeps what it worked from; one nobody looked at keeps nothing.
+        wanted = sum(len(r.record.quoted) // 4 + 2 for r in pointed)
+        room = min(
+            int(event.token_count * KEPT_MAX_SHARE),
+            max(KEPT_MAX_TOKENS, min(wanted, KEPT_POINTED_TOKENS)),
+        )
     if room <= 0:
         return ()
-    # `ranked`: the output's ranking when the caller already has it (it costs a pass).
-    salient, spares = ranked if ranked is not None else salience.ranked(event.content)
-    offered = (
-        [*salient, *(c for c in spares if c.information >= 0)]
-        if room > KEPT_MAX_TOKENS
-        else salient
-    )
-    if not salient:
-        offered = [c for c in spares if salience.has_unique_value(c.line)][:1] + offered
+    # With room to give, the rest of the output follows in rank order: the room is there to
+    # keep more of what the model saw.
+    offered = pointed + ([r for r in outcome.ranked if r not in pointed] if grown else [])
     chosen: list[tuple[int, str]] = []
     used = 0
-    for candidate in offered:
-        line = quoted_line(candidate.line)
+    for ranked in offered:
+        line = ranked.record.quoted
         if not line or any(line == kept for _, kept in chosen):
             continue
         # Each line costs its tokens plus its newline (one token in cl100k/o200k); measured
@@ -461,7 +468,7 @@ def kept_lines(
         cost = count_tokens(line) + 1
         if used + cost > room:
             continue  # a shorter, lower-ranked line may still fit
-        chosen.append((candidate.index, line))
+        chosen.append((ranked.record.index, line))
         used += cost
     # The bound holds for the block as the placeholder writes it (a line ending in punctuation
     # may share a token with its newline): drop the lowest-ranked lines until it does.
@@ -493,7 +500,9 @@ def _price_placeholder(
     freed = event.token_count
     text, cost = "", 0
     for _ in range(6):
-        text = tool_placeholder(name=event.name, tokens_freed=max(freed, 0), kept=kept)
+        text = tool_placeholder(
+            name=event.name, tokens_freed=max(freed, 0), kept=kept, seq=event.seq
+        )
         cost = _placeholder_cost(count_tokens, name=event.name, text=text)
         if event.token_count - cost == freed:
             break
@@ -525,27 +534,42 @@ def clear_tool_results(
     keep = max(budget.keep_recent_tool_results, 0)
     older = results[: len(results) - keep] if keep else results
     cleared: list[ClearedResult] = []
-    salience: Salience | None = None
+    conversation: relevance.Conversation | None = None
+    position = {e.id: k for k, e in enumerate(events)}
+    outcomes: list[relevance.Outcome] = []
     clearable: list[PlanEvent] = []
     for event in older:
         # Re-clearing a placeholder could "save" a token by shrinking its number: pointless churn.
         if event.pinned or event.content.startswith(CLEARED_PREFIX):
             continue
-        if salience is None:
-            # Rarity is judged against the whole context being compacted, as the summarizer
-            # judges it against what it folds; built once, and only when something is cleared.
-            salience = Salience(e.content for e in events)
-        kept = kept_lines(count_tokens, event=event, salience=salience)
+        if conversation is None:
+            # What the conversation says of each output: built once over the whole context
+            # being compacted, and only when something is cleared.
+            conversation = relevance.Conversation(
+                [
+                    relevance.Message(
+                        type=e.type,
+                        content=e.content,
+                        seq=e.seq,
+                        name=e.name,
+                        tool_call_id=e.tool_call_id,
+                    )
+                    for e in events
+                ]
+            )
+        outcome = conversation.rank(position[event.id])
+        kept = kept_lines(count_tokens, event=event, outcome=outcome)
         priced = _price_placeholder(count_tokens, event=event, kept=kept)
         if priced is None:
             continue
         text, cost, freed = priced
         clearable.append(event)
+        outcomes.append(outcome)
         cleared.append(
             ClearedResult(event_id=event.id, placeholder=text, token_count=cost, tokens_freed=freed)
         )
     before = context_cost(events)
-    if salience is not None and cleared:
+    if conversation is not None and cleared:
         room = _clearing_room(
             budget,
             after=before - sum(c.tokens_freed for c in cleared),
@@ -557,12 +581,13 @@ def clear_tool_results(
             room -= cleared[-1].tokens_freed
             cleared.pop()
             clearable.pop()
+            outcomes.pop()
         if cleared:
             cleared = _grow_into_room(
                 count_tokens,
                 cleared=cleared,
                 events=clearable,
-                salience=salience,
+                outcomes=outcomes,
                 room=room,
             )
     return Plan(
@@ -602,36 +627,36 @@ def _grow_into_room(
     *,
     cleared: list[ClearedResult],
     events: list[PlanEvent],
-    salience: Salience,
+    outcomes: list[relevance.Outcome],
     room: int,
 ) -> list[ClearedResult]:
-    """Placeholders that keep more of their outputs when clearing leaves room below the target:
-    a compaction that leaves the window half empty while dropping facts wastes the room it was
-    given. The room is shared out by what each output holds, not evenly: an output's share
-    follows the tokens of its lines that outrank routine, so a log of one-off values gets
-    more than a listing of repeats. Only lines that outrank routine are offered, so the
-    routine of an output always goes."""
+    """Placeholders that keep more of their outputs when clearing leaves room below the target
+    (the newest outputs kept whole came first): the room is shared out by what each output
+    holds, weighted by what the conversation points at, not evenly; each keeps its records
+    best first."""
     room = int(room * ROOM_SHARE)
     if room <= 0:
         return cleared
     worth: list[int] = []
-    rankings = [salience.ranked(event.content) for event in events]
-    for salient, spares in rankings:
-        lines = [*salient, *(c for c in spares if c.information >= 0)]
-        worth.append(sum(len(c.line) for c in lines) // 4)
+    for outcome in outcomes:
+        # Its records' size, weighted by how much the conversation points at each: an output
+        # of facts the agent worked from gets a larger share than a routine listing.
+        worth.append(
+            int(sum(len(r.record.quoted) * (1 + max(r.score, 0)) for r in outcome.ranked) // 4)
+        )
     total = sum(worth)
     if total <= 0:
         return cleared
     grown: list[ClearedResult] = []
     spent = 0
-    for result, event, value, ranking in zip(cleared, events, worth, rankings, strict=True):
+    for result, event, value, outcome in zip(cleared, events, worth, outcomes, strict=True):
         base = min(int(event.token_count * KEPT_MAX_SHARE), KEPT_MAX_TOKENS)
         # The placeholder's own words (tool, tokens freed) cost about 20 tokens.
         share = min(int(event.token_count * ROOM_MAX_SHARE) - 24, base + room * value // total)
         if share <= base or value <= 0:
             grown.append(result)
             continue
-        kept = kept_lines(count_tokens, event=event, salience=salience, room=share, ranked=ranking)
+        kept = kept_lines(count_tokens, event=event, outcome=outcome, room=share)
         priced = _price_placeholder(count_tokens, event=event, kept=kept)
         if priced is None or (kept and _KEPT_HEADING not in priced[0]):
             # Kept whole it would save nothing: the baseline placeholder stands.

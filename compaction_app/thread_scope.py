@@ -48,6 +48,26 @@ def previous_summary(*, session: Session, thread: str) -> str:
     return latest or ""
 
 
+def summary_scores(*, session: Session, thread: str, text: str) -> dict[str, int]:
+    """What the items of the summary `text` scored when they were chosen: kept in the
+    metadata of the COMPACTION event that holds it (the thread's, or the session's running
+    summary's), {} when none does."""
+    if not text:
+        return {}
+    events = Event.objects.filter(session=session, type=EventType.COMPACTION, reverted=False)
+    metadata = (
+        scoped(events, session=session, thread=thread)
+        .filter(content=text)
+        .order_by("-seq")
+        .values_list("metadata", flat=True)
+        .first()
+    )
+    scores = (metadata or {}).get("summaryScores") if isinstance(metadata, dict) else None
+    if not isinstance(scores, dict):
+        return {}
+    return {str(k): int(v) for k, v in scores.items() if isinstance(v, int | float)}
+
+
 def keeps_running_summary(*, session: Session, thread: str) -> bool:
     """Whether a run updates the session's running summary: a run over the whole ledger and
     one of the main thread do (the session's summary is its main thread's); a side thread's

@@ -41,6 +41,12 @@ class LossReportSerializer(serializers.Serializer):
     keptPercent = serializers.FloatField()
     dropped = DroppedEvidenceSerializer(many=True)
     droppedTotal = serializers.IntegerField()
+    # Absent from reports stored before it existed.
+    droppedReachable = serializers.IntegerField(
+        required=False,
+        help_text="Dropped items whose event the context cites ([#42] in a summary line or a "
+        "cleared output's placeholder): not present, but one ledger_recall away.",
+    )
 
 
 class CompactionSerializer(serializers.Serializer):

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -33,6 +34,14 @@ class SummaryMessage:
     name: str = ""
     # The event's seq in its session; summaries cite it (`[#812]`). 0 = unknown.
     seq: int = 0
+    # A TOOL_CALL's or TOOL_RESULT's call id: which call an output answers.
+    tool_call_id: str = ""
+
+
+def score_key(text: str) -> str:
+    """A summary item's key for its score (its words, case and spacing aside), short."""
+    words = " ".join(text.lower().split()).rstrip(".")
+    return hashlib.blake2b(words.encode(), digest_size=6).hexdigest()
 
 
 class Summarizer(ABC):
@@ -53,6 +62,15 @@ class Summarizer(ABC):
     # What the context keeps verbatim after this run (the events not folded). A summarizer may
     # use it to avoid repeating what the model will see anyway; providers ignore it.
     kept_text: str = ""
+    # The whole conversation the run sees, in order, folded events and kept ones alike (the
+    # kept user requests say what each folded output answered; the kept agent messages what
+    # it referred to). Empty when the caller has only the folded messages.
+    context: Sequence[SummaryMessage] = ()
+    # What each item of the previous summary scored when it was chosen (by `score_key` of its
+    # text): a summarizer that ranks items keeps an old item against weaker new ones. Filled
+    # in by summarizers that rank (`chosen_scores` after a run), ignored by the others.
+    previous_scores: Mapping[str, int] = {}
+    chosen_scores: dict[str, int] = {}
 
     def summarize(
         self,
@@ -61,8 +79,13 @@ class Summarizer(ABC):
         messages: Sequence[SummaryMessage],
         max_tokens: int,
         kept_text: str = "",
+        context: Sequence[SummaryMessage] = (),
+        previous_scores: Mapping[str, int] | None = None,
     ) -> str:
         self.kept_text = kept_text
+        self.context = context
+        self.previous_scores = dict(previous_scores or {})
+        self.chosen_scores = {}
         summary = previous_summary
         for piece in self._pieces(
             messages, reserve=self._piece_reserve(previous_summary, max_tokens)

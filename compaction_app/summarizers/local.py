@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
+from compaction_app import relevance
 from compaction_app.evidence import (
     FILE_PATH,
     URL,
@@ -25,15 +26,12 @@ from compaction_app.evidence import (
     extract,
     parameters_of,
     present_literals,
-    quoted_line,
-    segmented,
     shape_of,
-    template_of,
 )
 from sessions_app.event_types import EventType
 from sessions_app.tokens import truncate_to_tokens
 
-from .base import Summarizer, SummaryMessage, register
+from .base import Summarizer, SummaryMessage, register, score_key
 
 __all__ = ["SECTIONS", "LocalSummarizer"]
 
@@ -478,6 +476,16 @@ def _named(text: str) -> set[str]:
 # --- the summarizer ----------------------------------------------------------------------------
 
 _COLLAPSE_AFTER = 3
+# An output's records (compaction_app/relevance.py): offered, kept as items, and the least a
+# record's relevance score must be to be an item or a spare.
+_RECORDS_OFFERED = 8
+_RECORDS_KEPT = 4
+_RECORD_CUT = 2.0
+_CALL_CUT = 3.5
+_SPARE_CUT = 1.0
+# An item's points per point of relevance score, less this per better record of its output.
+_RECORD_POINTS = 1
+_RECORD_RANK_STEP = 1
 # A spare line (see `_Collector.add_spare`) ranks by its salience plus this per evidence item.
 _SPARE_POINTS_PER_ITEM = 2
 # ... less a point per this many characters of it (about four tokens).
@@ -493,6 +501,9 @@ _ISSUE_KINDS = frozenset({"exit", "signal", "error", "error_code", "http_status"
 # (about 4 characters a token, its citation included), so at 256 tokens three short facts
 # outrank one long line that tells as much, while at the auto budget the ranking barely moves.
 _ROOM_SHARE = 64
+# Diversity within a section: its n-th best item loses a point per better one, up to this many
+# (a section of many strong facts must not lose them to a weak item of an empty section).
+_SECTION_RANK_CAP = 4
 _CITATION_CHARS = 12
 
 
@@ -714,6 +725,11 @@ class LocalSummarizer(Summarizer):
     name = "local"
     # What is routine in the session being summarized (set per `summarize` call).
     salience: Salience | None = None
+    # What the conversation says about each folded output (set per `summarize` call), and
+    # where each folded message sits in it.
+    conversation: relevance.Conversation | None = None
+    _positions: dict[int, int]
+    _by_seq = False
 
     def summarize(
         self,
@@ -722,19 +738,52 @@ class LocalSummarizer(Summarizer):
         messages: Sequence[SummaryMessage],
         max_tokens: int,
         kept_text: str = "",
+        context: Sequence[SummaryMessage] = (),
+        previous_scores: Mapping[str, int] | None = None,
     ) -> str:
         # Rarity is judged against everything folded in this run, not one input piece: a line
         # routine across the session stays routine in the piece that happens to hold it once.
         self.salience = Salience(message.content for message in messages)
+        # An output's records are judged by the conversation around it: the request it
+        # serves, what the agent says of it later, its siblings. The whole conversation when
+        # the caller gives it (the kept requests and messages in their places), else the
+        # folded messages with the kept text after them.
+        whole = bool(context) and all(m.seq for m in context) and all(m.seq for m in messages)
+        sequence = context if whole else messages
+        self.conversation = relevance.Conversation(
+            [
+                relevance.Message(
+                    type=m.type,
+                    content=m.content,
+                    seq=m.seq,
+                    name=m.name,
+                    tool_call_id=m.tool_call_id,
+                )
+                for m in sequence
+            ],
+            later_text="" if whole else kept_text,
+        )
+        self._positions = (
+            {m.seq: k for k, m in enumerate(sequence)}
+            if whole
+            else {id(m): k for k, m in enumerate(messages)}
+        )
+        self._by_seq = whole
         try:
             return super().summarize(
                 previous_summary=previous_summary,
                 messages=messages,
                 max_tokens=max_tokens,
                 kept_text=kept_text,
+                context=context,
+                previous_scores=previous_scores,
             )
         finally:
             self.salience = None
+            self.conversation = None
+
+    def _position(self, message: SummaryMessage) -> int | None:
+        return self._positions.get(message.seq if self._by_seq else id(message))
 
     def _pieces(
         self, messages: Sequence[SummaryMessage], *, reserve: int
@@ -782,7 +831,15 @@ class LocalSummarizer(Summarizer):
                 # The first request of the session is its intent: keep it above later ones.
                 bonus = 4 if section == _REQUEST and not previous_first_seen else 1
                 previous_first_seen = previous_first_seen or section == _REQUEST
-                collector.add(section, text, _rescore(section, text, self._salience()) + bonus)
+                # An old item keeps the score it earned when it was chosen (a weaker new item
+                # never evicts it); one whose score was not kept is scored again.
+                earned = self.previous_scores.get(score_key(text))
+                score = (
+                    earned
+                    if earned is not None
+                    else _rescore(section, text, self._salience()) + bonus
+                )
+                collector.add(section, text, score)
 
         for index, message in enumerate(messages):
             role = message.role
@@ -792,9 +849,10 @@ class LocalSummarizer(Summarizer):
                 calls.append(label)
                 files[:0] = [p for p in paths if p not in files]
                 counts["tool"] += 1
+                self._tool_call(collector, self._position(message), message.name, seq=message.seq)
                 continue
             if message.type == EventType.TOOL_RESULT or role == "tool":
-                self._tool_result(collector, content, message.name, seq=message.seq)
+                self._tool_result(collector, self._position(message), message.name, seq=message.seq)
                 counts["tool"] += 1
                 continue
             if content.startswith(_REFRESH_PREFIX) and "## " in content:
@@ -861,17 +919,9 @@ class LocalSummarizer(Summarizer):
         if files:
             unique = list(dict.fromkeys(f for f in files if f))[:_MAX_FILES]
             collector.add(_WORKING, "Files touched: " + ", ".join(unique), 10, seq=batch_last)
-        if calls:
-            collector.add(
-                _WORKING,
-                "Recent tool calls: " + "; ".join(calls[-_MAX_CALLS:]),
-                6,
-                seq=batch_last,
-            )
-        else:
-            for text in previous.get(_WORKING, []):
-                if text.startswith("Recent tool calls:"):
-                    collector.add(_WORKING, text, 5)
+        # The calls worth quoting are items of their own (`_tool_call`): an edit's lines, a
+        # command that changed something, one asked for or named later; no list of the last
+        # few calls whatever they were.
         keys = set(collector.items)
         spares = _spares_by_merit(
             [i for i in collector.spares.values() if _key(i.text) not in keys],
@@ -916,85 +966,66 @@ class LocalSummarizer(Summarizer):
                 section = _TECH
             collector.add(section, sentence, _score(section, sentence), seq=seq)
 
-    def _tool_result(self, collector: _Collector, content: str, name: str, *, seq: int) -> None:
-        # Only the lines an error pattern matches, found by literal search: tool output can be
-        # megabytes of code, so it is never split into sentences.
-        added: set[str] = set()  # lines of this output already added
-        salience = self._salience()
+    def _tool_call(
+        self, collector: _Collector, position: int | None, name: str, *, seq: int
+    ) -> None:
+        """A call worth quoting (`relevance.Conversation.call`): an edit's added lines, a
+        command that changed something, one the user asked for or later messages name."""
+        conversation = self.conversation
+        if conversation is None or position is None:
+            return
+        ranked = conversation.call(position)
+        if ranked is None or ranked.score < _CALL_CUT:
+            return
         label = re.sub(r"[^\w.-]", "_", name) or "tool"
-        lines = _lines_matching(content, _TOOL_ERROR_NEEDLES, _TOOL_ERROR)
-        shapes: set[str] = set()
-        for raw in lines:
-            line = quoted_line(raw)
-            item = f"{label} output: {line}"
-            if len(shapes) >= _MAX_TOOL_ERRORS:
-                # Past the first few error lines, only repeats of one of them are counted
-                # (into its collapsed line); new shapes would crowd the output's other facts.
-                if shape_of(_clip(item)) in shapes:
-                    collector.add(_ISSUES, item, 1, seq=seq, collapse=True)
+        section = _CHANGES if ranked.change else _TECH
+        text = f"{label} call: {ranked.text}"
+        collector.add(
+            section, text, _BASE[section] + int(round(_RECORD_POINTS * ranked.score)), seq=seq
+        )
+
+    def _tool_result(
+        self, collector: _Collector, position: int | None, name: str, *, seq: int
+    ) -> None:
+        """An output's records as items, by what the conversation says of them
+        (`relevance`): what answers the request, what the agent later names or reacted to,
+        the verdict among siblings. The best few are items; the next ones spares."""
+        conversation = self.conversation
+        if conversation is None or position is None or position not in conversation.contexts:
+            return
+        outcome = conversation.rank(position)
+        label = re.sub(r"[^\w.-]", "_", name) or "tool"
+        kept = offered = 0
+        itemized: set[tuple[str, ...]] = set()
+        for ranked in outcome.ranked:
+            template = ranked.record.template
+            text = f"{label} output: {ranked.record.quoted}"
+            if template in itemized:
+                # Another line of a kind this output already gave an item for (the fortieth
+                # `bad row N`): counted into it, not a line of its own.
+                collector.add(_ISSUES, text, 1, seq=seq, collapse=True)
                 continue
-            shapes.add(shape_of(_clip(item)))
-            added.add(_key(_clip(item)))
-            # An error line ranks by what it tells in this session: one of a kind outranks
-            # the eightieth repeat of `bad row N` (which collapses into one line anyway).
-            information, _outcome, _signal = salience.information(raw)
-            score = max(_score(_ISSUES, item), _BASE[_ISSUES] + information)
-            collector.add(_ISSUES, item, score, seq=seq, collapse=True)
-        # The lines that tell the most, ranked against the whole session (`Salience`): a rare
-        # template, rare named values, a failure, a command's outcome. The room an output gets
-        # follows what it tells: each further line of one output costs a point, so a long
-        # output of routine lines adds nothing and one with five one-off facts keeps five.
-        on_line: dict[str, list[str]] = {}
-        for found in extract(segmented(content), seq=seq):
-            on_line.setdefault(found.line, []).append(found.kind)
-        salient, spares = salience.ranked(content)
-        for rank, candidate in enumerate(salient):
-            line = quoted_line(candidate.line)
-            text = f"{label} output: {line}"
-            if _key(_clip(text)) in added:
+            if offered >= _RECORDS_OFFERED:
                 continue
-            added.add(_key(_clip(text)))
-            kinds = on_line.get(candidate.line, ())
-            section = _tool_line_section(candidate.signal, candidate.outcome, kinds)
-            collector.add(
-                section,
-                text,
-                max(
-                    1, _BASE[section] + candidate.information - rank - len(line) // _CHARS_PER_POINT
-                ),
-                seq=seq,
-                # Repeats of a pattern collapse into one line with their count; two lines of
-                # a template seen twice in the session (two bisects' first bad commits) are
-                # two facts.
-                # A routine tally (`37 passed in 9.36s` after every test run) collapses too.
-                collapse=section in (_ISSUES, _STATUS) and candidate.repeats > _COLLAPSE_AFTER,
-            )
-        # The next-best lines fill what budget the salient ones leave: those that name things
-        # (identifiers, paths, numbers: what the loss report counts), ranked by what they tell
-        # plus how many such items they carry, less a point per few characters (a short
-        # line naming one thing costs less room than a long one naming as much). Never a
-        # command's echo (`ranked` offers none): without its outcome it says only what was
-        # tried.
-        for candidate in spares:
-            kinds = on_line.get(candidate.line, ())
-            # What the line names: the extractor's evidence, or values rare in the session
-            # (an instance id, `pkg@version`, `key: value`, a frame's `File.java:214`) in any
-            # format the extractor has no rule for.
-            rare = salience.rare_values(candidate.line)
-            if not kinds and not rare:
-                continue
-            line = quoted_line(candidate.line)
-            text = f"{label} output: {line}"
-            if _key(_clip(text)) in added:
-                continue
-            score = (
-                candidate.information
-                + _SPARE_POINTS_PER_ITEM * max(len(kinds), len(rare))
-                - len(line) // _SPARE_CHARS_PER_POINT
-            )
-            collector.add_spare(
-                text, score, template=candidate.template or template_of(line), seq=seq
-            )
+            score = int(round(_RECORD_POINTS * ranked.score)) - _RECORD_RANK_STEP * offered
+            offered += 1
+            if ranked.score >= _RECORD_CUT and ranked.pointed_at and kept < _RECORDS_KEPT:
+                if relevance.is_failure(ranked.record.text):
+                    section = _ISSUES
+                elif relevance.is_outcome(ranked.record.text):
+                    section = _STATUS
+                else:
+                    section = _TECH
+                # A failure that comes again and again (the same bad row, run after run) is
+                # one line with its count and the seqs it spans.
+                repeated = conversation.templates[template] > _COLLAPSE_AFTER
+                collapse = repeated and section in (_ISSUES, _STATUS)
+                collector.add(section, text, _BASE[section] + score, seq=seq, collapse=collapse)
+                if collapse:
+                    itemized.add(template)
+                kept += 1
+            elif ranked.score >= _SPARE_CUT:
+                collector.add_spare(text, score, template=" ".join(template), seq=seq)
 
     def _salience(self) -> Salience:
         if self.salience is None:
@@ -1030,13 +1061,15 @@ class LocalSummarizer(Summarizer):
             id(item): item.score - penalty
             for item, penalty in zip(ranked, _shape_penalties(ranked), strict=True)
         }
-        # Diversity within a section: the n-th best item of a section loses 2n points, so one
-        # chatty section (say, a hundred failing-test lines) cannot crowd the others out.
+        # Diversity within a section: the n-th best item of a section loses n points (at most
+        # _SECTION_RANK_CAP), so one chatty section cannot crowd the others out.
         by_section: dict[str, list[_Item]] = {}
         for item in sorted(ranked, key=lambda i: (-adjusted[id(i)], -i.score, -i.order)):
             by_section.setdefault(item.section, []).append(item)
         effective = {
-            id(item): adjusted[id(item)] - 2 * rank - _room_cost(item, max_tokens)
+            id(item): adjusted[id(item)]
+            - min(rank, _SECTION_RANK_CAP)
+            - _room_cost(item, max_tokens)
             for section_items in by_section.values()
             for rank, item in enumerate(section_items)
         }
@@ -1144,4 +1177,9 @@ class LocalSummarizer(Summarizer):
                 max_tokens=max_tokens,
                 count_tokens=self.count_tokens,
             )
+        self.chosen_scores = {
+            score_key(item.text): item.score
+            for item in chosen
+            if not _FOLDED_SO_FAR.match(item.text)
+        }
         return self._render(chosen)

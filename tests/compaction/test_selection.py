@@ -14,7 +14,7 @@ from compaction_app.evidence import loss_report
 from compaction_app.strategies import SUMMARY_MESSAGE_OVERHEAD, clear_tool_results, summarize
 from compaction_app.summarizers.base import SummaryMessage
 from compaction_app.summarizers.local import LocalSummarizer
-from compaction_app.types import Budget, PlanEvent
+from compaction_app.types import Budget, Plan, PlanEvent
 from sessions_app import tokens
 
 pytestmark = pytest.mark.profile_independent
@@ -37,6 +37,7 @@ class Ledger:
         self.events: list[PlanEvent] = []
         self.seq = 0
         self.summary = ""
+        self.scores: dict[str, int] = {}
 
     def add(self, type_: str, content: str, *, name: str = "", call: str = "") -> None:
         self.seq += 1
@@ -67,25 +68,33 @@ class Ledger:
         folded = [e for e in self.events if e.id in folding and e.type != "COMPACTION"]
         kept = [e for e in self.events if e.id not in folding]
         freed = sum(e.token_count for e in self.events if e.id in folding)
-        self.summary = LocalSummarizer(count_tokens=COUNTER.count).summarize(
+        writer = LocalSummarizer(count_tokens=COUNTER.count)
+
+        def message(e: PlanEvent) -> SummaryMessage:
+            return SummaryMessage(
+                event_id=e.id,
+                type=e.type,
+                role=ROLES[e.type],
+                content=e.content,
+                name=e.name,
+                seq=e.seq,
+                tool_call_id=e.tool_call_id,
+            )
+
+        # As a run calls it (compaction_app/services.py): the whole conversation beside the
+        # folded messages, and the scores the previous summary's items earned.
+        self.summary = writer.summarize(
             previous_summary=self.summary,
-            messages=[
-                SummaryMessage(
-                    event_id=e.id,
-                    type=e.type,
-                    role=ROLES[e.type],
-                    content=e.content,
-                    name=e.name,
-                    seq=e.seq,
-                )
-                for e in folded
-            ],
+            messages=[message(e) for e in folded],
             max_tokens=min(
                 plan.summary_reserve_tokens - SUMMARY_MESSAGE_OVERHEAD,
                 freed - SUMMARY_MESSAGE_OVERHEAD,
             ),
             kept_text="\n".join(e.content for e in kept if e.type != "COMPACTION"),
+            context=[message(e) for e in self.events if e.type != "COMPACTION"],
+            previous_scores=self.scores,
         )
+        self.scores = dict(writer.chosen_scores)
         self.events = kept
         self.add("COMPACTION", self.summary)
         return self.summary
@@ -161,26 +170,28 @@ def test_it_quotes_a_value_deep_inside_a_document_printed_on_one_line() -> None:
     assert "LEDGER_DRIFT" in summary
 
 
-def test_it_keeps_in_a_placeholder_the_line_whose_value_occurs_nowhere_else() -> None:
-    """A listing of checksums has no line that stands out by its words; the one checksum the
-    session names nowhere else is still what the placeholder keeps, never nothing."""
+def test_it_keeps_in_a_placeholder_the_checksum_that_does_not_match() -> None:
+    """A listing of checksums has no line that stands out by its words; the file listed with
+    one sum and computed with another is the mismatch, both sides of it, never a checksum
+    that is merely seen once (every checksum is)."""
     rng = random.Random(2)
     ledger = Ledger()
     ledger.add("SYSTEM_PROMPT", "You are a release agent.")
     ledger.add("USER_MESSAGE", "Verify the artifacts.")
-    known = [f"{rng.getrandbits(256):064x}" for _ in range(12)]
     for turn in range(12):
-        # Every artifact's checksum is printed again and again by the routine checks ...
+        fresh = [f"{rng.getrandbits(256):064x}" for _ in range(12)]
         ledger.tool(
-            f"check-{turn}", "\n".join(f"{h}  dist/pkg-{i}.tar.gz" for i, h in enumerate(known))
+            f"check-{turn}", "\n".join(f"{h}  dist/pkg-{i}.tar.gz" for i, h in enumerate(fresh))
         )
-    # ... but one listing holds a checksum seen nowhere else.
+    listed = [f"{rng.getrandbits(256):064x}" for _ in range(9)]
     odd = f"{rng.getrandbits(256):064x}"
     ledger.tool(
-        "sha256sum",
+        "verify",
         "\n".join(
             [
-                *(f"{h}  dist/pkg-{i}.tar.gz" for i, h in enumerate(known[:8])),
+                *(f"{h}  dist/pkg-{i}.tar.gz" for i, h in enumerate(listed)),
+                "--- computed ---",
+                *(f"{h}  dist/pkg-{i}.tar.gz" for i, h in enumerate(listed[:8])),
                 f"{odd}  dist/pkg-8.tar.gz",
             ]
         ),
@@ -194,12 +205,14 @@ def test_it_keeps_in_a_placeholder_the_line_whose_value_occurs_nowhere_else() ->
         count_tokens=COUNTER.count,
     )
     placeholders = " ".join(c.placeholder for c in plan.cleared)
-    assert odd in placeholders
+    assert odd in placeholders and listed[8] in placeholders
+    assert not any(h in placeholders for h in listed[:8])
 
 
 def test_it_grows_placeholders_into_the_room_clearing_leaves_below_the_target() -> None:
-    """With a target far above what clearing leaves, an output of one-off facts keeps more than
-    the default 160 tokens of its lines; with the target just reached, it keeps the default."""
+    """With a target far above what clearing leaves, an output keeps more of its lines than
+    the records the conversation points at (here none: nobody asked about a shard); with the
+    target just reached, it keeps only those."""
     rng = random.Random(4)
     facts = [
         f"shard-{k:02d} lag_ms={rng.randrange(1000, 9999)} owner=team-{rng.randrange(99)}"
@@ -212,20 +225,28 @@ def test_it_grows_placeholders_into_the_room_clearing_leaves_below_the_target() 
     for turn in range(8):
         ledger.tool(f"tail-{turn}", routine_log(rng))
 
-    def kept(target: int) -> int:
-        plan = clear_tool_results(
+    def plan(target: int) -> Plan:
+        return clear_tool_results(
             events=ledger.events,
             budget=Budget(context_limit=ledger.tokens, target_tokens=target),
             count_tokens=COUNTER.count,
         )
-        placeholder = next(c.placeholder for c in plan.cleared if "lag_ms=" in c.placeholder)
-        assert plan.tokens_after <= max(target, plan.tokens_after)
-        return sum(fact in placeholder for fact in facts)
+
+    def kept(target: int) -> int:
+        cleared = plan(target)
+        placeholder = {c.event_id: c.placeholder for c in cleared.cleared}
+        seen = " ".join(placeholder.get(e.id, e.content) for e in ledger.events)
+        assert cleared.tokens_after <= max(target, cleared.tokens_after)
+        return sum(fact in seen for fact in facts)
 
     tight = kept(1)
-    roomy = kept(ledger.tokens - 1)
-    assert tight < roomy
-    assert roomy >= 30
+    # Room for nearly the whole session: the newer outputs stay whole, the report keeps most
+    # of its lines.
+    assert kept(ledger.tokens - 1) >= 30
+    # Room, but less than the newest routine output would take back whole: the report's
+    # placeholder keeps more of its lines.
+    some = kept(plan(1).tokens_after + 500)
+    assert tight < some
 
 
 # --- runs that follow runs ----------------------------------------------------------------------

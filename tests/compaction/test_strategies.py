@@ -506,11 +506,12 @@ def test_it_clears_old_tool_results_with_an_exact_placeholder_cost() -> None:
     )
     assert [c.event_id for c in plan.cleared] == ["e3", "e5", "e7"]
     first = plan.cleared[0]
-    # "[tool result cleared: grep output, N tokens freed]" is 8 words; 3 + 1 + 8 + 1 = 13.
-    assert first.token_count == 13
-    assert first.tokens_freed == 1221
-    assert first.placeholder == "[tool result cleared: grep output, 1221 tokens freed]"
-    assert plan.tokens_after == plan.tokens_before - (1221 + 1222 + 1223)
+    # "[tool result cleared: grep output [#3], N tokens freed]" is 9 words; 3 + 1 + 9 + 1 = 14.
+    # The seq is cited as a summary cites one: `ledger_recall` fetches the output by it.
+    assert first.token_count == 14
+    assert first.tokens_freed == 1220
+    assert first.placeholder == "[tool result cleared: grep output [#3], 1220 tokens freed]"
+    assert plan.tokens_after == plan.tokens_before - (1220 + 1221 + 1222)
 
 
 def test_it_prices_placeholders_exactly_with_a_real_tokenizer() -> None:
@@ -578,7 +579,12 @@ def _priced(events: list[dict], counter) -> list[PlanEvent]:  # type: ignore[no-
 
 def test_it_keeps_the_salient_lines_of_a_cleared_output_in_its_placeholder() -> None:
     tokens = pytest.importorskip("sessions_app.tokens")
-    from compaction_app.strategies import CLEARED_PREFIX, KEPT_MAX_SHARE, KEPT_MAX_TOKENS
+    from compaction_app.strategies import (
+        CLEARED_PREFIX,
+        KEPT_MAX_SHARE,
+        KEPT_MAX_TOKENS,
+        KEPT_POINTED_TOKENS,
+    )
     from compaction_app.testkit.tool_output_session import buried_session, facts_kept, load_corpus
 
     counter = tokens.get_counter("o200k_base")
@@ -598,18 +604,28 @@ def test_it_keeps_the_salient_lines_of_a_cleared_output_in_its_placeholder() -> 
     cleared = {c.event_id: c for c in first.cleared}
     for fixture in fixtures:
         (event,) = [e for e in events if e.content == fixture.text]
+        (call,) = [
+            e for e in events if e.type == TOOL_CALL and e.tool_call_id == event.tool_call_id
+        ]
         c = cleared[event.id]
-        # Cleared (other code finds it by the prefix), yet the output's facts stay in view.
-        assert c.placeholder.startswith(f"{CLEARED_PREFIX} bash output, {c.tokens_freed} tokens")
-        assert facts_kept(c.placeholder, fixture.facts) == list(fixture.facts), fixture.name
+        # Cleared (other code finds it by the prefix), yet the output's facts stay in view:
+        # its verdicts in the placeholder, what it was run on in the call beside it.
+        assert c.placeholder.startswith(
+            f"{CLEARED_PREFIX} bash output [#{event.seq}], {c.tokens_freed} tokens"
+        )
+        seen = f"{call.content}\n{c.placeholder}"
+        assert facts_kept(seen, fixture.facts) == list(fixture.facts), fixture.name
         # Priced exactly, as the ledger will store it.
         assert c.token_count == tokens.message_tokens(
             counter, role="tool", content=c.placeholder, name="bash"
         )
         assert c.tokens_freed == event.token_count - c.token_count > 0
-        # Bounded: the kept lines cost at most half the output and at most 160 tokens.
+        # Bounded: the kept lines cost at most half the output and at most what the records
+        # the conversation points at take, within 160 … KEPT_POINTED_TOKENS.
         kept = c.placeholder[c.placeholder.index("\n") :]
-        room = min(int(event.token_count * KEPT_MAX_SHARE), KEPT_MAX_TOKENS)
+        room = min(
+            int(event.token_count * KEPT_MAX_SHARE), max(KEPT_MAX_TOKENS, KEPT_POINTED_TOKENS)
+        )
         assert 0 < counter.count(kept) <= room
     assert first.tokens_after == first.tokens_before - sum(c.tokens_freed for c in first.cleared)
     # Deterministic: the same events give the same placeholders, byte for byte.
@@ -629,6 +645,6 @@ def test_it_clears_to_the_bare_placeholder_when_kept_lines_would_free_nothing() 
         budget=budget(keep_recent_tool_results=0, target_tokens=0),
         count_tokens=words,
     ).cleared
-    # With its line the placeholder would cost 3 + 1 + (10 + 8) + 1 = 23 words: nothing freed.
-    assert c.placeholder == "[tool result cleared: grep output, 10 tokens freed]"
-    assert (c.token_count, c.tokens_freed) == (13, 10)
+    # With its line the placeholder would cost 3 + 1 + (11 + 8) + 1 = 24 words: nothing freed.
+    assert c.placeholder == "[tool result cleared: grep output [#3], 9 tokens freed]"
+    assert (c.token_count, c.tokens_freed) == (14, 9)

@@ -119,3 +119,22 @@ def test_it_never_writes_a_summary_larger_than_what_it_folds(worker, alice_api):
     run = compact_and_wait(alice_api, session_id=session_id, strategy="summarize")
     assert run["status"] == "completed"
     assert run["tokensAfter"] <= run["tokensBefore"], run
+
+
+@pytest.mark.django_db(transaction=True)
+def test_it_leaves_at_most_two_fifths_of_a_long_session_after_a_rest_compaction(worker, alice_api):
+    """A long session compacted by hand over REST, on the auto budget: the summary within its
+    bound, recent turns in their share, the context after at most 40 % of before (issue 38's
+    goal; a summary grown into the window's room once kept 81 %)."""
+    session_id = create_session(alice_api, limit=200_000, autoCompact=False)
+    append_events(alice_api, session_id=session_id, events=evidence_turns(400))
+    before = alice_api.get(f"/api/v1/sessions/{session_id}/usage").json()["contextTokens"]
+    run = compact_and_wait(alice_api, session_id=session_id, strategy="summarize")
+    assert run["status"] == "completed"
+    assert run["tokensBefore"] == before
+    after = alice_api.get(f"/api/v1/sessions/{session_id}/usage").json()["contextTokens"]
+    assert after == run["tokensAfter"] <= 0.4 * before
+    summary = alice_api.get(f"/api/v1/sessions/{session_id}/summary").json()
+    assert (
+        0 < summary["tokenCount"] <= summary_bound(context_limit=200_000, max_summary_tokens=None)
+    )

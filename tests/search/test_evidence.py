@@ -176,6 +176,25 @@ def test_it_reports_what_a_context_dropped() -> None:
     assert ("command", 10) not in dropped
     assert ("exit", 10) not in dropped
     assert 0 < report["keptPercent"] < 100
+    # What the context cites is one recall away; #12 is cited by nothing.
+    assert report["droppedReachable"] == 0
+
+
+def test_it_says_which_dropped_items_a_citation_reaches() -> None:
+    folded = [
+        (10, '{"code": "ERR_QUOTA_10"}'),
+        (11, '{"code": "ERR_QUOTA_11"}'),
+        (14, '{"code": "ERR_QUOTA_14"}'),
+        (20, '{"code": "ERR_QUOTA_20"}'),
+    ]
+    active = [
+        "- Deploys were throttled. [#9-#11]",
+        "[tool result cleared: bash output [#14], 80 tokens freed]",
+    ]
+    report = loss_report(folded=folded, active=active)
+    assert report["droppedTotal"] == 4
+    # #10, #11 by the summary line's range, #14 by its placeholder; #20 by nothing.
+    assert report["droppedReachable"] == 3
 
 
 def test_it_counts_a_collapsed_line_as_holding_every_repeat() -> None:
