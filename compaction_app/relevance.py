@@ -61,6 +61,9 @@ _PART = re.compile(r"[-_./:=@+]+")
 _COARSE = re.compile(r"[/:=@+]+")
 _HAS_DIGIT = re.compile(r"\d")
 _NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?![\w.])")
+# In prose a number may carry thousands separators (`1,284,871 rows`): one number, the same
+# as the output's `1284871`. (Not in output, where a comma separates CSV fields.)
+_GROUPED_NUMBER = re.compile(r"(?<![\w.,])-?\d{1,3}(?:,\d{3})+(?:\.\d+)?(?![\w.]|,\d)")
 _HEXISH = re.compile(r"^[0-9a-f]{6,}$")
 _STOP = frozenset(
     [
@@ -273,11 +276,16 @@ def terms_of(text: str) -> set[str]:
     return found
 
 
-def _numbers(text: str) -> list[tuple[float, int]]:
-    """The numbers of `text` with their decimals (`2.85` → (2.85, 2))."""
+def _numbers(text: str, *, prose: bool = False) -> list[tuple[float, int]]:
+    """The numbers of `text` with their decimals (`2.85` → (2.85, 2)); in `prose`, a number
+    with thousands separators too (`1,284,871` → (1284871, 0))."""
     out = []
-    for match in _NUMBER.finditer(text):
-        raw = match.group(0)
+    raws = []
+    if prose and "," in text:
+        raws = [m.group(0).replace(",", "") for m in _GROUPED_NUMBER.finditer(text)]
+        text = _GROUPED_NUMBER.sub(" ", text)
+    raws += [m.group(0) for m in _NUMBER.finditer(text)]
+    for raw in raws:
         try:
             value = float(raw)
         except ValueError:  # pragma: no cover - the pattern only matches numbers
@@ -559,7 +567,7 @@ class _Mentions:
                 # An abbreviated digest or commit (`5d3a9c0e…`, `a91f03c`): a prefix of the
                 # value it names.
                 self.prefixes.setdefault(hexed.group(0)[:_HEX_PREFIX], []).append(position)
-        for value, decimals in _numbers(text):
+        for value, decimals in _numbers(text, prose=True):
             if decimals == 0 and abs(value) < 100:
                 continue  # `3`, `42`: too common to point at one record
             self.numbers.setdefault((decimals, _fmt(value, decimals)), []).append(position)
@@ -976,6 +984,10 @@ def _verdicts(records: Sequence[Record]) -> list[float]:
         outcome = _OUTCOME.search(record.text) is not None
         if signal[k]:
             scores[k] += 2.0 if few else 0.5
+            if not few and _LOCATION.search(record.text):
+                # Among many failure lines (a build's boilerplate around one compiler error),
+                # the one that says where it failed (`VatCalculator.java:57: error: …`).
+                scores[k] += 1.0
         if outcome:
             # A command's outcome: a failing one is its verdict; a passing one is routine.
             scores[k] += 1.5 if signal[k] else 0.75
@@ -998,6 +1010,8 @@ def _verdicts(records: Sequence[Record]) -> list[float]:
 
 
 _DIGEST = re.compile(r"\b(?:sha\d+:|md5:)?[0-9a-fA-F]{16,}\b")
+# A source location: a file with its extension and a line number (`src/app.ts:41`, `x.go:203:9`).
+_LOCATION = re.compile(r"[\w./-]+\.[A-Za-z]\w{0,5}:\d+\b")
 
 
 def _values_that_differ(records: Sequence[Record]) -> set[int]:
