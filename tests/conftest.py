@@ -292,6 +292,69 @@ def _close_stray_database_sessions(request):
         )
 
 
+# Pooled PostgreSQL connections (production profile) by the thread that took each: a thread
+# that ends without closing its connection never gives it back to the pool (nothing reclaims
+# it), so each one is a slot lost for the rest of the run. Eight such slots, lost by a test's
+# own threads, once left the later tests waiting for a connection and timing out
+# (PoolTimeout) far from the test that lost them.
+_POOLED: dict[int, tuple[threading.Thread, Any, str]] = {}
+_POOLED_LOCK = threading.Lock()
+
+
+def _note_pooled_connection(sender, connection, **kwargs) -> None:
+    if getattr(connection, "pool", None) is None:
+        return  # SQLite: a connection of its own per thread, nothing shared runs out
+    with _POOLED_LOCK:
+        _POOLED[id(connection)] = (
+            threading.current_thread(),
+            connection,
+            os.environ.get("PYTEST_CURRENT_TEST", "?"),
+        )
+
+
+def _release_connections_of_ended_threads() -> list[str]:
+    """Give back to the pool every connection whose thread ended without closing it; one line
+    per connection given back."""
+    released = []
+    with _POOLED_LOCK:
+        for key, (thread, wrapper, test) in list(_POOLED.items()):
+            if wrapper.connection is None:
+                del _POOLED[key]  # closed: back in the pool
+            elif not thread.is_alive():
+                del _POOLED[key]
+                # The backend's own close (the thread that could call close() is gone).
+                with contextlib.suppress(Exception):
+                    wrapper._close()
+                released.append(f"thread {thread.name!r}, connected during {test}")
+    return released
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _watch_pooled_connections(request):
+    if not request.config.pluginmanager.hasplugin("django"):
+        yield
+        return
+    from django.db.backends.signals import connection_created
+
+    connection_created.connect(_note_pooled_connection, dispatch_uid="tests-pooled-connections")
+    yield
+    connection_created.disconnect(dispatch_uid="tests-pooled-connections")
+
+
+@pytest.fixture(autouse=True)
+def _no_pooled_connection_left_by_an_ended_thread(_watch_pooled_connections):
+    """A thread the test started must close the database connection it used (a test thread
+    that reads through the ORM: `connection.close()` before it returns). The connection is
+    given back either way, so later tests keep the whole pool."""
+    yield
+    released = _release_connections_of_ended_threads()
+    if released:
+        pytest.fail(
+            "a thread ended without closing its pooled database connection: " + "; ".join(released),
+            pytrace=False,
+        )
+
+
 @pytest.fixture(scope="session")
 def live_url(django_db_setup, django_db_blocker):
     """daphne in a thread of this process, so the server, the Celery worker thread and the

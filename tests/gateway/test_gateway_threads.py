@@ -28,8 +28,12 @@ def test_it_records_every_reply_of_concurrent_threads_with_its_usage(gateway_url
         reply = client.chat.completions.create(model="gpt-4o", messages=history)
         history.append({"role": "assistant", "content": reply.choices[0].message.content})
 
+    # The token is read here: a thread of the test's own that touched the database would keep
+    # a pooled connection it never gives back.
+    key = token_for(alice)
+
     def worker(number: int) -> list[int]:
-        own = openai_client(gateway_url, key=token_for(alice), session="many-writers")
+        own = openai_client(gateway_url, key=key, session="many-writers")
         conversation = [SYSTEM]
         statuses = []
         for turn in range(3):
@@ -191,9 +195,11 @@ def test_it_adds_up_a_threads_counters_over_concurrent_calls_and_retries(
     # The thread's row is updated inside each reply's append: concurrent calls of one thread
     # still add up, and a retry (its reply already stored: the append's careful way) still
     # counts as a call.
+    key = token_for(alice)  # here, not in the calling threads (see the test above)
+
     def call(number: int):
         own = openai_client(
-            gateway_url, key=token_for(alice), session="shared-thread", **{"X-Ledger-Thread": "w"}
+            gateway_url, key=key, session="shared-thread", **{"X-Ledger-Thread": "w"}
         )
         return own.chat.completions.create(
             model="gpt-4o", messages=[SYSTEM, {"role": "user", "content": f"Job {number}."}]
