@@ -8,9 +8,11 @@ re-checks the plan against the events as they are at that moment.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -237,6 +239,26 @@ def broadcast_usage(session: Session) -> None:
     broadcast.broadcast(
         session_id=session.pk, owner_id=session.owner_id, message=messages.usage_updated(session)
     )
+
+
+# One announcement at a time in this process: the embedded profile's server and worker thread
+# share it (SQLite has no row lock, and its IMMEDIATE transactions would hold every writer).
+_announcing_lock = threading.Lock()
+
+
+@contextmanager
+def _announcing(session_id: uuid.UUID) -> Iterator[Session | None]:
+    """The session read afresh (None: deleted since) for announcing a run's outcome, the push
+    sent before the next announcement reads. A run's announcement and a revert's each read
+    the session and send inside this; across processes under the session's row lock, which a
+    revert holds until it commits. So a usage document read before a revert cannot reach
+    watchers after the revert's own, leaving them on figures that are no longer true."""
+    with _announcing_lock:
+        if not db.connection.features.has_select_for_update:
+            yield Session.objects.filter(pk=session_id).first()
+            return
+        with transaction.atomic():
+            yield Session.objects.select_for_update().filter(pk=session_id).first()
 
 
 def _refresh_active_counters(session_id: uuid.UUID) -> Session:
@@ -705,12 +727,14 @@ def _complete(
 
 def _announce_complete(run_id: uuid.UUID) -> None:
     run = CompactionRun.objects.select_related("session").get(pk=run_id)
-    broadcast.broadcast(
-        session_id=run.session_id,
-        owner_id=run.session.owner_id,
-        message=messages.compaction_complete(run),
-    )
-    broadcast_usage(run.session)
+    with _announcing(run.session_id) as session:
+        if session is not None:
+            broadcast.broadcast(
+                session_id=session.pk,
+                owner_id=session.owner_id,
+                message=messages.compaction_complete(run),
+            )
+            broadcast_usage(session)
     telemetry.run_span(run)
 
 
@@ -760,8 +784,12 @@ def compaction_revert(*, run: CompactionRun) -> CompactionRun:
         session_id, owner_id = locked.pk, locked.owner_id
 
         def announce() -> None:
-            broadcast.broadcast(session_id=session_id, owner_id=owner_id, message=reverted_message)
-            broadcast_usage(Session.objects.get(pk=session_id))
+            with _announcing(session_id) as current:
+                broadcast.broadcast(
+                    session_id=session_id, owner_id=owner_id, message=reverted_message
+                )
+                if current is not None:
+                    broadcast_usage(current)
 
         transaction.on_commit(announce)
     return run

@@ -9,10 +9,11 @@ included in the calls and the error rate."""
 from __future__ import annotations
 
 import datetime
+import functools
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
-from zoneinfo import ZoneInfo
+from zoneinfo import ZoneInfo, available_timezones
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
@@ -86,6 +87,15 @@ class Cell:
 
 class BadRange(ValueError):
     pass
+
+
+@functools.cache
+def time_zones() -> tuple[str, ...]:
+    """The IANA zone names the periods can be in: the time zone database's, less `localtime`
+    (the server's own zone, not a name a viewer means). The API accepts exactly these and
+    its schema lists them, so a name it documents is never refused. Read once: listing them
+    opens every file of the database."""
+    return tuple(sorted(name for name in available_timezones() if name != "localtime"))
 
 
 def period_starts(

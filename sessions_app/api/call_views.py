@@ -7,9 +7,10 @@ from __future__ import annotations
 import datetime
 import re
 from typing import Any
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo
 
 from django.http import StreamingHttpResponse
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import (
     OpenApiParameter,
     OpenApiResponse,
@@ -17,12 +18,13 @@ from drf_spectacular.utils import (
     inline_serializer,
 )
 from rest_framework import serializers
+from rest_framework.exceptions import PermissionDenied
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from sessions_app import calls, selectors, usage_over_time
-from sessions_app.api.openapi import PAGE_PARAMETERS, errors
+from sessions_app.api.openapi import PAGE_PARAMETERS, ErrorSerializer, errors
 from sessions_app.api.views import SessionPagination
 from sessions_app.errors import InvalidInput
 from sessions_app.models import CallStatus
@@ -34,6 +36,11 @@ _DATE_TIME = re.compile(
     r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2})"
 )
 
+USER_PARAMETER = OpenApiParameter(
+    "user",
+    {"type": "string", "pattern": "^[0-9]{1,12}$"},
+    description="Staff: only this user's calls (anyone else: 403 permission_denied).",
+)
 CALL_PARAMETERS = [
     OpenApiParameter(
         "since",
@@ -69,11 +76,7 @@ CALL_PARAMETERS = [
         description="The order (a leading - reverses); default -started, newest first.",
     ),
     OpenApiParameter("session", str, description="Only this session's calls (`/calls`)."),
-    OpenApiParameter(
-        "user",
-        {"type": "string", "pattern": "^[0-9]{1,12}$"},
-        description="Staff: only this user's calls.",
-    ),
+    USER_PARAMETER,
     OpenApiParameter(
         "export",
         {"type": "string", "enum": ["csv", "ndjson"]},
@@ -241,6 +244,23 @@ def _text(request: Request, name: str) -> str | None:
     return raw
 
 
+def _user_id(request: Request) -> int | None:
+    """The `user` filter: a user id (else 400), and staff's only. Another user's calls are
+    theirs to keep: a well-formed request for them is not bad input but one this caller is
+    not allowed to make (403, as for anything else only staff may do)."""
+    raw = request.query_params.get("user")
+    if raw is None:
+        return None
+    # Empty is malformed too (the schema's pattern), not the filter left out.
+    if not raw.isdigit() or len(raw) > 12:
+        raise InvalidInput(
+            "user must be a user id", code="invalid_parameter", fields={"user": raw[:20]}
+        )
+    if not getattr(request.user, "is_staff", False):
+        raise PermissionDenied("only staff may ask for another user's calls")
+    return int(raw)
+
+
 def _filters(request: Request) -> calls.CallFilters:
     statuses: tuple[str, ...] = ()
     raw = request.query_params.get("status")
@@ -256,20 +276,7 @@ def _filters(request: Request) -> calls.CallFilters:
     raw_session = request.query_params.get("session")
     if raw_session:
         session_id = selectors.session_get(user=request.user, session_id=raw_session).pk
-    user_id = None
-    raw_user = request.query_params.get("user")
-    if raw_user:
-        if not getattr(request.user, "is_staff", False):
-            raise InvalidInput(
-                "only staff may filter by user",
-                code="invalid_parameter",
-                fields={"user": "staff only"},
-            )
-        if not raw_user.isdigit() or len(raw_user) > 12:
-            raise InvalidInput(
-                "user must be a user id", code="invalid_parameter", fields={"user": raw_user[:20]}
-            )
-        user_id = int(raw_user)
+    user_id = _user_id(request)
     return calls.CallFilters(
         since=_moment(request, "since"),
         until=_moment(request, "until"),
@@ -326,10 +333,32 @@ class _Exportable(APIView):
         )
 
 
+# What a calls list answers: a page (JSON), or every filtered row streamed (`export=` or
+# Accept), each media type documented so a client (and schemathesis) knows all three.
+CALL_LIST_RESPONSES: dict[Any, OpenApiResponse] = {
+    (200, "application/json"): OpenApiResponse(
+        CALL_PAGE,
+        description="A page of calls (application/json), or with `export=` or `Accept: "
+        "text/csv` / `application/x-ndjson` every filtered call streamed: CSV with a header "
+        "line, or one JSON document per line.",
+    ),
+    (200, EXPORTS["csv"]): OpenApiResponse(OpenApiTypes.STR),
+    (200, EXPORTS["ndjson"]): OpenApiResponse(OpenApiTypes.STR),
+    **errors(400, 404),
+    406: OpenApiResponse(
+        ErrorSerializer,
+        description="The Accept header excludes application/json, text/csv and "
+        "application/x-ndjson, the types answered (not_acceptable).",
+    ),
+}
+
+
 def _page(request: Request, view: APIView, queryset: Any) -> Any:
     queryset = _sorted(request, queryset)
     kind = export_kind(request)
     if kind is not None:
+        # Every row, no page; a malformed page or pageSize is refused all the same.
+        SessionPagination.check_parameters(request)
         return _stream(kind, queryset)
     paginator = SessionPagination()
     page = paginator.paginate_queryset(queryset, request, view=view)
@@ -342,7 +371,7 @@ class SessionCallsView(_Exportable):
     @extend_schema(
         operation_id="sessions_calls_list",
         parameters=CALL_PARAMETERS,
-        responses={200: CALL_PAGE, **errors(400, 404)},
+        responses=CALL_LIST_RESPONSES,
     )
     def get(self, request: Request, session_id: str) -> Any:
         session = selectors.session_get(user=request.user, session_id=session_id)
@@ -358,7 +387,7 @@ class CallsView(_Exportable):
     @extend_schema(
         operation_id="calls_list",
         parameters=CALL_PARAMETERS,
-        responses={200: CALL_PAGE, **errors(400, 404)},
+        responses=CALL_LIST_RESPONSES,
     )
     def get(self, request: Request) -> Any:
         filters = _filters(request)
@@ -371,16 +400,15 @@ class CallsView(_Exportable):
 def _zone(raw: str | None) -> ZoneInfo:
     if not raw:
         return ZoneInfo("UTC")
-    try:
-        if len(raw) > 64 or raw.startswith("/") or ".." in raw:
-            raise ValueError(raw)
-        return ZoneInfo(raw)
-    except (ValueError, ZoneInfoNotFoundError):
+    # Only the names the schema lists (usage_over_time.time_zones): ZoneInfo would also take
+    # a few the schema does not (the server's `localtime`).
+    if raw not in usage_over_time.time_zones():
         raise InvalidInput(
             "tz must be an IANA time zone (Europe/Paris, America/New_York, UTC)",
             code="invalid_parameter",
             fields={"tz": "unknown time zone"},
-        ) from None
+        )
+    return ZoneInfo(raw)
 
 
 def usage_parameters(request: Request) -> dict[str, Any]:
@@ -399,25 +427,17 @@ def usage_parameters(request: Request) -> dict[str, Any]:
         )
     until = _moment(request, "until") or datetime.datetime.now(datetime.UTC)
     span = datetime.timedelta(days=1 if bucket == "hour" else 30)
-    since = _moment(request, "since") or until - span
+    since = _moment(request, "since")
+    if since is None:
+        try:
+            since = until - span
+        except OverflowError:  # an until in the calendar's first day
+            since = datetime.datetime.min.replace(tzinfo=datetime.UTC)
     session_id = None
     raw_session = request.query_params.get("session")
     if raw_session:
         session_id = selectors.session_get(user=request.user, session_id=raw_session).pk
-    user_id = None
-    raw_user = request.query_params.get("user")
-    if raw_user:
-        if not getattr(request.user, "is_staff", False):
-            raise InvalidInput(
-                "only staff may ask for another user's calls",
-                code="invalid_parameter",
-                fields={"user": "staff only"},
-            )
-        if not raw_user.isdigit() or len(raw_user) > 12:
-            raise InvalidInput(
-                "user must be a user id", code="invalid_parameter", fields={"user": raw_user[:20]}
-            )
-        user_id = int(raw_user)
+    user_id = _user_id(request)
     return {
         "since": since,
         "until": until,
@@ -429,23 +449,95 @@ def usage_parameters(request: Request) -> dict[str, Any]:
     }
 
 
+# The range's bounds between since and until, which no JSON schema can state, said where a
+# client reads them: since before until, and at most MAX_PERIODS buckets apart (else 400).
+_RANGE = (
+    "since must be before until, at most "
+    f"{usage_over_time.MAX_PERIODS:,} hours or days (`bucket`) apart (else 400)."
+)
 USAGE_PARAMETERS = [
-    CALL_PARAMETERS[0],
-    CALL_PARAMETERS[1],
+    OpenApiParameter(
+        "since",
+        {"type": "string", "format": "date-time"},
+        description="The range's start (RFC 3339, with its offset); default a day (hours) or "
+        "30 days (days) before until. " + _RANGE,
+    ),
+    OpenApiParameter(
+        "until",
+        {"type": "string", "format": "date-time"},
+        description="The range's end, exclusive (RFC 3339, with its offset); default now. "
+        + _RANGE,
+    ),
     OpenApiParameter("bucket", {"type": "string", "enum": list(usage_over_time.BUCKETS)}),
     OpenApiParameter("groupBy", {"type": "string", "enum": list(usage_over_time.GROUPS)}),
+    # Its enum, the zone names the server knows, is filled in when the schema is generated
+    # (sessions_app.api.openapi.complete_schema): listing them reads the whole database.
     OpenApiParameter(
         "tz",
-        {"type": "string", "maxLength": 64},
+        str,
         description="IANA time zone the hours and days are the viewer's in (default UTC).",
     ),
     OpenApiParameter("session", str, description="Only this session's calls."),
-    OpenApiParameter(
-        "user",
-        {"type": "string", "pattern": "^[0-9]{1,12}$"},
-        description="Staff: only this user's calls.",
-    ),
+    USER_PARAMETER,
 ]
+
+# A class, not inline_serializer's instance: one component every figures field refers to.
+UsageFigures = type(
+    "UsageFigures",
+    (serializers.Serializer,),
+    {
+        "calls": serializers.IntegerField(),
+        "errors": serializers.IntegerField(),
+        "errorRate": serializers.FloatField(allow_null=True, help_text="Percent, one decimal."),
+        "promptTokens": serializers.IntegerField(),
+        "cachedInputTokens": serializers.IntegerField(),
+        "cacheWriteTokens": serializers.IntegerField(),
+        "completionTokens": serializers.IntegerField(),
+        "totalTokens": serializers.IntegerField(),
+        "costUsd": serializers.FloatField(),
+        "cacheHitRate": serializers.FloatField(
+            allow_null=True, help_text="Cache reads ÷ all input tokens; null before any."
+        ),
+        "latencyMs": inline_serializer(
+            "UsageLatency",
+            {
+                name: serializers.IntegerField(
+                    allow_null=True, help_text="The call's total latency, milliseconds."
+                )
+                for name in ("p50", "p99")
+            },
+        ),
+    },
+)
+USAGE_OVER_TIME = inline_serializer(
+    "UsageOverTime",
+    {
+        "since": serializers.DateTimeField(help_text="The first period's start, in UTC."),
+        "until": serializers.DateTimeField(),
+        "bucket": serializers.ChoiceField(choices=list(usage_over_time.BUCKETS)),
+        "tz": serializers.CharField(),
+        "groupBy": serializers.ChoiceField(choices=list(usage_over_time.GROUPS), allow_null=True),
+        # Plain strings: an old date in some zones has an offset in seconds (local mean
+        # time), which RFC 3339's date-time cannot hold.
+        "periods": serializers.ListField(
+            child=serializers.CharField(),
+            help_text="Each period's local start (ISO 8601, with the zone's offset then).",
+        ),
+        "series": inline_serializer(
+            "UsageSeries",
+            {
+                "key": serializers.CharField(allow_blank=True),
+                "label": serializers.CharField(allow_blank=True),
+                "points": UsageFigures(many=True),
+                "totals": UsageFigures(),
+            },
+            many=True,
+            help_text="The groups with the most calls; the rest summed as `other`.",
+        ),
+        "points": UsageFigures(many=True, help_text="Every group, per period."),
+        "totals": UsageFigures(),
+    },
+)
 
 
 class UsageOverTimeView(APIView):
@@ -454,8 +546,9 @@ class UsageOverTimeView(APIView):
         parameters=USAGE_PARAMETERS,
         responses={
             200: OpenApiResponse(
+                USAGE_OVER_TIME,
                 description="Per period (hour or day in `tz`) and group: calls, errors, error "
-                "rate, tokens by kind, cost, cache hit rate, p50/p99 latency."
+                "rate, tokens by kind, cost, cache hit rate, p50/p99 latency.",
             ),
             **errors(400, 404),
         },

@@ -171,6 +171,7 @@ def complete_schema(result: dict[str, Any], generator: Any, request: Any, public
 
     from sessions_app.services import MAX_CONTEXT_LIMIT, model_registry
     from sessions_app.session_settings import STRATEGY_NAMES, SUMMARIZER_NAMES
+    from sessions_app.usage_over_time import time_zones
 
     schemas = result.get("components", {}).get("schemas", {})
     context_limit = {"type": "integer", "minimum": 1, "maximum": MAX_CONTEXT_LIMIT}
@@ -302,6 +303,9 @@ def complete_schema(result: dict[str, Any], generator: Any, request: Any, public
             for parameter in operation.get("parameters", []):
                 if parameter.get("name") == "thread" and parameter.get("in") == "query":
                     parameter["schema"] = {"type": "string", "minLength": 1, "maxLength": 200}
+                if parameter.get("name") == "tz" and parameter.get("in") == "query":
+                    # The names the API accepts, every one (any other is a 400).
+                    parameter["schema"] = {"type": "string", "enum": list(time_zones())}
     return result
 
 

@@ -40,11 +40,17 @@ class SessionPagination(PageNumberPagination):
         self.page_size = settings.API_PAGE_SIZE
         return super().get_page_size(request)
 
-    def paginate_queryset(self, queryset: Any, request: Request, view: Any = None) -> Any:
-        # DRF ignores a malformed pageSize and answers 404 for a malformed page: both are bad
-        # input, answered like any other query parameter.
+    @staticmethod
+    def check_parameters(request: Request) -> None:
+        """400 invalid_parameter for a malformed page or pageSize (DRF ignores a malformed
+        pageSize and answers 404 for a malformed page: both are bad input, answered like any
+        other query parameter). Also for answers that take them but are not a page (an
+        export): what the schema refuses is refused wherever it is sent."""
         _int_param(request, "page", 1, minimum=1)
         _int_param(request, "pageSize", 1, minimum=1, maximum=MAX_PAGE_SIZE)
+
+    def paginate_queryset(self, queryset: Any, request: Request, view: Any = None) -> Any:
+        self.check_parameters(request)
         return super().paginate_queryset(queryset, request, view)
 
 

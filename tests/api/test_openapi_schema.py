@@ -154,6 +154,7 @@ class Walk:
         query: dict[str, str] | None = None,
         headers: dict[str, str] | None = None,
         content_type: str = "application/json",
+        mimetype: str = "application/json",
     ) -> Any:
         path = template.format(**(ids or {}))
         data = raw if raw is not None else (json.dumps(body) if body is not None else None)
@@ -167,7 +168,7 @@ class Walk:
         )
         assert response.status_code == status, (method, path, response.get_data(as_text=True))
         if status != 204:
-            assert response.mimetype == "application/json"
+            assert response.mimetype == mimetype
         self.schema[template][method].validate_response(response)
         self.seen.add((method, template, status))
         return response.get_json(silent=True)
@@ -189,7 +190,7 @@ def test_it_documents_every_response_of_every_operation(api_schema, alice, setti
     # The API root (public: links only; a token that is sent is checked all the same).
     walk("GET", V + "/", 200, headers={})
     walk("GET", V + "/", 401, headers={"Authorization": "Token not-a-token"})
-    # Every operation answers JSON only.
+    # Every operation answers JSON (the calls lists also CSV and NDJSON, on request: below).
     walk("GET", V + "/", 406, headers={"Accept": "text/html"})
     walk("GET", V + "/models", 406, headers={**walk.auth, "Accept": "application/xml"})
 
@@ -366,6 +367,52 @@ def test_it_documents_every_response_of_every_operation(api_schema, alice, setti
     walk("GET", V + "/calls", 200, query={"since": "2026-01-01T00:00:00Z"})
     walk("GET", V + "/calls", 400, query={"since": "yesterday"})
     walk("GET", V + "/calls", 404, query={"page": "99"})
+    walk("GET", V + "/calls", 403, query={"user": str(alice.pk)})  # staff only
+
+    # A recorded call: its story, and the calls streamed as CSV or NDJSON (not a page).
+    from django.utils import timezone
+
+    from sessions_app.calls import call_record
+
+    call = call_record(
+        session_id=full["id"],
+        owner_id=alice.pk,
+        started_at=timezone.now(),
+        wire="openai",
+        status="ok",
+        model_requested="gpt-4o",
+        model_served="gpt-4o",
+        http_status=200,
+        prompt_tokens=120,
+        completion_tokens=30,
+        ttfb_ms=40,
+        total_ms=90,
+    )
+    walk("GET", V + "/calls/{call_id}", 200, ids={"call_id": str(call.pk)})
+    walk("GET", V + "/calls/{call_id}", 404, ids={"call_id": str(uuid.uuid4())})
+    walk("GET", V + "/calls", 200, query={"export": "csv"}, mimetype="text/csv")
+    walk(
+        "GET",
+        V + "/calls",
+        200,
+        headers={**walk.auth, "Accept": "application/x-ndjson"},
+        mimetype="application/x-ndjson",
+    )
+    walk("GET", V + "/calls", 400, query={"export": "csv", "pageSize": "0"})
+    walk("GET", V + "/calls", 406, headers={**walk.auth, "Accept": "text/html"})
+
+    # Usage over time, in a time zone of the viewer's.
+    over_time = walk(
+        "GET", V + "/usage/calls", 200, query={"tz": "Asia/Kathmandu", "groupBy": "model"}
+    )
+    assert over_time["totals"]["calls"] == 1, over_time
+    walk("GET", V + "/usage/calls", 400, query={"tz": "Mars/Olympus"})
+    walk("GET", V + "/usage/calls", 404, query={"session": str(uuid.uuid4())})
+    walk("GET", V + "/usage/calls", 403, query={"user": str(alice.pk)})  # staff only
+    from sessions_app.usage_over_time import MAX_PERIODS
+    from tests.support.api_rules import USAGE_MAX_PERIODS
+
+    assert USAGE_MAX_PERIODS == MAX_PERIODS  # the generated cases' rule, the API's bound
 
     # Budgets: a user reads their own; only staff set them (403 here).
     from sessions_app.budgets import budget_create
@@ -462,6 +509,7 @@ def _within_documented_rules(case: Any) -> bool:
         body=body if isinstance(body, dict | list | str) else None,
         path_parameters=case.path_parameters,
         state=DatabaseState(),
+        query=case.query,
     )
 
 

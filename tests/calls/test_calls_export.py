@@ -81,7 +81,10 @@ def test_it_searches_model_title_and_error_and_filters_session_and_user(
     assert found(session=str(docs.pk)) == ["claude-3.5-sonnet"]
     # Another user's session: 404, as everywhere.
     assert alice_api.get("/api/v1/calls", {"session": str(theirs.pk)}).status_code == 404
-    assert alice_api.get("/api/v1/calls", {"user": str(bob.pk)}).status_code == 400
+    # Another user's calls: staff only (403 permission_denied); a malformed user id is 400.
+    refused = alice_api.get("/api/v1/calls", {"user": str(bob.pk)})
+    assert (refused.status_code, refused.json()["error"]) == (403, "permission_denied")
+    assert alice_api.get("/api/v1/calls", {"user": ""}).status_code == 400
     client = Client()
     client.force_login(staff)
     staff_rows = client.get("/api/v1/calls", {"user": str(bob.pk)}).json()["results"]

@@ -106,8 +106,11 @@ def test_it_refuses_bad_parameters(alice_api):
         {"groupBy": "colour"},
         {"tz": "Mars/Olympus"},
         {"since": "yesterday"},
-        {"user": "1"},
+        {"user": "one"},
     ):
         answer = alice_api.get("/api/v1/usage/calls", params)
         assert answer.status_code == 400, params
         assert answer.json()["error"] == "invalid_parameter"
+    # Another user's calls: staff only.
+    answer = alice_api.get("/api/v1/usage/calls", {"user": "1"})
+    assert (answer.status_code, answer.json()["error"]) == (403, "permission_denied")

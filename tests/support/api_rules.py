@@ -15,7 +15,9 @@ docs/api.md and docs/operations.md):
   bound of a total;
 - an event id appears at most once in one append;
 - recall's `maxTokens` is at most the session's `contextLimit`;
-- a compaction's `thread` names one of the session's threads.
+- a compaction's `thread` names one of the session's threads;
+- usage over time's `since` is before its `until`, at most 1,000 hours or days (`bucket`)
+  apart, either left out taking its default (until: now; since: a day or 30 days before).
 
 The rules read what is stored through a `StoredState`: the database in the in-process
 schema test (tests/api/test_openapi_schema.py), the live server's API for `st run`
@@ -24,6 +26,8 @@ schema test (tests/api/test_openapi_schema.py), the live server's API for `st ru
 
 from __future__ import annotations
 
+import datetime
+import re
 import uuid
 from collections.abc import Mapping
 from typing import Any, Protocol
@@ -94,6 +98,51 @@ def _distinct_ids(items: list[Any]) -> bool:
     return True
 
 
+# sessions_app.usage_over_time.MAX_PERIODS (that module needs Django; this one is imported
+# by `st run`'s hooks without it). tests/api/test_openapi_schema.py checks they agree.
+USAGE_MAX_PERIODS = 1000
+_BUCKET = {"hour": datetime.timedelta(hours=1), "day": datetime.timedelta(days=1)}
+_DATE_TIME = re.compile(
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}[Tt][0-9]{2}:[0-9]{2}:[0-9]{2}(\.[0-9]+)?([Zz]|[+-][0-9]{2}:[0-9]{2})"
+)
+
+
+def _moment(raw: object) -> datetime.datetime | None:
+    """An RFC 3339 date-time as the API reads it (a leap second is the next second's start);
+    None if it is not one (then the schema, not a rule, is what refuses it)."""
+    if not isinstance(raw, str) or not _DATE_TIME.fullmatch(raw):
+        return None
+    text = raw.upper().replace("Z", "+00:00")
+    if text[17:19] == "60":
+        text = text[:17] + "59" + text[19:]
+    try:
+        return datetime.datetime.fromisoformat(text)
+    except ValueError:
+        return None
+
+
+def _usage_range_within_bounds(query: Mapping[str, Any]) -> bool:
+    # A parameter sent more than once is read as its last value, as Django reads it.
+    last = {k: v[-1] if isinstance(v, list) and v else v for k, v in query.items()}
+    bucket = _BUCKET.get(str(last.get("bucket") or "hour"))
+    if bucket is None:
+        return True  # not a bucket: the schema's business
+    since, until = last.get("since"), last.get("until")
+    end = _moment(until) if until is not None else datetime.datetime.now(datetime.UTC)
+    start = _moment(since) if since is not None else None
+    if end is None or (since is not None and start is None):
+        return True
+    try:
+        if start is None:
+            start = end - (24 if bucket == _BUCKET["hour"] else 30) * bucket
+        span = end - start
+    except OverflowError:  # past either end of the calendar: far more periods than allowed
+        return False
+    # The periods are whole local hours or days from the one holding `since`: a few more
+    # than the span holds (its ends, a daylight-saving day of 23 hours).
+    return span > datetime.timedelta(0) and span / bucket + 3 <= USAGE_MAX_PERIODS
+
+
 def within_documented_rules(
     *,
     method: str,
@@ -101,10 +150,13 @@ def within_documented_rules(
     body: Any,
     path_parameters: Mapping[str, Any] | None,
     state: StoredState,
+    query: Mapping[str, Any] | None = None,
 ) -> bool:
     """Whether a request (its operation's `path` template, e.g. /api/v1/sessions/{session_id},
     and what was generated for it) keeps every rule above."""
     method = method.upper()
+    if path.endswith("/usage/calls") and not _usage_range_within_bounds(query or {}):
+        return False
     session_id = (path_parameters or {}).get("session_id")
     session_id = session_id if isinstance(session_id, str) else None
     if has_nul(body):

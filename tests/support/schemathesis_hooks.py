@@ -71,4 +71,5 @@ def filter_case(context: Any, case: Any) -> bool:
         body=body,
         path_parameters=case.path_parameters,
         state=state,
+        query=case.query,
     )
