@@ -681,6 +681,10 @@ def conversation_contexts(
                 mentions.task_end.append(position)
             else:
                 shapes[_shape(message.content)] += 1
+        elif message.type == EventType.TOOL_CALL:
+            # A later call that names a value of an output acts on it (`sed -n '1284872p'`
+            # after the line that names row 1284872, `grep -rn toMoney` after the error).
+            mentions.add(_command(message.content), position)
     if later_text:
         mentions.add(later_text, len(messages))
     calls: dict[str, int] = {}
@@ -1131,6 +1135,11 @@ def messages_of(items: Iterable[tuple[str, str, int, str, str]]) -> list[Message
 def is_failure(text: str) -> bool:
     """Whether a record reports a failure, an error or a warning."""
     return _SIGNAL.search(text) is not None
+
+
+def is_echo(text: str) -> bool:
+    """Whether a record is a command's own echo (`$ make test`)."""
+    return _ECHO.match(text) is not None
 
 
 def is_outcome(text: str) -> bool:

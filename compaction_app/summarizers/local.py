@@ -13,6 +13,7 @@ lowest priority first; nothing is cut mid-word.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from collections.abc import Iterator, Mapping, Sequence
@@ -26,7 +27,10 @@ from compaction_app.evidence import (
     extract,
     parameters_of,
     present_literals,
+    quoted_line,
+    segmented,
     shape_of,
+    template_of,
 )
 from sessions_app.event_types import EventType
 from sessions_app.tokens import truncate_to_tokens
@@ -853,6 +857,7 @@ class LocalSummarizer(Summarizer):
                 continue
             if message.type == EventType.TOOL_RESULT or role == "tool":
                 self._tool_result(collector, self._position(message), message.name, seq=message.seq)
+                self._salient_fill(collector, message.content, message.name, seq=message.seq)
                 counts["tool"] += 1
                 continue
             if content.startswith(_REFRESH_PREFIX) and "## " in content:
@@ -1026,6 +1031,93 @@ class LocalSummarizer(Summarizer):
                 kept += 1
             elif ranked.score >= _SPARE_CUT:
                 collector.add_spare(text, score, template=" ".join(template), seq=seq)
+
+    def _salient_fill(self, collector: _Collector, content: str, name: str, *, seq: int) -> None:
+        """The lines that tell the most against the whole session (`Salience`). A failure or
+        a command's outcome is a verdict: an item beside the records the conversation points
+        at. A line that is only rare (a template or values seen once) is a spare: it fills
+        what the bound leaves once the items are in, never takes their place (rarity alone is
+        no evidence, but a budget left empty keeps nothing)."""
+        salience = self._salience()
+        label = re.sub(r"[^\w.-]", "_", name) or "tool"
+        shapes: set[str] = set()
+        for raw in itertools.islice(
+            _lines_matching(content, _TOOL_ERROR_NEEDLES, _TOOL_ERROR), _MAX_TOOL_ERRORS
+        ):
+            line = quoted_line(raw)
+            shape = shape_of(_clip(f"{label} output: {line}"))
+            if _key(_clip(f"{label} output: {line}")) in collector.items:
+                continue  # an item already, ranked by what the conversation says of it
+            if shape in shapes or "shape:" + shape in collector.items:
+                # The fortieth `bad row N`: one line of its kind is enough, and none when
+                # the kind is an item already (counted into its `… ×N`).
+                continue
+            shapes.add(shape)
+            # A failure is a verdict whatever the conversation says of it: an item, ranked
+            # by what it tells in this session (one of a kind above the eightieth repeat).
+            item = f"{label} output: {line}"
+            information, _outcome, _signal = salience.information(raw)
+            score = max(_score(_ISSUES, item), _BASE[_ISSUES] + information)
+            collector.add(_ISSUES, item, score, seq=seq, collapse=True)
+        on_line: dict[str, list[str]] = {}
+        for found in extract(segmented(content), seq=seq):
+            on_line.setdefault(found.line, []).append(found.kind)
+        salient, spares = salience.ranked(content)
+
+        def collapsed(line: str) -> bool:
+            return "shape:" + shape_of(_clip(f"{label} output: {line}")) in collector.items
+
+        for rank, candidate in enumerate(salient):
+            line = quoted_line(candidate.line)
+            if collapsed(line) or relevance.is_echo(line):
+                # An echo says what was run, which the call says already.
+                continue
+            if candidate.signal or candidate.outcome:
+                # A failure or a command's outcome (`Got 21 results, configured to fail`,
+                # `Expected 7 columns, found 6`): a verdict, an item like the records above.
+                kinds = on_line.get(candidate.line, ())
+                section = _tool_line_section(candidate.signal, candidate.outcome, kinds)
+                collector.add(
+                    section,
+                    f"{label} output: {line}",
+                    max(
+                        1,
+                        _BASE[section]
+                        + candidate.information
+                        - rank
+                        - len(line) // _CHARS_PER_POINT,
+                    ),
+                    seq=seq,
+                    collapse=section in (_ISSUES, _STATUS) and candidate.repeats > _COLLAPSE_AFTER,
+                )
+                continue
+            collector.add_spare(
+                f"{label} output: {line}",
+                max(1, candidate.information - rank - len(line) // _CHARS_PER_POINT),
+                template=candidate.template or template_of(line),
+                seq=seq,
+            )
+        for candidate in spares:
+            kinds = on_line.get(candidate.line, ())
+            rare = salience.rare_values(candidate.line)
+            if not kinds and not rare:
+                continue
+            line = quoted_line(candidate.line)
+            if collapsed(line):
+                continue
+            score = (
+                candidate.information
+                + _SPARE_POINTS_PER_ITEM * max(len(kinds), len(rare))
+                - len(line) // _SPARE_CHARS_PER_POINT
+            )
+            if score <= 0:
+                continue  # routine with new ids on it (every request id is unique)
+            collector.add_spare(
+                f"{label} output: {line}",
+                score,
+                template=candidate.template or template_of(line),
+                seq=seq,
+            )
 
     def _salience(self) -> Salience:
         if self.salience is None:
