@@ -78,6 +78,7 @@ def main() -> None:
                 Call(
                     id=uuid.uuid4(),
                     session_id=session.pk,
+                    owner_id=session.owner_id,
                     started_at=min(moment, now),
                     wire="anthropic" if model.startswith("claude") else "openai",
                     status="provider_error" if failed else "ok",

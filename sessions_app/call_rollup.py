@@ -386,6 +386,8 @@ def _add_to_totals(rows: Iterable[Row], sign: int) -> None:
 # --- the coarse levels: hours and days (UTC) --------------------------------------------------
 
 _COARSE_COLUMNS = ("owner_id", "model", "status")
+# The histograms the hours and days keep (usage over time's p50 and p99).
+COARSE_LATENCIES = ("total",)
 # Hours (or days) built in one transaction.
 COARSE_BATCH = 24
 
@@ -467,7 +469,12 @@ def _build(level: str, units: list[datetime.datetime]) -> None:
                     owner_id=row.owner_id,
                     model=row.model,
                     status=row.status,
-                    latency=row.latency_document(),
+                    # The call's total latency only: what a usage read reads.
+                    latency={
+                        name: lat.document()
+                        for name, lat in row.latency.items()
+                        if name in COARSE_LATENCIES and lat.count
+                    },
                     **{name: getattr(row, name) for name in FIGURES},
                 )
                 for row in merged.values()
@@ -653,26 +660,29 @@ def rows_for_periods(
         for hour in hours:
             if hour not in stored_hours:
                 windows.extend(_windows(hour, hour + HOUR))
-        for level, units in ((RollupLevel.DAY, stored_days), (RollupLevel.HOUR, stored_hours)):
-            chosen = sorted(units)
+        for spans in (stored_days, stored_hours):
+            # By span id: one integer per row, no timestamp to convert.
+            starts = {span_id: start for start, span_id in spans.items()}
+            chosen = sorted(starts)
             for i in range(0, len(chosen), 500):
-                coarse = CallRollupCoarse.objects.filter(level=level, start__in=chosen[i : i + 500])
+                coarse = CallRollupCoarse.objects.filter(span_id__in=chosen[i : i + 500])
                 if owner_id is not None:
                     coarse = coarse.filter(owner_id=owner_id)
                 for values in coarse.values_list(
-                    "start", *_COARSE_COLUMNS, *FIGURES, "latency"
+                    "span_id", *_COARSE_COLUMNS, *FIGURES, "latency"
                 ).iterator(chunk_size=5000):
-                    yield _coarse_row(values)
+                    yield _coarse_row((starts[values[0]], *values[1:]))
         yield from _window_rows(sorted(windows), closed_until, owner_id)
 
 
-def _stored_spans(level: str, units: list[datetime.datetime]) -> set[datetime.datetime]:
-    found: set[datetime.datetime] = set()
+def _stored_spans(level: str, units: list[datetime.datetime]) -> dict[datetime.datetime, int]:
+    """The stored ones of these hours or days: their span ids by start."""
+    found: dict[datetime.datetime, int] = {}
     chosen = sorted(units)
     for i in range(0, len(chosen), 500):
         found.update(
             CallRollupSpan.objects.filter(level=level, start__in=chosen[i : i + 500]).values_list(
-                "start", flat=True
+                "start", "id"
             )
         )
     return found

@@ -505,7 +505,7 @@ class CallRollupCoarse(models.Model):
     unpriced_calls = models.PositiveIntegerField(default=0)
     fitted = models.PositiveIntegerField(default=0)
     saved_tokens = models.PositiveBigIntegerField(default=0)
-    # As CallRollup.latency.
+    # As CallRollup.latency, the call's total latency only ({"total": ...}: usage's p50/p99).
     latency = models.JSONField(default=dict, blank=True)
 
     class Meta:
