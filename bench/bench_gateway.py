@@ -30,9 +30,17 @@ worker, on PostgreSQL and Redis. Measured:
   executable; `bench/litellm.sh` installs one in a venv of its own), LiteLLM's proxy. Target:
   the retry's and the edit's added p50 within 1.5x the loop's.
 
+- with `--otel collector`, the servers export every call's span (OTEL_EXPORTER_OTLP_ENDPOINT)
+  to a local OTLP/HTTP receiver (a thread of the bench that accepts POST /v1/traces and
+  counts the spans it decodes); with `--otel dead`, to a port nothing listens on. The figures
+  read beside a run without export (`--otel off`, the default): the export must not slow a
+  call, and a dead collector must not fail one (every call is still answered 200 and
+  recorded). `--only hot` runs the conversation sizes alone (no Responses, Gemini, threads
+  or slow path).
+
     .venv/bin/python bench/bench_gateway.py [--profile embedded|postgres|both] [--calls 300]
         [--sizes 20,400,1600] [--slow-size 1600] [--slow-calls 150] [--litellm PATH]
-        [--only slow]
+        [--only slow|hot] [--otel off|collector|dead]
 """
 
 from __future__ import annotations
@@ -128,6 +136,7 @@ def _child(
     slow_calls: int = 150,
     litellm: str = "",
     only: str = "",
+    otel: str = "off",
 ) -> list[Row]:
     sys.path.insert(0, str(ROOT))
     os.chdir(ROOT)
@@ -159,6 +168,15 @@ def _child(
         # agent's next call. `--known-body-bytes 0` reads every body whole.
         "LEDGER_GATEWAY_KNOWN_BODY_BYTES": str(known_body_bytes),
     }
+    for name in [name for name in env if name.startswith("OTEL_")]:
+        del env[name]
+    collector = _OtlpReceiver().start() if otel == "collector" else None
+    if collector is not None:
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = collector.url
+    elif otel == "dead":
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = f"http://127.0.0.1:{_free_port()}"
+    if otel != "off":
+        env["OTEL_SERVICE_NAME"] = "bench-gateway"
     production = profile == "postgres"
     log = tempfile.TemporaryFile()  # noqa: SIM115 (closed below)
     processes: list[subprocess.Popen] = []
@@ -211,7 +229,19 @@ def _child(
         if lite is not None:
             _wait_http(lite + "/health/liveliness", deadline=time.monotonic() + 120)
         added: dict[tuple[str, str, int], float] = {}
-        if only != "slow":
+        if only == "hot":
+            rows += _latency(
+                profile,
+                sizes,
+                calls,
+                token,
+                gateways,
+                direct,
+                bare=bare + "/v1/chat/completions",
+                added=added,
+            )
+            rows += _growth(profile, added, sizes)
+        elif only != "slow":
             try:
                 # All sizes in one pass, call by call, so a drift in the machine's load over the
                 # run weighs on each size alike (the growth compares them).
@@ -263,7 +293,11 @@ def _child(
             except Exception as exc:
                 traceback.print_exc()
                 rows.append(_row(profile, "8 concurrent clients", f"failed: {exc}"[:300], ok=False))
+        if otel != "off":
+            rows += _export_rows(profile, otel, collector)
         try:
+            if only == "hot":
+                raise _Skipped
             rows += _slow_path(
                 profile,
                 slow_size,
@@ -275,10 +309,14 @@ def _child(
                 lite,
                 [process.pid for process in processes[: len(ports)]],
             )
+        except _Skipped:
+            pass
         except Exception as exc:
             traceback.print_exc()
             rows.append(_row(profile, "slow path", f"failed: {exc}"[:300], ok=False))
     finally:
+        if collector is not None:
+            collector.close()
         for process in processes:
             process.terminate()
         for process in processes:
@@ -290,10 +328,115 @@ def _child(
         log.seek(0)
         tracebacks = log.read().decode("utf-8", "replace").count("Traceback")
         log.close()
+    if otel != "off":
+        where = "a local collector" if otel == "collector" else "a closed port"
+        for one in rows:
+            one["figure"] = f"{one['figure']} [OTLP export to {where}]"
     servers = f"{len(ports)} daphne" + (" + a Celery worker" if production else "")
     rows.append(
         _row(profile, f"tracebacks in the logs of {servers}", str(tracebacks), "0", not tracebacks)
     )
+    return rows
+
+
+class _Skipped(Exception):
+    pass
+
+
+class _OtlpReceiver:
+    """A local OTLP/HTTP trace receiver: accepts POST /v1/traces (protobuf), counts the spans
+    it decodes (opentelemetry-proto) and answers 200 with an empty export response."""
+
+    def __init__(self) -> None:
+        self.spans = 0
+        self.posts = 0
+        self._lock = threading.Lock()
+        self._server: Any = None
+
+    def start(self) -> _OtlpReceiver:
+        import gzip
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+            ExportTraceServiceRequest,
+            ExportTraceServiceResponse,
+        )
+
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                if self.headers.get("Content-Encoding") == "gzip":
+                    body = gzip.decompress(body)
+                if self.path != "/v1/traces":
+                    self.send_response(404)
+                    self.end_headers()
+                    return
+                request = ExportTraceServiceRequest.FromString(body)
+                count = sum(
+                    len(scope.spans)
+                    for resource in request.resource_spans
+                    for scope in resource.scope_spans
+                )
+                with receiver._lock:
+                    receiver.posts += 1
+                    receiver.spans += count
+                answer = ExportTraceServiceResponse().SerializeToString()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/x-protobuf")
+                self.send_header("Content-Length", str(len(answer)))
+                self.end_headers()
+                self.wfile.write(answer)
+
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+                return
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self._server.serve_forever, daemon=True).start()
+        return self
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def close(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def _export_rows(profile: str, otel: str, collector: _OtlpReceiver | None) -> list[Row]:
+    """What the export did: the spans the collector received (every gateway call's, once the
+    batch processor's schedule has run), or with a dead collector, every call still answered
+    and recorded."""
+    from sessions_app.models import Call
+
+    time.sleep(1)  # a call's row is stored just after its answer
+    calls = Call.objects.count()
+    answered = Call.objects.filter(status="ok").count()
+    rows = [
+        _row(
+            profile,
+            "gateway calls recorded / answered ok",
+            f"{calls:,} / {answered:,}",
+            "all ok",
+            answered == calls,
+        )
+    ]
+    if collector is not None:
+        # The batch processor sends every 5 s (OTEL_BSP_SCHEDULE_DELAY): wait for the last.
+        deadline = time.monotonic() + 30
+        while collector.spans < calls and time.monotonic() < deadline:
+            time.sleep(0.5)
+        rows.append(
+            _row(
+                profile,
+                "spans the collector received (POST /v1/traces requests)",
+                f"{collector.spans:,} ({collector.posts:,})",
+                f"≥ {calls:,} calls",
+                collector.spans >= calls,
+            )
+        )
     return rows
 
 
@@ -870,7 +1013,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--slow-size", type=int, default=1600, help="the slow path's size")
     parser.add_argument("--slow-calls", type=int, default=150, help="calls per slow-path figure")
     parser.add_argument("--litellm", default="", help="a LiteLLM proxy executable to compare")
-    parser.add_argument("--only", choices=["slow"], default="", help="only the slow path")
+    parser.add_argument(
+        "--only",
+        choices=["slow", "hot"],
+        default="",
+        help="only the slow path, or only the conversation sizes",
+    )
+    parser.add_argument(
+        "--otel",
+        choices=["off", "collector", "dead"],
+        default="off",
+        help="export spans over OTLP/HTTP to a local receiver, or to a closed port",
+    )
     parser.add_argument("--child", choices=["embedded", "postgres"], help=argparse.SUPPRESS)
     parser.add_argument("--bare-proxy", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -889,6 +1043,7 @@ def main(argv: list[str] | None = None) -> int:
                 slow_calls=args.slow_calls,
                 litellm=args.litellm,
                 only=args.only,
+                otel=args.otel,
             )
         )
         return 0
@@ -909,6 +1064,8 @@ def main(argv: list[str] | None = None) -> int:
             str(args.slow_calls),
             *(["--litellm", args.litellm] if args.litellm else []),
             *(["--only", args.only] if args.only else []),
+            "--otel",
+            args.otel,
         ],
         pg_db=PG_DB,
         timeout=1800,

@@ -1,8 +1,10 @@
 """Usage over time and /metrics on a large calls ledger: N calls (default 1,000,000) over 30
 days, 2,000 sessions of 20 users, 4 models, ~3 % failures, on the embedded profile (SQLite in
 a temporary VAR_DIR). Times the usage API's selector for 30 days per day by model, 24 hours
-per hour by session, and the /metrics exposition: the first read (which rolls up the closed
-15-minute windows it needs) and the next ones (read from the rollup).
+per hour by session, 30 days per day by model in a zone whose days are not UTC's (read from
+the hour level), and the /metrics exposition: the first read (which rolls up the closed
+15-minute windows it needs, and the hours and days they complete) and the next ones (read
+from the rollup's days, hours and windows, and /metrics from its per-series totals).
 
     .venv/bin/python bench/bench_usage.py [--calls 1000000]
 """
@@ -35,12 +37,14 @@ def main() -> None:
     import django
 
     django.setup()
+    from zoneinfo import ZoneInfo
+
     from django.contrib.auth import get_user_model
     from django.core.management import call_command
     from django.utils import timezone
 
     from compaction_app import metrics
-    from sessions_app import usage_over_time
+    from sessions_app import call_rollup, usage_over_time
     from sessions_app.models import Call, CallRollup, Session
 
     call_command("migrate", verbosity=0, interactive=False)
@@ -74,6 +78,7 @@ def main() -> None:
                 Call(
                     id=uuid.uuid4(),
                     session_id=session.pk,
+                    owner_id=session.owner_id,
                     started_at=min(moment, now),
                     wire="anthropic" if model.startswith("claude") else "openai",
                     status="provider_error" if failed else "ok",
@@ -124,10 +129,32 @@ def main() -> None:
             group_by="session",
         ),
     )
+    timed(
+        "30 days per day by model, Asia/Kolkata",
+        lambda: usage_over_time.usage_over_time(
+            user=staff,
+            since=now - datetime.timedelta(days=30),
+            until=now,
+            bucket="day",
+            group_by="model",
+            tz=ZoneInfo("Asia/Kolkata"),
+        ),
+    )
+    timed(
+        "30 days per day by model, one user",
+        lambda: usage_over_time.usage_over_time(
+            user=users[3],
+            since=now - datetime.timedelta(days=30),
+            until=now,
+            bucket="day",
+            group_by="model",
+        ),
+    )
     timed("/metrics exposition", metrics.exposition)
+    levels = ", ".join(f"{name} {n:,}" for name, n in call_rollup.level_counts().items())
     print(
         f"calls: {Call.objects.count():,} (loaded in {load:.0f} s); "
-        f"rollup rows: {CallRollup.objects.count():,}"
+        f"rollup rows: {CallRollup.objects.count():,} ({levels})"
     )
     print("| read | | seconds |\n|---|---|---|")
     for label, attempt, seconds in rows:

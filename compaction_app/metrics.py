@@ -1,7 +1,8 @@
 """Prometheus metrics (`/metrics`), computed from the shared state every process sees.
 
-Calls, tokens, cost and latency come from the calls ledger (its 15-minute rollup plus the
-calls not rolled up yet: sessions_app.call_rollup), compactions from the runs table, the
+Calls, tokens, cost and latency come from the calls ledger (its per-series totals of the
+rolled-up windows plus the calls not rolled up yet, read in one snapshot:
+sessions_app.call_rollup.series_rows), compactions from the runs table, the
 queue depth from the broker, stale runs from the runs' heartbeats, websocket connections
 from each server process's count in Redis (in process memory on the embedded profile). So
 any process answers the same numbers, however many ASGI processes and workers run, and a
@@ -25,7 +26,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Count, Min
+from django.db.models import Count
 from django.utils import timezone
 from prometheus_client.core import (
     CounterMetricFamily,
@@ -38,7 +39,6 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from compaction_app.models import ACTIVE_STATUSES, CompactionRun, RunStatus
 from sessions_app import call_rollup
-from sessions_app.models import Call, CallRollupBucket
 
 logger = logging.getLogger("compaction_app.metrics")
 
@@ -59,13 +59,6 @@ def _buckets(latency: call_rollup.Latency) -> list[tuple[str, float]]:
         out.append((repr(bound / 1000), float(count)))
     out.append(("+Inf", float(latency.count)))
     return out
-
-
-def _first_window() -> datetime.datetime | None:
-    stored = CallRollupBucket.objects.aggregate(first=Min("bucket"))["first"]
-    first_call = Call.objects.aggregate(first=Min("started_at"))["first"]
-    found = [moment for moment in (stored, first_call) if moment is not None]
-    return min(found) if found else None
 
 
 class LedgerCollector(Collector):
@@ -106,28 +99,27 @@ def _call_metrics() -> Iterator[Metric]:
         "Arrival to the end of the answer.",
         ["wire"],
     )
-    first = _first_window()
     counts: dict[tuple[str, str, str], int] = defaultdict(int)
     kinds: dict[tuple[str, str, str], int] = defaultdict(int)
     dollars: dict[tuple[str, str], int] = defaultdict(int)
     lat: dict[tuple[str, str], call_rollup.Latency] = defaultdict(call_rollup.Latency)
-    if first is not None:
-        for row in call_rollup.rows(since=first, until=timezone.now()):
-            counts[(row.wire, row.model, row.status)] += row.calls
-            uncached = max(row.prompt_tokens - row.cached_input_tokens - row.cache_write_tokens, 0)
-            for kind, value in (
-                ("input", uncached),
-                ("cache_read", row.cached_input_tokens),
-                ("cache_write", row.cache_write_tokens),
-                ("output", row.completion_tokens),
-            ):
-                kinds[(row.wire, row.model, kind)] += value
-            dollars[(row.wire, row.model)] += row.cost_nano_usd
-            for name in ("gateway", "total"):
-                if name in row.latency:
-                    lat[(name, row.wire)].merge(row.latency[name])
-            if row.stream and "ttfb" in row.latency:
-                lat[("ttfb", row.wire)].merge(row.latency["ttfb"])
+    # One row per series (the stored windows' totals) and the calls not rolled up yet.
+    for row in call_rollup.series_rows():
+        counts[(row.wire, row.model, row.status)] += row.calls
+        uncached = max(row.prompt_tokens - row.cached_input_tokens - row.cache_write_tokens, 0)
+        for kind, value in (
+            ("input", uncached),
+            ("cache_read", row.cached_input_tokens),
+            ("cache_write", row.cache_write_tokens),
+            ("output", row.completion_tokens),
+        ):
+            kinds[(row.wire, row.model, kind)] += value
+        dollars[(row.wire, row.model)] += row.cost_nano_usd
+        for name in ("gateway", "total"):
+            if name in row.latency:
+                lat[(name, row.wire)].merge(row.latency[name])
+        if row.stream and "ttfb" in row.latency:
+            lat[("ttfb", row.wire)].merge(row.latency["ttfb"])
     for key, value in sorted(counts.items()):
         calls.add_metric(list(key), value)
     for key, value in sorted(kinds.items()):

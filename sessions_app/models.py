@@ -453,6 +453,102 @@ class CallRollup(models.Model):
         return f"{self.bucket_id} {self.model} {self.status} × {self.calls}"
 
 
+class RollupLevel(models.TextChoices):
+    """A coarser rollup level than the 15-minute window (sessions_app.call_rollup)."""
+
+    HOUR = "hour"
+    DAY = "day"
+
+
+class CallRollupSpan(models.Model):
+    """An hour or a day (UTC) whose coarse rollup rows are stored: built once each of its
+    windows (hours, for a day) is stored, written first in the transaction that stores its
+    rows; a late call deletes it with its window's marker (sessions_app.call_rollup)."""
+
+    level = models.CharField(max_length=8, choices=RollupLevel.choices)
+    start = models.DateTimeField()
+    computed_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["level", "start"], name="call_rollup_span_unique")
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.level} {self.start:%Y-%m-%d %H:%M}"
+
+
+class CallRollupCoarse(models.Model):
+    """The calls of one hour or day (UTC) for one owner, model and status: the 15-minute
+    rows of its windows summed (sessions, wires and streams together), what a usage read
+    that is not per session reads instead (sessions_app.call_rollup). `level` and `start`
+    repeat the span's, so a read is one range on one index."""
+
+    span = models.ForeignKey(CallRollupSpan, on_delete=models.CASCADE, related_name="rows")
+    level = models.CharField(max_length=8, choices=RollupLevel.choices)
+    start = models.DateTimeField()
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+    )
+    model = models.CharField(max_length=200, blank=True, default="")
+    status = models.CharField(max_length=32)
+    calls = models.PositiveIntegerField(default=0)
+    prompt_tokens = models.PositiveBigIntegerField(default=0)
+    cached_input_tokens = models.PositiveBigIntegerField(default=0)
+    cache_write_tokens = models.PositiveBigIntegerField(default=0)
+    completion_tokens = models.PositiveBigIntegerField(default=0)
+    cost_nano_usd = models.PositiveBigIntegerField(default=0)
+    unpriced_calls = models.PositiveIntegerField(default=0)
+    fitted = models.PositiveIntegerField(default=0)
+    saved_tokens = models.PositiveBigIntegerField(default=0)
+    # As CallRollup.latency, the call's total latency only ({"total": ...}: usage's p50/p99).
+    latency = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["level", "start", "owner"], name="call_rollup_coarse_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.level} {self.start:%Y-%m-%d %H:%M} {self.model} {self.status} × {self.calls}"
+
+
+class CallSeriesTotal(models.Model):
+    """Every stored 15-minute window's calls for one wire, model, status and stream, summed:
+    what /metrics reads (one row per series) beside the calls of the windows not stored yet.
+    Added to in the transaction that stores a window, taken from in the one that drops a
+    window for a late call (sessions_app.call_rollup), so it always equals the stored
+    windows."""
+
+    wire = models.CharField(max_length=32)
+    model = models.CharField(max_length=200, blank=True, default="")
+    status = models.CharField(max_length=32)
+    stream = models.BooleanField(default=False)
+    calls = models.BigIntegerField(default=0)
+    prompt_tokens = models.BigIntegerField(default=0)
+    cached_input_tokens = models.BigIntegerField(default=0)
+    cache_write_tokens = models.BigIntegerField(default=0)
+    completion_tokens = models.BigIntegerField(default=0)
+    cost_nano_usd = models.BigIntegerField(default=0)
+    unpriced_calls = models.BigIntegerField(default=0)
+    fitted = models.BigIntegerField(default=0)
+    saved_tokens = models.BigIntegerField(default=0)
+    # As CallRollup.latency.
+    latency = models.JSONField(default=dict, blank=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["wire", "model", "status", "stream"], name="call_series_total_unique"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.wire} {self.model} {self.status} × {self.calls}"
+
+
 class BudgetPeriod(models.TextChoices):
     """The calendar period a budget's spend is counted over (UTC)."""
 

@@ -32,6 +32,20 @@ Reading rows: `instances(model, sql, params)` with `columns(model)`
     one round trip that commits alone, where BEGIN, UPDATE, INSERT and COMMIT took four. No ORM
     call sends one statement for both.
 
+`rollup_locks(keys)`: `SELECT pg_advisory_xact_lock(...)` per hour of the calls rollup
+(PostgreSQL; nothing on SQLite, whose writers take one lock for the whole file)
+    No ORM call takes an advisory lock. The rollup's builders and a late call's invalidation
+    (sessions_app.call_rollup) take the hours they touch, in ascending order, before reading
+    what they store: a row another transaction inserted and has not committed is invisible to
+    a DELETE, which would not wait for it, so a marker alone could not make a late call's
+    invalidation wait for the transaction storing its window.
+
+`repeatable_read()`: `SET TRANSACTION ISOLATION LEVEL REPEATABLE READ` (PostgreSQL)
+    No ORM call sets a transaction's isolation. A /metrics scrape reads the per-series totals,
+    the windows' markers and the calls of the windows not stored in one snapshot, so a window
+    stored meanwhile is counted once, never twice or not at all (on SQLite, the scrape reads
+    again if a window was stored or dropped while it read).
+
 On PostgreSQL a statement carrying a long text (an event's content) binds it on the server
 (`cursor_for`); the others keep Django's client-side binding.
 
@@ -42,15 +56,16 @@ statement here identifiers come from the models and `quote_name`, values are par
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 import weakref
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any, TypeVar, cast
 
 from django.contrib.auth import get_user_model
-from django.db import DEFAULT_DB_ALIAS, connection, connections
+from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Field, Model
 from django.utils import timezone
@@ -494,3 +509,36 @@ def _append_statement_sql(
         + (f", also AS ({also}) " if also else "")
         + f"SELECT {columns(Session)} FROM updated"  # noqa: S608
     )
+
+
+# --- the calls rollup's locks and snapshot ------------------------------------------------------
+
+# pg_advisory_xact_lock's first key: the calls rollup's hours (the second is the hour's number).
+ROLLUP_LOCK_SPACE = 0x4C52
+
+
+def rollup_locks(keys: Sequence[int]) -> None:
+    """Take the transaction-scoped advisory locks of these hours, in ascending order (so two
+    builders never wait for each other in a cycle); nothing on SQLite."""
+    if connection.vendor != "postgresql" or not keys:
+        return
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(pg_advisory_xact_lock(%s, k)) FROM "
+            "(SELECT unnest(%s::integer[]) AS k ORDER BY 1) AS ordered",
+            [ROLLUP_LOCK_SPACE, sorted(set(keys))],
+        )
+
+
+@contextlib.contextmanager
+def repeatable_read() -> Iterator[None]:
+    """A transaction whose reads share one snapshot: REPEATABLE READ on PostgreSQL. Nothing on
+    SQLite (the embedded profile's transactions are IMMEDIATE: a read in one would hold the
+    write lock; its callers check what they read instead), nor inside a transaction already."""
+    if connection.in_atomic_block or connection.vendor != "postgresql":
+        yield
+        return
+    with transaction.atomic():
+        with connection.cursor() as cursor:
+            cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ")
+        yield

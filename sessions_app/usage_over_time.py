@@ -1,5 +1,6 @@
 """Usage over time: the calls ledger per hour or day in the viewer's time zone, grouped by
-model, user, session or status (selectors; read from the rollup, sessions_app.call_rollup).
+model, user, session or status (selectors; read from the rollup, sessions_app.call_rollup:
+its days and hours when the read is not per session, its 15-minute windows when it is).
 
 Figures per period and group: calls, errors and the error rate, tokens by kind, cost, cache
 hit rate (cache reads ÷ all input), p50 and p99 of the call's total latency (from the
@@ -11,6 +12,7 @@ from __future__ import annotations
 import datetime
 import functools
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 from zoneinfo import ZoneInfo, available_timezones
@@ -155,7 +157,9 @@ def usage_over_time(
     first = periods[0].astimezone(datetime.UTC)
     cells: dict[tuple[datetime.datetime, Any], Cell] = defaultdict(Cell)
     totals: dict[Any, Cell] = defaultdict(Cell)
-    for row in call_rollup.rows(since=first, until=until, owner_id=owner):
+    for row in _rows(
+        periods, until, owner, by_session=session_id is not None or group_by == "session"
+    ):
         if session_id is not None and str(row.session_id) != str(session_id):
             continue
         period = _period_of(row.bucket, bucket, tz)
@@ -212,6 +216,24 @@ def usage_over_time(
         "points": [cell.document() for cell in by_period],
         "totals": overall.document(),
     }
+
+
+def _rows(
+    periods: list[datetime.datetime],
+    until: datetime.datetime,
+    owner: int | None,
+    *,
+    by_session: bool,
+) -> Iterator[call_rollup.Row]:
+    """The rollup rows of these periods: the 15-minute windows' (per session) when the read is
+    per session; else each period from the largest stored level that fits in it (days,
+    hours, windows: call_rollup.rows_for_periods), the same figures from fewer rows."""
+    first = periods[0].astimezone(datetime.UTC)
+    if by_session:
+        return call_rollup.rows(since=first, until=until, owner_id=owner)
+    end = call_rollup.window_of(until - datetime.timedelta(microseconds=1)) + call_rollup.WINDOW
+    bounds = [p.astimezone(datetime.UTC) for p in periods] + [end]
+    return call_rollup.rows_for_periods(bounds=bounds, owner_id=owner)
 
 
 def _group_key(row: call_rollup.Row, group_by: str | None) -> Any:
