@@ -12,6 +12,7 @@ import pytest
 
 from compaction_app.gateway import after
 from compaction_app.models import CompactionRun, Trigger
+from compaction_app.policy import summary_bound
 from compaction_app.testkit.tool_output_session import (
     buried_session,
     chat_messages,
@@ -33,13 +34,20 @@ def forwarded_text(body: dict) -> str:
 
 
 def ask_past_the_threshold(
-    gateway_url: str, alice, alice_api, *, fixtures: list, key: str, settings: dict | None = None
+    gateway_url: str,
+    alice,
+    alice_api,
+    *,
+    fixtures: list,
+    key: str,
+    settings: dict | None = None,
+    routine: int = 60,
 ) -> tuple[Any, list[dict], Any, Session]:
     """The buried session's history through the gateway; then a context limit that puts it,
     with its closing question added, between compactThreshold and the hard limit (and the
     session `settings` given); then the question. Returns the client, the history sent last,
     the raw answer to the question and the session."""
-    events = buried_session(fixtures, routine=60)
+    events = buried_session(fixtures, routine=routine)
     history = chat_messages(events[:-2])
     client = openai_client(gateway_url, key=token_for(alice), session=key)
     reply = client.chat.completions.create(model=MODEL, messages=history)
@@ -113,3 +121,50 @@ def test_it_forwards_the_facts_of_buried_tool_outputs_after_clearing_them_by_def
     after.wait_idle()
     assert prefix_stable(cleared, upstream.requests[-1])
     assert CompactionRun.objects.filter(session=session).count() == 1
+
+
+def test_it_fills_the_room_below_the_target_with_the_newest_turns_kept_whole(
+    gateway_url, upstream, alice, alice_api
+):
+    """Summarizing in the call path on the auto bound: the summary stays within its bound and
+    the room the target leaves goes to the newest turns, verbatim (each call with its result),
+    after the summary, as they happened; never to a bigger summary (issue 38)."""
+    corpus = {fixture.name: fixture for fixture in load_corpus()}
+    fixtures = [corpus["kubectl_describe_pod"], corpus["go_panic"]]
+    client, history, raw, session = ask_past_the_threshold(
+        gateway_url,
+        alice,
+        alice_api,
+        fixtures=fixtures,
+        key="room",
+        settings={"fitTargetRatio": 0.1},
+        routine=240,
+    )
+    assert raw.headers["X-Ledger-Compacted"] == "true"
+    run = CompactionRun.objects.get(session=session, trigger=Trigger.GATEWAY)
+    assert (run.status, run.strategy) == ("completed", "summarize")
+    session.refresh_from_db()
+    bound = summary_bound(context_limit=session.context_limit, max_summary_tokens=None)
+    summary = alice_api.get(f"/api/v1/sessions/{session.pk}/summary").json()
+    assert 0 < summary["tokenCount"] <= bound
+    sent = upstream.requests[-1].body["messages"]
+    # The tail of the forwarded request is the client's own newest turns, byte for byte: more
+    # tool results than keepRecentEvents (2) keeps, each right after the call that made it.
+    originals = {m["tool_call_id"]: m["content"] for m in history if m.get("role") == "tool"}
+    tools = [k for k, m in enumerate(sent) if m.get("role") == "tool"]
+    assert len(tools) > 2
+    for k in tools:
+        assert sent[k]["content"] == originals[sent[k]["tool_call_id"]]
+        (call,) = sent[k - 1]["tool_calls"]
+        assert call["id"] == sent[k]["tool_call_id"]
+    # They are the newest: the last of them is the last the client sent.
+    last_tool = max(k for k, m in enumerate(history) if m.get("role") == "tool")
+    assert sent[tools[-1]]["tool_call_id"] == history[last_tool]["tool_call_id"]
+    # The summary comes before them, and from the first kept turn on the request is the
+    # client's own history as it happened.
+    first_turn = tools[0] - 1
+    assert any("[#" in str(m.get("content")) for m in sent[:first_turn])
+    tail = sent[first_turn:]
+    assert [(m["role"], m.get("content")) for m in tail] == [
+        (m["role"], m.get("content")) for m in history[-len(tail) :]
+    ]
