@@ -95,7 +95,9 @@ GROUP = 4  # outputs buried per session on the REST path (each apart, amid routi
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize(("budget", "share"), [(None, 0.95), (2000, 0.85)])
+# The REST path at the auto budget; 2,000 tokens is the pure test's (above), which the REST
+# path adds nothing to but twenty seconds.
+@pytest.mark.parametrize(("budget", "share"), [(None, 0.95)])
 def test_it_keeps_the_facts_in_the_context_after_a_summarize_compaction(
     worker, alice_api, budget, share
 ):
