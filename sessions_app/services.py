@@ -21,7 +21,7 @@ from typing import Any
 
 from django.conf import settings as django_settings
 from django.contrib.auth.models import AbstractBaseUser
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, OperationalError, transaction
 from django.db.models import Count, F, Sum
 from django.db.models.functions import Coalesce
 from django.utils import timezone
@@ -211,8 +211,26 @@ def session_update(
     return locked
 
 
+_DELETE_ATTEMPTS = 3
+
+
 def session_delete(*, session: Session) -> None:
-    session.delete()
+    """Delete the session and everything it holds. Appends, compaction runs and counters
+    write under the session's row lock: taken first, the cascade waits for a writer under way
+    and no row of the session comes after it (otherwise the cascade locks the events before
+    the session, the other order from a writer's, and PostgreSQL breaks the deadlock by
+    failing one). A conflict a concurrent writer still causes (a row it inserted after the
+    cascade collected, a deadlock with a task that locks events first) is retried."""
+    for attempt in range(_DELETE_ATTEMPTS):
+        try:
+            with transaction.atomic():
+                locked = Session.objects.select_for_update().filter(pk=session.pk).first()
+                if locked is not None:
+                    locked.delete()
+            return
+        except (IntegrityError, OperationalError):
+            if attempt == _DELETE_ATTEMPTS - 1:
+                raise
 
 
 def _content_for_storage(content: Any, where: str) -> tuple[str, bool]:

@@ -193,3 +193,32 @@ def test_it_reports_a_conflict_for_one_id_raced_into_two_sessions():
     assert all(pk == owner for code, pk in outcomes if code == "ok")
     assert_ledger_consistent(first.pk)
     assert_ledger_consistent(second.pk)
+
+
+def test_it_deletes_a_session_while_writers_append_to_it():
+    """A delete racing appends: it waits for the writer under way and takes everything with
+    it; the writers after it find no session (a 404 on every surface), none fails in the
+    database, and no row of the session is left behind."""
+    session = make_session()
+    for index in range(20):
+        services.event_append(session=session, events=[event(0, index)])
+    deleted: list[bool] = []
+
+    def work(index: int) -> None:
+        if index == 0:
+            services.session_delete(session=session)
+            deleted.append(True)
+            return
+        for number in range(10):
+            try:
+                services.event_append(
+                    session=Session.objects.get(pk=session.pk), events=[event(index, number)]
+                )
+            except Session.DoesNotExist:
+                return
+
+    errors = run_threads(6, work)
+    assert errors == []
+    assert deleted == [True]
+    assert not Session.objects.filter(pk=session.pk).exists()
+    assert not Event.objects.filter(session_id=session.pk).exists()
