@@ -45,7 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from compaction_app.testkit.tool_output_session import chat_messages, facts_kept
+from compaction_app.testkit import tool_output_session
+from compaction_app.testkit.tool_output_session import SPLITS, chat_messages, facts_kept
 
 __all__ = [
     "CORPUS",
@@ -64,7 +65,6 @@ __all__ = [
 ]
 
 CORPUS = Path(__file__).resolve().parents[2] / "tests" / "fixtures" / "conversations"
-SPLITS = ("tune", "sealed")
 SECTION = "@@@ "
 MODEL = "gpt-4o"
 CLOSING = "Pick this up where we left off: what have we established so far, and what is next?"
@@ -199,14 +199,8 @@ def split_rule(names: Sequence[str]) -> dict[str, str]:
 
 
 def read_split(directory: Path = CORPUS) -> dict[str, str]:
-    """The halves written in `SPLIT` (`name half` a line; `#` starts a comment)."""
-    halves: dict[str, str] = {}
-    for line in (directory / "SPLIT").read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
-        if line:
-            name, half = line.split()
-            halves[name] = half
-    return halves
+    """The halves written in `SPLIT`, in the tool-output corpus's format (one reader)."""
+    return tool_output_session.read_split(directory)
 
 
 def load_scenarios(directory: Path = CORPUS, split: str | None = None) -> list[Scenario]:
