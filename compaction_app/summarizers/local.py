@@ -511,6 +511,11 @@ _SECTION_RANK_CAP = 4
 _CITATION_CHARS = 12
 
 
+def _output_label(name: str) -> str:
+    """The tool's name as a summary line names its output (`bash output: …`)."""
+    return re.sub(r"[^\w.-]", "_", name) or "tool"
+
+
 def _room_cost(item: _Item, max_tokens: int) -> float:
     return _ROOM_SHARE * (len(item.text) + _CITATION_CHARS) / (4 * max(max_tokens, 1))
 
@@ -982,7 +987,7 @@ class LocalSummarizer(Summarizer):
         ranked = conversation.call(position)
         if ranked is None or ranked.score < _CALL_CUT:
             return
-        label = re.sub(r"[^\w.-]", "_", name) or "tool"
+        label = _output_label(name)
         section = _CHANGES if ranked.change else _TECH
         text = f"{label} call: {ranked.text}"
         collector.add(
@@ -999,7 +1004,7 @@ class LocalSummarizer(Summarizer):
         if conversation is None or position is None or position not in conversation.contexts:
             return
         outcome = conversation.rank(position)
-        label = re.sub(r"[^\w.-]", "_", name) or "tool"
+        label = _output_label(name)
         kept = offered = 0
         itemized: set[tuple[str, ...]] = set()
         for ranked in outcome.ranked:
@@ -1039,15 +1044,16 @@ class LocalSummarizer(Summarizer):
         what the bound leaves once the items are in, never takes their place (rarity alone is
         no evidence, but a budget left empty keeps nothing)."""
         salience = self._salience()
-        label = re.sub(r"[^\w.-]", "_", name) or "tool"
+        label = _output_label(name)
         shapes: set[str] = set()
         for raw in itertools.islice(
             _lines_matching(content, _TOOL_ERROR_NEEDLES, _TOOL_ERROR), _MAX_TOOL_ERRORS
         ):
-            line = quoted_line(raw)
-            shape = shape_of(_clip(f"{label} output: {line}"))
-            if _key(_clip(f"{label} output: {line}")) in collector.items:
+            item = f"{label} output: {quoted_line(raw)}"
+            clipped = _clip(item)
+            if _key(clipped) in collector.items:
                 continue  # an item already, ranked by what the conversation says of it
+            shape = shape_of(clipped)
             if shape in shapes or "shape:" + shape in collector.items:
                 # The fortieth `bad row N`: one line of its kind is enough, and none when
                 # the kind is an item already (counted into its `… ×N`).
@@ -1055,7 +1061,6 @@ class LocalSummarizer(Summarizer):
             shapes.add(shape)
             # A failure is a verdict whatever the conversation says of it: an item, ranked
             # by what it tells in this session (one of a kind above the eightieth repeat).
-            item = f"{label} output: {line}"
             information, _outcome, _signal = salience.information(raw)
             score = max(_score(_ISSUES, item), _BASE[_ISSUES] + information)
             collector.add(_ISSUES, item, score, seq=seq, collapse=True)
