@@ -2,7 +2,7 @@
 compaction, per scenario and path, and how much context each path leaves.
 
     .venv/bin/python bench/bench_conversations.py [--split tune|sealed] [--tokens 400000]
-        [--paths rest,gateway] [--seed 1]
+        [--paths rest,clear,gateway] [--seed 1]
 
 The corpus is `tests/fixtures/conversations/` (compaction_app/testkit/conversations.py): ten
 hand-written agent sessions (an SRE incident, a dbt mismatch, a Gradle build, a TypeScript
@@ -22,6 +22,11 @@ gateway's OpenAI upstream.
   window), `POST /compactions` (`summarize` + `local`, keepRecentEvents 2) at the auto
   summary budget (16,384 in that window), at maxSummaryTokens 8,192 and at 2,000; the facts
   are counted in `GET /context`, the ratio is its tokenCount over the context before.
+- Clear (`clear`): the same sessions, `POST /compactions` with `clear_tool_results`: every
+  older output replaced by its placeholder (its verdicts and the records the conversation
+  points at), the newest outputs kept whole within the room (at most a fifth of what was
+  cleared, outside the call path). The path the gateway takes when clearing alone reaches its
+  mark: on this corpus's many small outputs it never does, so this is where it is measured.
 - Gateway (`gateway`): the whole conversation sent as one Chat Completions request (the
   official `openai` SDK) for gpt-4o, whose window is 128k: the gateway records it, fits it in
   the call path with the session's defaults (it compacts once down to fitTargetRatio 0.5 of
@@ -54,7 +59,7 @@ REST_LIMIT = 1_000_000
 REST_MODEL = "gpt-4.1"
 GATEWAY_MODEL = "gpt-4o"
 BUDGETS: tuple[int | None, ...] = (None, 8192, 2000)
-PATHS = ("rest", "gateway")
+PATHS = ("rest", "clear", "gateway")
 CHUNK = 2_000
 
 
@@ -94,10 +99,14 @@ def _child(split: str, tokens: int, paths: list[str], seed: int) -> dict[str, An
     seconds: dict[str, float] = {}
     sessions = {s.name: long_session(s, tokens=tokens, seed=seed) for s in scenarios}
 
+    runs: list[tuple[str, int | None, str]] = []
     if "rest" in paths:
+        runs += [(_label(budget), budget, "summarize") for budget in BUDGETS]
+    if "clear" in paths:
+        runs.append(("rest clear", None, "clear_tool_results"))
+    if runs:
         with start_worker(app, perform_ping_check=False, pool="solo", loglevel="WARNING"):
-            for budget in BUDGETS:
-                label = _label(budget)
+            for label, budget, strategy in runs:
                 cells[label] = {}
                 started = time.perf_counter()
                 for scenario in scenarios:
@@ -117,9 +126,10 @@ def _child(split: str, tokens: int, paths: list[str], seed: int) -> dict[str, An
                             content_type="application/json",
                         )
                         assert response.status_code == 201, response.content[:500]
-                    created, complete, _ = _compact(
-                        token, session_id, {"strategy": "summarize", "summarizer": "local"}
-                    )
+                    request = {"strategy": strategy}
+                    if strategy == "summarize":
+                        request["summarizer"] = "local"
+                    created, complete, _ = _compact(token, session_id, request)
                     assert complete["success"], complete
                     response = client.get(f"/api/v1/sessions/{session_id}/context?format=openai")
                     assert response.status_code == 200, response.content[:500]
@@ -218,6 +228,7 @@ def _report(result: dict[str, Any], split: str) -> str:
         "rest auto": f"REST, auto ({auto:,})",
         "rest 8192": "REST, 8,192",
         "rest 2000": "REST, 2,000",
+        "rest clear": "REST, clear tool results",
         "gateway": "Gateway, gpt-4o 128k",
     }
     labels = [label for label in headings if label in cells]
@@ -288,7 +299,7 @@ def main(argv: list[str] | None = None) -> int:
         help="the half of the corpus to measure (the sealed half only on purpose)",
     )
     parser.add_argument("--tokens", type=int, default=400_000, help="each session's size")
-    parser.add_argument("--paths", default="rest,gateway", help="rest, gateway or both")
+    parser.add_argument("--paths", default="rest,clear,gateway", help="any of rest, clear, gateway")
     parser.add_argument("--seed", type=int, default=1, help="the routine's seed")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

@@ -140,14 +140,16 @@ def keep_newest(
     return kept
 
 
-def prune(items: Sequence[context_window.WindowItem], *, budget: int) -> list[str] | None:
+def prune(
+    items: Sequence[context_window.WindowItem], *, budget: int
+) -> list[context_window.Key] | None:
     """The ledger's prune: the required items (system prompts, the summary, the last user
     message) and the newest units within `budget`, a tool call and its results being one
     unit so the result is a valid message list. The kept keys in input order, or None when
     the required items alone do not fit."""
     required = set(context_window.required_keys(items))
-    units: list[list[str]] = []
-    by_call: dict[str, list[str]] = {}
+    units: list[list[context_window.Key]] = []
+    by_call: dict[str, list[context_window.Key]] = {}
     for item in items:
         if item.key in required:
             continue

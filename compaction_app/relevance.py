@@ -35,7 +35,7 @@ import re
 from bisect import bisect_right
 from collections import Counter
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from compaction_app.evidence import extract, own_frames, quoted_line, segmented
 from sessions_app.event_types import EventType
@@ -600,6 +600,11 @@ def _shape(text: str) -> str:
     return " ".join(w for w in _template(text)[:12] if w != "#")
 
 
+# A failure or an outcome whose kind comes more often than this in the session's outputs is
+# the routine's (the same warning on every build), not one output's verdict.
+_VERDICT_ROUTINE = 3
+
+
 class Conversation:
     """What a conversation says about each of its outputs: built once over the messages of a
     compaction (in order), then asked for any output's ranking (`rank`)."""
@@ -619,6 +624,8 @@ class Conversation:
                 words |= record.words
             self.spread.update(words)
         self._call_templates: Counter[tuple[str, ...]] | None = None
+        # In how many outputs each record template comes (built on the first verdict asked).
+        self._outputs_with: Counter[tuple[str, ...]] | None = None
         # How often each record's template comes in the session's outputs (a failure repeated
         # run after run is one fact, said once with its count).
         self.templates: Counter[tuple[str, ...]] = Counter(
@@ -640,10 +647,70 @@ class Conversation:
             elif message.type == EventType.TOOL_CALL:
                 self._asks[position] = ask | intent
 
-    def rank(self, position: int) -> Outcome:
-        return rank_records(
+    def rank(self, position: int, *, repeated_failures: bool = True) -> Outcome:
+        """The output's records, best first. `repeated_failures`: whether a failure that
+        comes back in output after output keeps its verdict (a summary states it once, with
+        its count and seqs; a placeholder, which speaks for one output, leaves it out)."""
+        outcome = rank_records(
             self.records[position], self.contexts[position], self.mentions, self.spread
         )
+        return self._without_routine_verdicts(outcome, failures=not repeated_failures)
+
+    def _without_routine_verdicts(self, outcome: Outcome, *, failures: bool) -> Outcome:
+        """`outcome` with no verdict for a record that stands out in its output only as the
+        session's routine does in every one (the deprecation warning each build prints, its
+        `build finished`): a line of its own kind in this output whose kind comes in more than
+        `_VERDICT_ROUTINE` of the session's outputs (a failure only when `failures`). An
+        outlier among siblings of its own kind (the row whose figure breaks the column) keeps
+        its verdict: its kind is its siblings'."""
+        ranked = outcome.ranked
+        if not any(r.verdict for r in ranked):
+            return outcome
+        if self._outputs_with is None:
+            self._outputs_with = Counter()
+            for records in self.records.values():
+                self._outputs_with.update({record.template for record in records})
+        here = Counter(r.record.template for r in ranked)
+        changed = False
+        fixed: list[Ranked] = []
+        for r in ranked:
+            template = r.record.template
+            if (
+                r.verdict
+                and here[template] == 1
+                and self._outputs_with[template] > _VERDICT_ROUTINE
+                and (failures or not (r.record.failed or is_failure(r.record.text)))
+            ):
+                r = replace(r, score=r.score - r.verdict, verdict=0.0)
+                changed = True
+            fixed.append(r)
+        if not changed:
+            return outcome
+        fixed.sort(key=lambda r: (-r.score, r.record.index))
+        return Outcome(fixed, outcome.reaction, outcome.size)
+
+    def verdict_lines(self, outcome: Outcome) -> list[Ranked]:
+        """An output's verdicts, failures first, then outcomes, then a diff's added lines,
+        each best first: its records that report a failure or a command's outcome (`Got 21
+        results, configured to fail`, `BUILD FAILED`) or that a change added (`+ instant =
+        …`), of a kind the session's routine does not repeat
+        (the template in at most `_VERDICT_ROUTINE` records of all its outputs: the routine
+        `0 errors` of every lint run is no verdict). A command's echo never is one. Whatever
+        the conversation says of them, these are what the output concluded."""
+        failures: list[Ranked] = []
+        outcomes: list[Ranked] = []
+        added: list[Ranked] = []
+        for ranked in outcome.ranked:
+            record = ranked.record
+            if self.templates[record.template] > _VERDICT_ROUTINE or _ECHO.match(record.text):
+                continue
+            if record.failed or is_failure(record.text):
+                failures.append(ranked)
+            elif is_outcome(record.text):
+                outcomes.append(ranked)
+            elif _DIFF_ADDED.match(record.text):
+                added.append(ranked)
+        return failures + outcomes + added
 
     def call(self, position: int) -> CallRank | None:
         """What a call (a TOOL_CALL among the messages) is worth quoting: a change it made
@@ -783,6 +850,8 @@ _EXCEPTION = re.compile(
     r"^(?:Caused by: )?(?:[\w$]+\.)*[A-Z]\w*(?:Error|Exception|Fault|Panic)\b(?::\s|$)"
 )
 _SETTING = re.compile(r"^\s*[+-]?([A-Za-z_][\w.-]{2,})\s*(?:=|: )\s*(\S.*)$")
+# A diff's added line (not its `+++` file header): what the change made.
+_DIFF_ADDED = re.compile(r"^\+(?!\+\+\s)\s*\S")
 # A diff's added or removed line (not its `+++`/`---` file headers).
 _DIFF_LINE = re.compile(r"^[+-](?![+-]{2}\s)(?=\S)")
 

@@ -435,18 +435,26 @@ def kept_lines(
     *,
     event: PlanEvent,
     outcome: relevance.Outcome,
+    verdicts: Sequence[relevance.Ranked] = (),
     room: int | None = None,
 ) -> tuple[str, ...]:
-    """The records of `event`'s output its placeholder keeps: best first by `outcome` (the
-    output's ranking by what the conversation says of it), those it points at (and, with
-    more `room` than the default, the next ones), while their text stays within `room`
-    (default: min(`KEPT_MAX_SHARE` of the output's tokens, `KEPT_MAX_TOKENS`)), then put back
-    in their order in the output. Deterministic: same session, same lines."""
-    pointed = [r for r in outcome.ranked if r.pointed_at and r.score >= _KEPT_CUT]
+    """The records of `event`'s output its placeholder keeps: its `verdicts` first (its
+    failures and outcomes the routine does not repeat, `Conversation.verdict_lines`: what a
+    summary of it would state too), then best first by `outcome` (the output's ranking by
+    what the conversation says of it) those it points at (and, with more `room` than the
+    default, the next ones), while their text stays within `room` (default:
+    min(`KEPT_MAX_SHARE` of the output's tokens, `KEPT_MAX_TOKENS`)), then put back in their
+    order in the output. Deterministic: same session, same lines."""
+    pointed = list(verdicts) + [
+        r
+        for r in outcome.ranked
+        if r.pointed_at and (r.score >= _KEPT_CUT or r.mention >= 0.5) and r not in verdicts
+    ]
     grown = room is not None and room > KEPT_MAX_TOKENS
     if room is None:
-        # The records the conversation points at, up to KEPT_POINTED_TOKENS: an output the
-        # agent worked from keeps what it worked from; one nobody looked at keeps nothing.
+        # The verdicts and the records the conversation points at, up to
+        # KEPT_POINTED_TOKENS: an output the agent worked from keeps what it worked from and
+        # what it concluded; one nobody looked at that concluded nothing keeps nothing.
         wanted = sum(len(r.record.quoted) // 4 + 2 for r in pointed)
         room = min(
             int(event.token_count * KEPT_MAX_SHARE),
@@ -475,6 +483,21 @@ def kept_lines(
     while chosen and count_tokens(_kept_block(line for _, line in sorted(chosen))) > room:
         chosen.pop()
     return tuple(line for _, line in sorted(chosen))
+
+
+def _all_verdict(
+    count_tokens: TokenCounter, *, event: PlanEvent, verdicts: Sequence[relevance.Ranked]
+) -> bool:
+    """Whether an output is mostly its verdicts (a compiler's four errors, a test run's
+    failure): its placeholder would keep them all and free little, or drop some and lose
+    what the output concluded. Such an output stays whole; clearing frees the rest."""
+    limit = event.token_count * KEPT_MAX_SHARE
+    used = 0
+    for ranked in verdicts:
+        used += count_tokens(ranked.record.quoted) + 1
+        if used > limit:
+            return True
+    return False
 
 
 def _kept_block(lines: Iterable[str]) -> str:
@@ -536,7 +559,7 @@ def clear_tool_results(
     cleared: list[ClearedResult] = []
     conversation: relevance.Conversation | None = None
     position = {e.id: k for k, e in enumerate(events)}
-    outcomes: list[relevance.Outcome] = []
+    outcomes: list[tuple[relevance.Outcome, list[relevance.Ranked]]] = []
     clearable: list[PlanEvent] = []
     for event in older:
         # Re-clearing a placeholder could "save" a token by shrinking its number: pointless churn.
@@ -557,14 +580,17 @@ def clear_tool_results(
                     for e in events
                 ]
             )
-        outcome = conversation.rank(position[event.id])
-        kept = kept_lines(count_tokens, event=event, outcome=outcome)
+        outcome = conversation.rank(position[event.id], repeated_failures=False)
+        verdicts = conversation.verdict_lines(outcome)
+        if _all_verdict(count_tokens, event=event, verdicts=verdicts):
+            continue
+        kept = kept_lines(count_tokens, event=event, outcome=outcome, verdicts=verdicts)
         priced = _price_placeholder(count_tokens, event=event, kept=kept)
         if priced is None:
             continue
         text, cost, freed = priced
         clearable.append(event)
-        outcomes.append(outcome)
+        outcomes.append((outcome, verdicts))
         cleared.append(
             ClearedResult(event_id=event.id, placeholder=text, token_count=cost, tokens_freed=freed)
         )
@@ -627,7 +653,7 @@ def _grow_into_room(
     *,
     cleared: list[ClearedResult],
     events: list[PlanEvent],
-    outcomes: list[relevance.Outcome],
+    outcomes: list[tuple[relevance.Outcome, list[relevance.Ranked]]],
     room: int,
 ) -> list[ClearedResult]:
     """Placeholders that keep more of their outputs when clearing leaves room below the target
@@ -638,7 +664,7 @@ def _grow_into_room(
     if room <= 0:
         return cleared
     worth: list[int] = []
-    for outcome in outcomes:
+    for outcome, _ in outcomes:
         # Its records' size, weighted by how much the conversation points at each: an output
         # of facts the agent worked from gets a larger share than a routine listing.
         worth.append(
@@ -649,14 +675,16 @@ def _grow_into_room(
         return cleared
     grown: list[ClearedResult] = []
     spent = 0
-    for result, event, value, outcome in zip(cleared, events, worth, outcomes, strict=True):
+    for result, event, value, (outcome, verdicts) in zip(
+        cleared, events, worth, outcomes, strict=True
+    ):
         base = min(int(event.token_count * KEPT_MAX_SHARE), KEPT_MAX_TOKENS)
         # The placeholder's own words (tool, tokens freed) cost about 20 tokens.
         share = min(int(event.token_count * ROOM_MAX_SHARE) - 24, base + room * value // total)
         if share <= base or value <= 0:
             grown.append(result)
             continue
-        kept = kept_lines(count_tokens, event=event, outcome=outcome, room=share)
+        kept = kept_lines(count_tokens, event=event, outcome=outcome, verdicts=verdicts, room=share)
         priced = _price_placeholder(count_tokens, event=event, kept=kept)
         if priced is None or (kept and _KEPT_HEADING not in priced[0]):
             # Kept whole it would save nothing: the baseline placeholder stands.

@@ -16,6 +16,7 @@ from sessions_app.tokens import REPLY_PRIMER
 from sessions_app.tokens import context_tokens as context_cost
 
 __all__ = [
+    "Key",
     "ALWAYS_KEPT_TYPES",
     "APPROACHING",
     "HARD",
@@ -112,9 +113,14 @@ ALWAYS_KEPT_TYPES = frozenset({EventType.SYSTEM_PROMPT, EventType.COMPACTION})
 USER_TYPES = frozenset({EventType.USER_MESSAGE, EventType.CONTEXT_REFRESH})
 
 
+# What names an item in the window math: an event's seq (the ledger), a message's index or
+# any other id unique among the items.
+Key = str | int
+
+
 @dataclass(frozen=True)
 class WindowItem:
-    key: str
+    key: Key
     type: str
     cost: int
     tool_call_id: str = ""
@@ -127,7 +133,7 @@ def effective_limit(*, context_limit: int, max_tokens: int | None, reserve_token
     return max(limit - reserve_tokens, 0)
 
 
-def required_keys(items: Sequence[WindowItem]) -> list[str]:
+def required_keys(items: Sequence[WindowItem]) -> list[Key]:
     """System prompts, the summary and the last user message: never pruned."""
     keys = [item.key for item in items if item.type in ALWAYS_KEPT_TYPES]
     last_user = next((item for item in reversed(items) if item.type in USER_TYPES), None)

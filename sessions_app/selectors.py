@@ -99,17 +99,22 @@ def active_events(*, session: Session) -> list[Event]:
     )
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class EventHead:
     """What the window math needs of an active event, without its content: a session of a
     million tokens is measured and pruned from these, and only the events kept are read
     whole (`events_by_id`)."""
 
-    id: str
     seq: int
     type: str
     cost: int
     tool_call_id: str
+
+    @property
+    def id(self) -> int:
+        """Its key in the window math: the seq (one per session), not the event's UUID, whose
+        conversion on every row of a long session cost more than the rest of the read."""
+        return self.seq
 
 
 def active_heads(*, session: Session) -> list[EventHead]:
@@ -119,17 +124,11 @@ def active_heads(*, session: Session) -> list[EventHead]:
         Event.objects.filter(session=session)
         .active()
         .order_by("seq")
-        .values_list("id", "seq", "type", "token_count", "cleared_token_count", "tool_call_id")
+        .values_list("seq", "type", "token_count", "cleared_token_count", "tool_call_id")
     )
     heads = [
-        EventHead(
-            id=str(pk),
-            seq=seq,
-            type=kind,
-            cost=cleared if cleared is not None else cost,
-            tool_call_id=call,
-        )
-        for pk, seq, kind, cost, cleared, call in rows
+        EventHead(seq, kind, cleared if cleared is not None else cost, call)
+        for seq, kind, cost, cleared, call in rows
     ]
     first = (EventType.SYSTEM_PROMPT, EventType.COMPACTION)
     return (
@@ -146,7 +145,7 @@ def events_of(*, session: Session, heads: Sequence[EventHead]) -> list[Event]:
     than the rows."""
     if not heads:
         return []
-    wanted = {head.id for head in heads}
+    wanted = {head.seq for head in heads}
     first = (EventType.SYSTEM_PROMPT, EventType.COMPACTION)
     leading = [head.seq for head in heads if head.type in first]
     tail = [head.seq for head in heads if head.type not in first]
@@ -155,7 +154,7 @@ def events_of(*, session: Session, heads: Sequence[EventHead]) -> list[Event]:
         events += Event.objects.filter(session=session, seq__in=leading[start : start + 500])
     if tail:
         events += Event.objects.filter(session=session, seq__gte=min(tail)).active()
-    chosen = sorted({e.pk: e for e in events if str(e.pk) in wanted}.values(), key=lambda e: e.seq)
+    chosen = sorted({e.seq: e for e in events if e.seq in wanted}.values(), key=lambda e: e.seq)
     return render.context_order(chosen)
 
 

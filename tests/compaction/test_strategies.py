@@ -648,3 +648,101 @@ def test_it_clears_to_the_bare_placeholder_when_kept_lines_would_free_nothing() 
     # With its line the placeholder would cost 3 + 1 + (11 + 8) + 1 = 24 words: nothing freed.
     assert c.placeholder == "[tool result cleared: grep output [#3], 9 tokens freed]"
     assert (c.token_count, c.tokens_freed) == (14, 9)
+
+
+def _build_log(step: int, *, failure: str = "") -> str:
+    """A build's output: routine INFO lines, the routine deprecation warning every build
+    prints, and, when given, the one failure of this build."""
+    lines = [f"INFO [{step:03d}] compiling module_{k} ok ({k * 7 + step} ms)" for k in range(12)]
+    lines.append("WARNING: option --legacy-resolver is deprecated")
+    if failure:
+        lines.insert(6, failure)
+    lines.append(f"INFO [{step:03d}] build finished")
+    return "\n".join(lines)
+
+
+def _builds(failing_step: int, failure: str) -> list[PlanEvent]:
+    b = Builder()
+    b.add(USER_MESSAGE, 12, content="Keep building the service until it stops breaking.")
+    for step in range(8):
+        log = _build_log(step, failure=failure if step == failing_step else "")
+        b.add(TOOL_CALL, 8, call=f"c{step}", name="bash", content='{"command": "make build"}')
+        b.add(TOOL_RESULT, words(log), call=f"c{step}", name="bash", content=log)
+        # The agent moves on without naming anything the output said.
+        b.add(AGENT_MESSAGE, 4, content="Carrying on with the next step.")
+    return b.events
+
+
+def test_it_keeps_an_outputs_own_failure_in_its_placeholder_though_nothing_names_it() -> None:
+    failure = "ERROR ledger_sink: checksum 9f3ab2 does not match manifest 77c01e"
+    events = _builds(2, failure)
+    plan = plan_compaction(
+        strategy="clear_tool_results",
+        events=events,
+        budget=budget(context_limit=10_000, target_tokens=0, keep_recent_tool_results=0),
+        count_tokens=words,
+    )
+    by_id = {e.id: e for e in events}
+    placeholders = {by_id[c.event_id].seq: c.placeholder for c in plan.cleared}
+    (failing,) = [e for e in events if failure in e.content]
+    # The verdict of that build is in its placeholder, cited by its seq ...
+    assert failure in placeholders[failing.seq]
+    assert f"[#{failing.seq}]" in placeholders[failing.seq]
+    # ... and the warning every build prints is the routine's, kept in none.
+    assert len(placeholders) == 8
+    assert not any("deprecated" in text for text in placeholders.values())
+
+
+def test_it_leaves_an_output_that_is_mostly_its_verdict_whole() -> None:
+    b = Builder()
+    b.add(USER_MESSAGE, 8, content="Why does the type check fail?")
+    b.add(TOOL_CALL, 6, call="c1", name="bash", content='{"command": "tsc --noEmit"}')
+    errors = "\n".join(
+        [
+            "src/cart.ts(48,17): error TS2345: Argument of type 'string | undefined'",
+            "src/cart.ts(71,9): error TS2532: Object is possibly 'undefined'.",
+            "Found 2 errors in 1 file.",
+        ]
+    )
+    b.add(TOOL_RESULT, words(errors), call="c1", name="bash", content=errors)
+    b.add(TOOL_CALL, 6, call="c2", name="bash", content='{"command": "ls src"}')
+    listing = "\n".join(f"module_{k}.ts" for k in range(30))
+    b.add(TOOL_RESULT, words(listing), call="c2", name="bash", content=listing)
+    b.add(USER_MESSAGE, 4, content="Fix the first one.")
+    plan = plan_compaction(
+        strategy="clear_tool_results",
+        events=b.events,
+        budget=budget(target_tokens=0, keep_recent_tool_results=0),
+        count_tokens=words,
+    )
+    # Its placeholder would keep every line (or drop one of the two errors): it stays as it
+    # was; the listing nobody looked at is cleared.
+    assert [c.event_id for c in plan.cleared] == [b.events[4].id]
+
+
+def test_it_keeps_what_a_cleared_diff_added_in_its_placeholder() -> None:
+    b = Builder()
+    b.add(USER_MESSAGE, 8, content="Show me the change before we commit it.")
+    b.add(TOOL_CALL, 6, call="c1", name="bash", content='{"command": "git diff"}')
+    diff = "\n".join(
+        [
+            "diff --git a/src/core.py b/src/core.py",
+            "--- a/src/core.py",
+            "+++ b/src/core.py",
+            "@@ -10,6 +10,7 @@ class Job:",
+            *[f"     line_{k} = compute_{k}(value)" for k in range(40)],
+            "-    local = after.astimezone(self.tz)",
+            "+    instant = after.astimezone(UTC).replace(second=0)",
+        ]
+    )
+    b.add(TOOL_RESULT, words(diff), call="c1", name="bash", content=diff)
+    b.add(USER_MESSAGE, 4, content="Commit it.")
+    (c,) = plan_compaction(
+        strategy="clear_tool_results",
+        events=b.events,
+        budget=budget(target_tokens=0, keep_recent_tool_results=0),
+        count_tokens=words,
+    ).cleared
+    # What the change made is the diff's verdict; the context lines around it are not.
+    assert "+ instant = after.astimezone(UTC).replace(second=0)" in c.placeholder
+    assert "line_3" not in c.placeholder
