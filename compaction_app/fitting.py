@@ -34,7 +34,14 @@ from sessions_app.errors import Conflict, Unprocessable
 from sessions_app.event_types import EventType
 from sessions_app.models import Event, Session
 from sessions_app.render import Repair
-from sessions_app.selectors import EventHead, active_heads, events_of, render_context
+from sessions_app.selectors import (
+    EventHead,
+    active_cost,
+    active_heads,
+    active_tail_heads,
+    events_of,
+    render_context,
+)
 from sessions_app.session_settings import SessionSettings
 
 logger = logging.getLogger("compaction_app.fitting")
@@ -342,10 +349,30 @@ class _Ledger:
         self.trigger = trigger
         self.target_ratio = target_ratio
         self.respect_cooldown = respect_cooldown
-        self.heads = active_heads(session=session)
+        # Read on demand: measuring sums in the database, a prune reads the tail it can keep,
+        # and only what is sent whole is read whole, so a pruned view of a long session
+        # costs what it returns, not a row per event of the session.
+        self._heads: list[EventHead] | None = None
+        self._cost: int | None = None
+
+    @property
+    def heads(self) -> list[EventHead]:
+        if self._heads is None:
+            self._heads = active_heads(session=self.session)
+        return self._heads
+
+    @heads.setter
+    def heads(self, heads: list[EventHead]) -> None:
+        self._heads = heads
+        self._cost = None
 
     def cost(self) -> int:
-        return context_window.context_cost([head.cost for head in self.heads])
+        if self._heads is not None:
+            return context_window.context_cost([head.cost for head in self._heads])
+        if self._cost is None:
+            events, tokens = active_cost(session=self.session)
+            self._cost = tokens + token_counting.REPLY_PRIMER if events else 0
+        return self._cost
 
     def compact(self) -> RunOutcome | None:
         # Compaction never folds the system prompt or the last user message: when those alone
@@ -362,6 +389,18 @@ class _Ledger:
         return run
 
     def prune(self, budget: int) -> bool:
+        if self._heads is None:
+            # What a prune to `budget` can keep lies in the context's newest `budget` tokens
+            # (with the calls of their results, the system prompts, the summary and the last
+            # user message): only those heads are read.
+            tail = active_tail_heads(session=self.session, covering=budget)
+            if tail is not None:
+                kept = prune(_items(tail), budget=budget)
+                if kept is None:
+                    return False  # a larger budget reads its own, longer tail
+                keep = set(kept)
+                self.heads = [head for head in tail if head.id in keep]
+                return True
         kept = prune(_items(self.heads), budget=budget)
         if kept is None:
             return False
@@ -429,7 +468,7 @@ def fit_context(
     )
 
     def may_compact(level: context_window.WindowLevel) -> bool:
-        if not compact or not ledger.heads or level.level == OK:
+        if not compact or not ledger.cost() or level.level == OK:
             return False
         return own_window or level.level == HARD
 

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
-from django.db.models import QuerySet
+from django.db.models import Count, QuerySet, Sum
+from django.db.models.functions import Coalesce
 
 from sessions_app import render, scope, tokens
 from sessions_app.errors import NotFound
@@ -120,16 +121,103 @@ class EventHead:
 def active_heads(*, session: Session) -> list[EventHead]:
     """The active context's events, content left out, in send order (system prompts, the
     summary, then every other event by seq, as `render.context_order`)."""
-    rows = (
-        Event.objects.filter(session=session)
-        .active()
-        .order_by("seq")
-        .values_list("seq", "type", "token_count", "cleared_token_count", "tool_call_id")
+    rows = Event.objects.filter(session=session).active().order_by("seq").values_list(*_HEAD_FIELDS)
+    heads = _heads(rows)
+    first = (EventType.SYSTEM_PROMPT, EventType.COMPACTION)
+    return (
+        [h for h in heads if h.type == EventType.SYSTEM_PROMPT]
+        + [h for h in heads if h.type == EventType.COMPACTION]
+        + [h for h in heads if h.type not in first]
     )
-    heads = [
+
+
+_HEAD_FIELDS = ("seq", "type", "token_count", "cleared_token_count", "tool_call_id")
+_TAIL_BATCH = 500
+
+
+def _heads(rows: Any) -> list[EventHead]:
+    return [
         EventHead(seq, kind, cleared if cleared is not None else cost, call)
         for seq, kind, cost, cleared, call in rows
     ]
+
+
+def active_cost(*, session: Session) -> tuple[int, int]:
+    """(events, tokens) of the active context, summed by the database: what `active_heads`
+    would add up, without reading a row per event."""
+    totals = (
+        Event.objects.filter(session=session)
+        .active()
+        .aggregate(
+            events=Count("seq"),
+            tokens=Sum(Coalesce("cleared_token_count", "token_count")),
+        )
+    )
+    return totals["events"] or 0, totals["tokens"] or 0
+
+
+def active_tail_heads(*, session: Session, covering: int) -> list[EventHead] | None:
+    """The heads a prune to `covering` tokens can keep, in send order: the system prompts and
+    the summary, the last user message, and the newest events until their costs pass
+    `covering`, extended so that every tool result in it has its call (a prune keeps a call
+    and its results together, and stops at the first unit that does not fit: nothing older
+    than this tail could be kept). None when the tail would be the whole context (the caller
+    reads `active_heads`)."""
+    active = Event.objects.filter(session=session).active()
+    tail: list[EventHead] = []
+    total = 0
+    oldest: int | None = None
+    while total <= covering:
+        batch = active.order_by("-seq")
+        if oldest is not None:
+            batch = batch.filter(seq__lt=oldest)
+        rows = _heads(batch.values_list(*_HEAD_FIELDS)[:_TAIL_BATCH])
+        if len(rows) < _TAIL_BATCH and total + sum(h.cost for h in rows) <= covering:
+            return None
+        for head in rows:
+            tail.append(head)
+            total += head.cost
+            oldest = head.seq
+            if total > covering:
+                break
+    assert oldest is not None
+    while True:
+        calls = {h.tool_call_id for h in tail if h.type == EventType.TOOL_CALL}
+        orphans = {
+            h.tool_call_id
+            for h in tail
+            if h.type == EventType.TOOL_RESULT and h.tool_call_id and h.tool_call_id not in calls
+        }
+        start = (
+            active.filter(seq__lt=oldest, type=EventType.TOOL_CALL, tool_call_id__in=orphans)
+            .order_by("seq")
+            .values_list("seq", flat=True)
+            .first()
+            if orphans
+            else None
+        )
+        if start is None:
+            break
+        tail += _heads(
+            active.filter(seq__gte=start, seq__lt=oldest)
+            .order_by("-seq")
+            .values_list(*_HEAD_FIELDS)
+        )
+        oldest = start
+    tail.reverse()
+    leading = _heads(
+        active.filter(type__in=(EventType.SYSTEM_PROMPT, EventType.COMPACTION), seq__lt=oldest)
+        .order_by("seq")
+        .values_list(*_HEAD_FIELDS)
+    )
+    last_user = _heads(
+        active.filter(type__in=(EventType.USER_MESSAGE, EventType.CONTEXT_REFRESH), seq__lt=oldest)
+        .order_by("-seq")
+        .values_list(*_HEAD_FIELDS)[:1]
+    )
+    if any(h.type in (EventType.USER_MESSAGE, EventType.CONTEXT_REFRESH) for h in tail):
+        last_user = []
+    heads = sorted([*leading, *last_user, *tail], key=lambda h: h.seq)
     first = (EventType.SYSTEM_PROMPT, EventType.COMPACTION)
     return (
         [h for h in heads if h.type == EventType.SYSTEM_PROMPT]
