@@ -2,7 +2,7 @@
 compaction, per scenario and path, and how much context each path leaves.
 
     .venv/bin/python bench/bench_conversations.py [--split tune|sealed] [--tokens 400000]
-        [--paths rest,clear,gateway] [--seed 1]
+        [--paths rest,clear,gateway,messages] [--seed 1]
 
 The corpus is `tests/fixtures/conversations/` (compaction_app/testkit/conversations.py): ten
 hand-written agent sessions (an SRE incident, a dbt mismatch, a Gradle build, a TypeScript
@@ -33,6 +33,10 @@ gateway's OpenAI upstream.
   the window: clearing old tool results when that reaches the mark, else `summarize` +
   `local`) and forwards it; the facts are counted in the request the stand-in received, the
   ratio is the run's tokens after over before. The strategy the gateway chose is printed.
+- Messages (`messages`): the same through the Messages wire as Claude Code sends it (the
+  official `anthropic` SDK, system blocks with cache breakpoints, tool_use / tool_result
+  blocks) for claude-sonnet-4-5, whose window is 200k; the facts in the Messages body the
+  stand-in received.
 
 Each cell: facts kept / facts · context after / before · the summary's tokens.
 """
@@ -59,7 +63,8 @@ REST_LIMIT = 1_000_000
 REST_MODEL = "gpt-4.1"
 GATEWAY_MODEL = "gpt-4o"
 BUDGETS: tuple[int | None, ...] = (None, 8192, 2000)
-PATHS = ("rest", "clear", "gateway")
+PATHS = ("rest", "clear", "gateway", "messages")
+MESSAGES_MODEL = "claude-sonnet-4-5"
 CHUNK = 2_000
 
 
@@ -144,23 +149,26 @@ def _child(split: str, tokens: int, paths: list[str], seed: int) -> dict[str, An
                     }
                 seconds[label] = time.perf_counter() - started
 
-    if "gateway" in paths:
+    wires = [path for path in ("gateway", "messages") if path in paths]
+    if wires:
         from compaction_app.testkit.daphne_thread import serve_in_thread
         from compaction_app.testkit.provider_standin import ProviderStandIn
 
         standin = ProviderStandIn().start()
         settings.LEDGER_OPENAI_UPSTREAM = standin.openai_url
+        settings.LEDGER_ANTHROPIC_UPSTREAM = standin.anthropic_url
         try:
             with start_worker(app, perform_ping_check=False, pool="solo", loglevel="WARNING"):
                 _, base_url = serve_in_thread()
-                cells["gateway"] = {}
-                started = time.perf_counter()
-                for scenario in scenarios:
-                    cells["gateway"][scenario.name] = _through_gateway(
-                        token, base_url, standin, sessions[scenario.name], scenario
-                    )
-                    standin.requests.clear()
-                seconds["gateway"] = time.perf_counter() - started
+                for wire in wires:
+                    cells[wire] = {}
+                    started = time.perf_counter()
+                    for scenario in scenarios:
+                        cells[wire][scenario.name] = _through_gateway(
+                            token, base_url, standin, sessions[scenario.name], scenario, wire=wire
+                        )
+                        standin.requests.clear()
+                    seconds[wire] = time.perf_counter() - started
         finally:
             standin.close()
     from compaction_app.policy import summary_bound
@@ -170,28 +178,51 @@ def _child(split: str, tokens: int, paths: list[str], seed: int) -> dict[str, An
 
 
 def _through_gateway(
-    token: str, base_url: str, standin: Any, events: list[dict[str, Any]], scenario: Any
+    token: str,
+    base_url: str,
+    standin: Any,
+    events: list[dict[str, Any]],
+    scenario: Any,
+    *,
+    wire: str = "gateway",
 ) -> dict[str, Any]:
-    """The whole conversation as one Chat Completions request through the gateway; the facts
-    in what it forwarded, and its run's figures."""
+    """The whole conversation as one request through the gateway: Chat Completions (the
+    official `openai` SDK, `gateway`) or Messages as Claude Code sends it (the official
+    `anthropic` SDK, `messages`); the facts in what it forwarded, and its run's figures."""
+    import anthropic
     import openai
 
     from compaction_app.gateway import after
     from compaction_app.models import CompactionRun, Trigger
     from compaction_app.testkit.conversations import chat_messages, facts_kept
+    from compaction_app.testkit.tool_output_session import anthropic_request, anthropic_text
     from sessions_app.models import Session
 
-    key = f"conv-{scenario.name}"
-    gateway = openai.OpenAI(
-        api_key="sk-bench-not-a-key",
-        base_url=f"{base_url}/gateway/openai/v1",
-        default_headers={"X-Ledger-Key": token, "X-Ledger-Session": key},
-        max_retries=0,
-        timeout=600,
-    )
-    raw = gateway.chat.completions.with_raw_response.create(
-        model=GATEWAY_MODEL, messages=chat_messages(events)
-    )
+    key = f"conv-{wire}-{scenario.name}"
+    headers = {"X-Ledger-Key": token, "X-Ledger-Session": key}
+    if wire == "messages":
+        client = anthropic.Anthropic(
+            api_key="sk-ant-bench-not-a-key",
+            base_url=f"{base_url}/gateway/anthropic",
+            default_headers=headers,
+            max_retries=0,
+            timeout=600,
+        )
+        system, messages = anthropic_request(events)
+        raw = client.messages.with_raw_response.create(
+            model=MESSAGES_MODEL, max_tokens=1024, system=system, messages=messages
+        )
+    else:
+        gateway = openai.OpenAI(
+            api_key="sk-bench-not-a-key",
+            base_url=f"{base_url}/gateway/openai/v1",
+            default_headers=headers,
+            max_retries=0,
+            timeout=600,
+        )
+        raw = gateway.chat.completions.with_raw_response.create(
+            model=GATEWAY_MODEL, messages=chat_messages(events)
+        )
     after.wait_idle(timeout=120)
     session = Session.objects.get(client_key=key)
     runs = list(CompactionRun.objects.filter(session=session, trigger=Trigger.GATEWAY))
@@ -199,8 +230,9 @@ def _through_gateway(
     forwarded = int(raw.headers.get("X-Ledger-Context-Tokens", 0))
     run = runs[-1] if runs else None
     before = (run.tokens_before if run else None) or forwarded
+    text = anthropic_text(body) if wire == "messages" else messages_text(body["messages"])
     return {
-        "kept": facts_kept(messages_text(body["messages"]), scenario.facts),
+        "kept": facts_kept(text, scenario.facts),
         "before": before,
         "after": forwarded,
         "summary": sum(r.summary_tokens or 0 for r in runs),
@@ -230,6 +262,7 @@ def _report(result: dict[str, Any], split: str) -> str:
         "rest 2000": "REST, 2,000",
         "rest clear": "REST, clear tool results",
         "gateway": "Gateway, gpt-4o 128k",
+        "messages": f"Gateway Messages, {MESSAGES_MODEL}",
     }
     labels = [label for label in headings if label in cells]
     scenarios = [s for s in load_scenarios(split=split)]
@@ -263,12 +296,15 @@ def _report(result: dict[str, Any], split: str) -> str:
             f"{summary:,.0f} (mean)"
         )
     lines.append(f"| **all** | {total_facts} | {' | '.join(row)} |")
-    if "gateway" in cells:
-        strategies = sorted({c["strategy"] for c in cells["gateway"].values()})
-        windows = sorted({c["window"] for c in cells["gateway"].values()})
+    for wire in ("gateway", "messages"):
+        if wire not in cells:
+            continue
+        strategies = sorted({c["strategy"] for c in cells[wire].values()})
+        windows = sorted({c["window"] for c in cells[wire].values()})
         lines += [
             "",
-            f"Gateway runs: {'; '.join(strategies)} (window {', '.join(f'{w:,}' for w in windows)}).",
+            f"{headings[wire]} runs: {'; '.join(strategies)} "
+            f"(window {', '.join(f'{w:,}' for w in windows)}).",
         ]
     before = [cells[labels[0]][s.name]["before"] for s in scenarios] if labels else []
     if before:

@@ -484,12 +484,23 @@ def chart_geometry(
     x_ticks: tuple[tuple[float, str], ...] = ()
     if points:
         count = max(x_tick_count, 2)
-        values = sorted({first + span * k / (count - 1) for k in range(count)} | {last})
-        values = [v for v in values if v <= last][:count]
+        # Spread over the points' own range (`span` is at least 1 so a session stored within
+        # one second still scales; its ticks must not run past the last point).
+        values = [first + (last - first) * k / (count - 1) for k in range(count)]
         if use_time:
-            x_ticks = tuple((x_of(v), _time_label(v, span=span)) for v in values)
+            candidates = [(x_of(v), _time_label(v, span=span)) for v in values]
         else:
-            x_ticks = tuple((x_of(v), f"#{round(v)}") for v in values)
+            candidates = [(x_of(v), f"#{round(v)}") for v in values]
+        # A tick that says what the previous one said, or whose label would meet it, is left
+        # out (a span of seconds labelled by the minute reads `02:38` once, not three times).
+        kept_ticks: list[tuple[float, str]] = []
+        for tx, text in candidates:
+            if kept_ticks:
+                px, ptext = kept_ticks[-1]
+                if text == ptext or tx - px < (len(text) + len(ptext)) * CHAR_WIDTH + 4:
+                    continue
+            kept_ticks.append((tx, text))
+        x_ticks = tuple(kept_ticks)
     lines = tuple(
         # Through the window's threshold tokens, as the policy's window level puts them.
         (y(int(limit * ratio)), label, f"threshold-{index}")

@@ -135,6 +135,22 @@ def test_it_offers_a_time_axis_and_falls_back_to_seq_without_times():
     assert chart_geometry(series=untimed, limit=100, axis="time").axis == "seq"
 
 
+@pytest.mark.parametrize("seconds", [0.4, 0.55, 0.9, 20.0])
+def test_it_labels_a_session_stored_within_a_minute_once_and_inside_its_range(seconds):
+    # A session written in well under a second (a fast test, a bulk import): the axis scales
+    # over at least one second, but its ticks stay on the points' range and do not repeat
+    # `02:38` at nearly the same place.
+    base = 1_800_000_000.0
+    series = context_series(events=[ChartEvent(k, 10, at=base + seconds * k / 5) for k in range(6)])
+    geometry = chart_geometry(series=series, limit=100, axis="time", x_tick_count=3)
+    labels = [label for _, label in geometry.x_ticks]
+    xs = [x for x, _ in geometry.x_ticks]
+    assert len(labels) == len(set(labels)) >= 1
+    assert all(geometry.plot_left <= x <= geometry.plot_right for x in xs)
+    path_x = [float(part[1:].split(",")[0]) for part in geometry.path.split()]
+    assert max(xs) <= max(path_x)
+
+
 def _segments(geometry) -> list[tuple[float, float, float, float]]:
     """The data line's segments, and each threshold's and the limit's line."""
     points = [tuple(map(float, part[1:].split(","))) for part in geometry.path.split()]
