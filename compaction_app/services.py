@@ -893,32 +893,18 @@ def compaction_run_sync(
     and None is returned, so a read that reaches the hard limit writes (and broadcasts)
     nothing needlessly; the caller prunes instead."""
     strict = target_ratio is not None and trigger in (Trigger.GATEWAY, Trigger.HARD_LIMIT)
+    # The session's strategy, in the call path as on /context: `summarize` by default. (The
+    # gateway once cleared old tool results first whenever that alone reached the mark; at
+    # the same mark the bounded summary with the newest turns verbatim keeps more facts, and
+    # a session that wants observation masking sets `strategy: clear_tool_results`.)
     strategy = None
-    if trigger == Trigger.GATEWAY and target_ratio is not None:
-        # The gateway clears old tool results first when that alone reaches the mark: it
-        # costs no model call and keeps every turn. (/context keeps the session's strategy.)
-        clearing = compaction_plan(
-            session=session,
-            strategy="clear_tool_results",
-            target_ratio=target_ratio,
-            thread=thread,
-        ).plan
-        if not clearing.is_empty and _policy(session).reaches(
-            tokens=clearing.tokens_after, window=session.context_limit, ratio=target_ratio
-        ):
-            strategy = "clear_tool_results"
-    # A clearing plan was just found not empty: planning it again would only repeat the
-    # salience ranking of every old output for its placeholders (linear in the context).
-    if (
-        strategy != "clear_tool_results"
-        and compaction_plan(
-            session=session,
-            strategy=strategy,
-            target_ratio=target_ratio,
-            strict=strict,
-            thread=thread,
-        ).plan.is_empty
-    ):
+    if compaction_plan(
+        session=session,
+        strategy=strategy,
+        target_ratio=target_ratio,
+        strict=strict,
+        thread=thread,
+    ).plan.is_empty:
         return None
     run = compaction_request(
         session=session,

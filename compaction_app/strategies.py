@@ -395,13 +395,13 @@ def _is_call_group(unit: _Unit) -> bool:
 # --- clear_tool_results ----------------------------------------------------------------------
 
 
-# What a cleared tool result keeps of its output: its records the conversation points at
+# What a cleared tool result keeps of its output: its verdicts (its failures, outcomes and a
+# diff's added lines the routine does not repeat), then its records the conversation points at
 # (compaction_app/relevance.py, the ranking the local summarizer quotes from): what answers the
 # request it served, what the agent later named or reacted to, the verdict among its siblings
 # (the pod in CrashLoopBackOff, the TSnnnn error at file:line:col, `BUILD FAILED in …`). Their
 # text is bounded by the smaller of two limits, so clearing still frees most of what it touches
-# (the gateway clears first only when that alone reaches `fitTargetRatio`; a heavier
-# placeholder would make it summarize, and move the cached prefix, more often):
+# (a heavier placeholder would leave the call path short of `fitTargetRatio` more often):
 # * half the output's tokens: clearing frees about half or more of every output it clears;
 # * 160 tokens: 4-8 lines, room for the few facts an output is cleared for; past 320 tokens
 #   the share no longer binds, so an output of 2,000 tokens still frees over 90 % and a

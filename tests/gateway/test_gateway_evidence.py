@@ -1,8 +1,8 @@
 """Facts of real tools' output through the gateway (issue 24): a session of routine tool output
 with real outputs buried in it, sent on the Chat Completions wire, is compacted in the call path
-with the same summarizer as the REST path (or, by default, its old tool results cleared to
-placeholders that keep each output's salient lines), and what the gateway forwards still holds
-the facts written beside each output."""
+with the same summarizer as the REST path (or, when the session's strategy asks for it, its old
+tool results cleared to placeholders that keep each output's salient lines), and what the
+gateway forwards still holds the facts written beside each output."""
 
 from __future__ import annotations
 
@@ -91,14 +91,38 @@ def test_it_forwards_the_facts_of_buried_tool_outputs_after_summarizing_in_the_c
         assert facts_kept(sent, fixture.facts) == list(fixture.facts), fixture.name
 
 
-def test_it_forwards_the_facts_of_buried_tool_outputs_after_clearing_them_by_default(
+def test_it_summarizes_by_default_even_where_clearing_alone_would_reach_the_mark(
     gateway_url, upstream, alice, alice_api
 ):
     corpus = {fixture.name: fixture for fixture in load_corpus()}
     fixtures = [corpus["kubectl_describe_pod"], corpus["tsc_errors"]]
-    # The default fitTargetRatio (0.5): clearing the old tool results alone reaches it.
+    # The default fitTargetRatio (0.5), which clearing the old tool results alone reaches (the
+    # next test): the session's strategy, summarize, runs all the same.
+    _, _, raw, session = ask_past_the_threshold(
+        gateway_url, alice, alice_api, fixtures=fixtures, key="buried-default"
+    )
+    assert raw.headers["X-Ledger-Compacted"] == "true"
+    after.wait_idle()
+    run = CompactionRun.objects.get(session=session, trigger=Trigger.GATEWAY)
+    assert (run.status, run.strategy, run.summarizer) == ("completed", "summarize", "local")
+    sent = forwarded_text(upstream.requests[-1].body)
+    for fixture in fixtures:
+        assert facts_kept(sent, fixture.facts) == list(fixture.facts), fixture.name
+
+
+def test_it_forwards_the_facts_of_buried_tool_outputs_after_clearing_them_when_asked(
+    gateway_url, upstream, alice, alice_api
+):
+    corpus = {fixture.name: fixture for fixture in load_corpus()}
+    fixtures = [corpus["kubectl_describe_pod"], corpus["tsc_errors"]]
+    # A session that asks for observation masking: its old tool results are cleared.
     client, history, raw, session = ask_past_the_threshold(
-        gateway_url, alice, alice_api, fixtures=fixtures, key="buried-cleared"
+        gateway_url,
+        alice,
+        alice_api,
+        fixtures=fixtures,
+        key="buried-cleared",
+        settings={"strategy": "clear_tool_results"},
     )
     assert raw.headers["X-Ledger-Compacted"] == "true"
     after.wait_idle()
