@@ -31,6 +31,7 @@ from functools import lru_cache
 import ahocorasick
 
 __all__ = [
+    "CITATION",
     "FILE_PATH",
     "KINDS",
     "URL",
@@ -1152,7 +1153,10 @@ def loss_report(
     }
 
 
-_CITATION = re.compile(r"\[#(\d+)(?:-#(\d+))?\]")
+# A citation as summary lines and placeholders write it: `[#42]` or `[#40-#57]` (groups: the
+# first seq, the last when a range). The one spelling; the summarizer builds on it.
+CITATION = r"\[#(\d+)(?:-#(\d+))?\]"
+_CITATION = re.compile(CITATION)
 
 
 def cited_ranges(texts: Iterable[str]) -> list[tuple[int, int]]:

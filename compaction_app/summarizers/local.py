@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from compaction_app import relevance
 from compaction_app.evidence import (
+    CITATION,
     FILE_PATH,
     URL,
     Salience,
@@ -272,7 +273,8 @@ class _Item:
     spare: bool = False  # a next-best tool line, offered only when the budget has room left
 
 
-_CITE = re.compile(r"\s*(?:…\s*)?(?:×(\d+)\s*)?\[#(\d+)(?:-#(\d+))?\]\s*$")
+# A line's trailing `… ×N [#a-#b]` (evidence.CITATION, with a count before it).
+_CITE = re.compile(r"\s*(?:…\s*)?(?:×(\d+)\s*)?" + CITATION + r"\s*$")
 _COUNT_ONLY = re.compile(r"\s*…\s*×(\d+)\s*$")
 
 
