@@ -163,6 +163,8 @@ def active_tail_heads(*, session: Session, covering: int) -> list[EventHead] | N
     and its results together, and stops at the first unit that does not fit: nothing older
     than this tail could be kept). None when the tail would be the whole context (the caller
     reads `active_heads`)."""
+    if covering < 0:
+        return None
     active = Event.objects.filter(session=session).active()
     tail: list[EventHead] = []
     total = 0
