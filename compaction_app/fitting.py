@@ -353,18 +353,13 @@ class _Ledger:
         # and only what is sent whole is read whole, so a pruned view of a long session
         # costs what it returns, not a row per event of the session.
         self._heads: list[EventHead] | None = None
-        self._cost: int | None = None
+        self._cost: int | None = None  # the database's sum, until heads are read
 
     @property
     def heads(self) -> list[EventHead]:
         if self._heads is None:
             self._heads = active_heads(session=self.session)
         return self._heads
-
-    @heads.setter
-    def heads(self, heads: list[EventHead]) -> None:
-        self._heads = heads
-        self._cost = None
 
     def cost(self) -> int:
         if self._heads is not None:
@@ -385,27 +380,22 @@ class _Ledger:
             target_ratio=self.target_ratio,
             respect_cooldown=self.respect_cooldown,
         )
-        self.heads = active_heads(session=self.session)
+        self._heads = active_heads(session=self.session)
         return run
 
     def prune(self, budget: int) -> bool:
-        if self._heads is None:
+        heads = self._heads
+        if heads is None:
             # What a prune to `budget` can keep lies in the context's newest `budget` tokens
             # (with the calls of their results, the system prompts, the summary and the last
-            # user message): only those heads are read.
-            tail = active_tail_heads(session=self.session, covering=budget)
-            if tail is not None:
-                kept = prune(_items(tail), budget=budget)
-                if kept is None:
-                    return False  # a larger budget reads its own, longer tail
-                keep = set(kept)
-                self.heads = [head for head in tail if head.id in keep]
-                return True
-        kept = prune(_items(self.heads), budget=budget)
+            # user message): only those heads are read. Kept only if the prune succeeds: a
+            # larger budget then reads its own, longer tail.
+            heads = active_tail_heads(session=self.session, covering=budget) or self.heads
+        kept = prune(_items(heads), budget=budget)
         if kept is None:
             return False
         keep = set(kept)
-        self.heads = [head for head in self.heads if head.id in keep]
+        self._heads = [head for head in heads if head.id in keep]
         return True
 
     def refuse(self) -> NoReturn:

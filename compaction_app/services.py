@@ -897,10 +897,8 @@ def compaction_run_sync(
     # gateway once cleared old tool results first whenever that alone reached the mark; at
     # the same mark the bounded summary with the newest turns verbatim keeps more facts, and
     # a session that wants observation masking sets `strategy: clear_tool_results`.)
-    strategy = None
     if compaction_plan(
         session=session,
-        strategy=strategy,
         target_ratio=target_ratio,
         strict=strict,
         thread=thread,
@@ -910,7 +908,6 @@ def compaction_run_sync(
         session=session,
         user=user,
         trigger=trigger,
-        strategy=strategy,
         target_ratio=target_ratio,
         enqueue=False,
         thread=thread,

@@ -412,7 +412,8 @@ KEPT_MAX_TOKENS = 160
 KEPT_POINTED_TOKENS = 400
 _KEPT_HEADING = "; kept lines:"
 # The least relevance score a record the conversation points at needs to be kept in a
-# placeholder (with room, the others follow).
+# placeholder, unless a later message or call names it (mention >= 0.5, `Ranked.pointed_at`'s
+# own bar: the line the agent went on to act on); with room, the others follow.
 _KEPT_CUT = 1.5
 
 
@@ -445,10 +446,13 @@ def kept_lines(
     default, the next ones), while their text stays within `room` (default:
     min(`KEPT_MAX_SHARE` of the output's tokens, `KEPT_MAX_TOKENS`)), then put back in their
     order in the output. Deterministic: same session, same lines."""
+    # By identity: `verdicts` are records of this very ranking (comparing them by value
+    # would compare their records' texts, once per record of the output).
+    verdict_ids = {id(r) for r in verdicts}
     pointed = list(verdicts) + [
         r
         for r in outcome.ranked
-        if r.pointed_at and (r.score >= _KEPT_CUT or r.mention >= 0.5) and r not in verdicts
+        if r.pointed_at and (r.score >= _KEPT_CUT or r.mention >= 0.5) and id(r) not in verdict_ids
     ]
     grown = room is not None and room > KEPT_MAX_TOKENS
     if room is None:
@@ -464,7 +468,8 @@ def kept_lines(
         return ()
     # With room to give, the rest of the output follows in rank order: the room is there to
     # keep more of what the model saw.
-    offered = pointed + ([r for r in outcome.ranked if r not in pointed] if grown else [])
+    pointed_ids = {id(r) for r in pointed}
+    offered = pointed + ([r for r in outcome.ranked if id(r) not in pointed_ids] if grown else [])
     chosen: list[tuple[int, str]] = []
     used = 0
     for ranked in offered:

@@ -12,6 +12,7 @@ from django.db.models import Count, QuerySet, Sum
 from django.db.models.functions import Coalesce
 
 from sessions_app import render, scope, tokens
+from sessions_app.context_window import ALWAYS_KEPT_TYPES, USER_TYPES
 from sessions_app.errors import NotFound
 from sessions_app.exact_counts import exact_counting_enabled
 from sessions_app.models import Event, EventType, Session, TokenProvenance
@@ -122,7 +123,12 @@ def active_heads(*, session: Session) -> list[EventHead]:
     """The active context's events, content left out, in send order (system prompts, the
     summary, then every other event by seq, as `render.context_order`)."""
     rows = Event.objects.filter(session=session).active().order_by("seq").values_list(*_HEAD_FIELDS)
-    heads = _heads(rows)
+    return _send_order(_heads(rows))
+
+
+def _send_order(heads: list[EventHead]) -> list[EventHead]:
+    """`heads` (by seq) in send order, as `render.context_order`: the system prompts, the
+    summary, then every other event."""
     first = (EventType.SYSTEM_PROMPT, EventType.COMPACTION)
     return (
         [h for h in heads if h.type == EventType.SYSTEM_PROMPT]
@@ -208,24 +214,21 @@ def active_tail_heads(*, session: Session, covering: int) -> list[EventHead] | N
         oldest = start
     tail.reverse()
     leading = _heads(
-        active.filter(type__in=(EventType.SYSTEM_PROMPT, EventType.COMPACTION), seq__lt=oldest)
+        active.filter(type__in=ALWAYS_KEPT_TYPES, seq__lt=oldest)
         .order_by("seq")
         .values_list(*_HEAD_FIELDS)
     )
-    last_user = _heads(
-        active.filter(type__in=(EventType.USER_MESSAGE, EventType.CONTEXT_REFRESH), seq__lt=oldest)
-        .order_by("-seq")
-        .values_list(*_HEAD_FIELDS)[:1]
+    # The last user message, read only when the tail holds none.
+    last_user = (
+        []
+        if any(h.type in USER_TYPES for h in tail)
+        else _heads(
+            active.filter(type__in=USER_TYPES, seq__lt=oldest)
+            .order_by("-seq")
+            .values_list(*_HEAD_FIELDS)[:1]
+        )
     )
-    if any(h.type in (EventType.USER_MESSAGE, EventType.CONTEXT_REFRESH) for h in tail):
-        last_user = []
-    heads = sorted([*leading, *last_user, *tail], key=lambda h: h.seq)
-    first = (EventType.SYSTEM_PROMPT, EventType.COMPACTION)
-    return (
-        [h for h in heads if h.type == EventType.SYSTEM_PROMPT]
-        + [h for h in heads if h.type == EventType.COMPACTION]
-        + [h for h in heads if h.type not in first]
-    )
+    return _send_order(sorted([*leading, *last_user, *tail], key=lambda h: h.seq))
 
 
 def events_of(*, session: Session, heads: Sequence[EventHead]) -> list[Event]:
